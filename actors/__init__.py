@@ -1,0 +1,1 @@
+"""Behaviour: actors, their concurrency, state and I/O."""

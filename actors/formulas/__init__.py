@@ -1,0 +1,12 @@
+"""Formulas: one module per formula, each registered under its type name."""
+
+from typing import Any
+
+from wattflow.actors.formulas.base import Formula
+from wattflow.actors.registry import Registry
+
+formulas: Registry[type[Formula[Any]]] = Registry("formula")
+
+from wattflow.actors.formulas import rapl  # noqa: E402, F401 - registers itself
+
+__all__ = ["formulas"]

@@ -1,0 +1,177 @@
+"""What every formula is, and the actor that runs the instances of one formula.
+
+A formula is keyed like PowerAPI's dispatcher: :meth:`Formula.dispatch_key` names the instance a
+report belongs to (for example one per sensor), and the :class:`FormulaActor` creates that
+instance on the first report with that key. Instances see batches of their own reports.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
+from wattflow.formats.reports import Report
+
+
+class FormulaConfig(BaseModel):
+    """Settings every formula shares."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Output:
+    """What one call of a formula produced: reports, absorbed inputs and rejected inputs."""
+
+    __slots__ = ("absorbed", "rejected", "reports")
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+        self.absorbed = 0
+        self.rejected: list[tuple[Report, str]] = []
+
+    def emit(self, report: Report) -> None:
+        """Send a report on to the pushers."""
+        self.reports.append(report)
+
+    def absorb(self, count: int = 1) -> None:
+        """Note inputs that went into the formula's state without an output of their own."""
+        self.absorbed += count
+
+    def reject(self, report: Report, reason: str) -> None:
+        """Dead-letter an input the formula cannot use, saying why."""
+        self.rejected.append((report, reason))
+
+
+C = TypeVar("C", bound=FormulaConfig)
+
+
+class Formula(ABC, Generic[C]):
+    """One instance of a formula, owning the state of one dispatch key."""
+
+    name: ClassVar[str]
+    inputs: ClassVar[frozenset[str]]
+    config_model: ClassVar[type[FormulaConfig]]
+
+    def __init__(self, config: C, key: Hashable) -> None:
+        self.config = config
+        self.key = key
+
+    @classmethod
+    @abstractmethod
+    def dispatch_key(cls, report: Report) -> Hashable | None:
+        """The instance a report belongs to; ``None`` when it holds nothing for this formula."""
+
+    @abstractmethod
+    def process(self, reports: list[Report], out: Output) -> None:
+        """Turn a batch of this instance's reports into outputs."""
+
+    def flush(self, out: Output) -> None:
+        """At shutdown, emit or reject whatever the instance still holds."""
+
+
+Dispatch = Callable[[list[Report]], Awaitable[None]]
+
+
+class FormulaActor(Actor):
+    """Runs every instance of one formula.
+
+    A formula that raises on a batch does not stop the pipeline: the batch is replayed one report
+    at a time, the reports that raise become dead letters naming the error, and the rest go on.
+    """
+
+    def __init__(
+        self,
+        formula: type[Formula[Any]],
+        config: FormulaConfig,
+        *,
+        queue: QueueConfig,
+        ledger: Ledger,
+        dead_letters: DeadLetters,
+        dispatch: Dispatch,
+    ) -> None:
+        super().__init__(f"formula:{formula.name}")
+        self.formula = formula
+        self.config = config
+        self.queue = queue
+        self.mailbox: Mailbox[tuple[Hashable, Report]] = Mailbox(queue.max_reports, self.name)
+        self.instances: dict[Hashable, Formula[Any]] = {}
+        self.ledger = ledger
+        self.dead_letters = dead_letters
+        self.dispatch = dispatch
+        self.on_done: Callable[[], Awaitable[None]] | None = None
+        self._in_flight: list[tuple[Hashable, Report]] = []
+
+    def instance(self, key: Hashable) -> Formula[Any]:
+        """The instance for ``key``, created on first use."""
+        found = self.instances.get(key)
+        if found is None:
+            found = self.instances[key] = self.formula(self.config, key)
+        return found
+
+    async def run(self) -> None:
+        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            self._in_flight = batch
+            groups: dict[Hashable, list[Report]] = {}
+            for key, report in batch:
+                groups.setdefault(key, []).append(report)
+            produced: list[Report] = []
+            for key, reports in groups.items():
+                produced.extend(self._process(self.instance(key), reports))
+            self._in_flight = []
+            await self.dispatch(produced)
+        produced = []
+        for formula in self.instances.values():
+            out = Output()
+            formula.flush(out)
+            produced.extend(self._settle(out, 0))
+        await self.dispatch(produced)
+
+    def _process(self, formula: Formula[Any], reports: list[Report]) -> list[Report]:
+        out = Output()
+        try:
+            formula.process(reports, out)
+        except Exception:
+            return self._process_one_by_one(formula, reports)
+        return self._settle(out, len(reports))
+
+    def _process_one_by_one(self, formula: Formula[Any], reports: list[Report]) -> list[Report]:
+        produced: list[Report] = []
+        for report in reports:
+            out = Output()
+            try:
+                formula.process([report], out)
+            except Exception as error:
+                self._reject(report, f"{self.formula.name} failed on this report: {error!r}")
+                continue
+            produced.extend(self._settle(out, 1))
+        return produced
+
+    def _settle(self, out: Output, taken: int) -> list[Report]:
+        for report, reason in out.rejected:
+            self._reject(report, reason)
+        self.ledger.consumed += taken - len(out.rejected)
+        self.ledger.absorbed += out.absorbed
+        self.ledger.produced += len(out.reports)
+        return out.reports
+
+    def _reject(self, report: Report, reason: str) -> None:
+        self.ledger.dead_in += 1
+        self.dead_letters.add(DeadLetter(self.name, reason, report))
+
+    async def on_crash(self, error: BaseException) -> None:
+        for _, report in self._in_flight:
+            self._reject(report, f"{self.name} crashed: {error!r}")
+        self._in_flight = []
+
+    async def run_abandoned(self, reason: str) -> None:
+        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            for _, report in batch:
+                self._reject(report, f"abandoned: {reason}")
+
+    async def on_finished(self) -> None:
+        if self.on_done is not None:
+            await self.on_done()

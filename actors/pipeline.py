@@ -1,0 +1,196 @@
+"""The pipeline: pullers → router → formula actors → pushers, started and drained in order.
+
+Shutdown, whether at the end of the input or on SIGTERM/SIGINT, goes front to back: pullers stop
+reading and hand on what they decoded, then the router, the formulas (which flush what they still
+hold) and the pushers (which flush their sinks) each finish their mailbox before the next stage
+is closed. The :class:`~wattflow.actors.runtime.Ledger` then shows that every report that entered
+left as output or as a dead letter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from wattflow.actors.formulas.base import Formula, FormulaActor, FormulaConfig
+from wattflow.actors.pullers.base import Puller
+from wattflow.actors.pushers.base import Pusher, PusherActor
+from wattflow.actors.router import Router
+from wattflow.actors.runtime import (
+    Actor,
+    DeadLetter,
+    DeadLetters,
+    Ledger,
+    QueueConfig,
+    RestartPolicy,
+    Supervisor,
+)
+from wattflow.formats.reports import Report
+
+logger = logging.getLogger(__name__)
+
+
+class _Emitter:
+    """The router's mailbox as one puller sees it."""
+
+    def __init__(self, pipeline: Pipeline, name: str) -> None:
+        self._pipeline = pipeline
+        self._name = name
+        self.stopping = pipeline.stopping
+
+    async def emit(self, batch: list[Report]) -> None:
+        if batch:
+            await self._pipeline.router.mailbox.put(batch)
+            self._pipeline.ledger.entered += len(batch)
+
+    def reject(self, payload: Any, reason: str) -> None:
+        self._pipeline.ledger.rejected_input += 1
+        self._pipeline.dead_letters.add(DeadLetter(self._name, reason, payload))
+
+
+class PullerActor(Actor):
+    """Runs one puller until its input ends or the pipeline stops."""
+
+    def __init__(self, puller: Puller[Any], emitter: _Emitter) -> None:
+        super().__init__(f"puller:{puller.config.name}")
+        self.puller = puller
+        self.emitter = emitter
+
+    async def run(self) -> None:
+        await self.puller.pull(self.emitter)
+
+
+@dataclass
+class PipelineResult:
+    """How a run ended: the ledger and the failures that ended actors for good."""
+
+    ledger: Ledger
+    failures: dict[str, str] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run ended without an actor failing for good."""
+        return not self.failures
+
+
+class Pipeline:
+    """One partition of the service: its actors, mailboxes, ledger and dead letters."""
+
+    def __init__(
+        self,
+        pullers: list[Puller[Any]],
+        formulas: list[tuple[type[Formula[Any]], FormulaConfig]],
+        pushers: list[Pusher[Any]],
+        *,
+        queue: QueueConfig | None = None,
+        dead_letters: DeadLetters | None = None,
+        restart_policy: RestartPolicy | None = None,
+    ) -> None:
+        self.queue = queue or QueueConfig()
+        self.ledger = Ledger()
+        self.dead_letters = dead_letters or DeadLetters()
+        self.stopping = asyncio.Event()
+        self.supervisor = Supervisor(restart_policy)
+        self.supervisor.on_give_up = self._on_give_up
+        self.pushers = [
+            PusherActor(p, queue=self.queue, ledger=self.ledger, dead_letters=self.dead_letters)
+            for p in pushers
+        ]
+        self.formulas = [
+            FormulaActor(
+                formula,
+                config,
+                queue=self.queue,
+                ledger=self.ledger,
+                dead_letters=self.dead_letters,
+                dispatch=self._dispatch,
+            )
+            for formula, config in formulas
+        ]
+        for formula_actor in self.formulas:
+            formula_actor.on_done = self._formula_done
+        self._formulas_running = len(self.formulas)
+        self.router = Router(
+            list(self.formulas),
+            queue=self.queue,
+            ledger=self.ledger,
+            dead_letters=self.dead_letters,
+        )
+        self.pullers = [PullerActor(p, _Emitter(self, f"puller:{p.config.name}")) for p in pullers]
+        self._pushers_by_kind: dict[str, list[PusherActor]] = {}
+
+    def _pushers_for(self, kind: str) -> list[PusherActor]:
+        found = self._pushers_by_kind.get(kind)
+        if found is None:
+            found = self._pushers_by_kind[kind] = [
+                a for a in self.pushers if a.pusher.accepts(kind)
+            ]
+        return found
+
+    async def _dispatch(self, reports: list[Report]) -> None:
+        per_pusher: dict[PusherActor, list[Report]] = {}
+        for report in reports:
+            takers = self._pushers_for(report.kind)
+            if not takers:
+                self.ledger.unrequested += 1
+            for actor in takers:
+                per_pusher.setdefault(actor, []).append(report)
+        for actor, batch in per_pusher.items():
+            self.ledger.dispatched += len(batch)
+            await actor.mailbox.put(batch)
+
+    async def _formula_done(self) -> None:
+        self._formulas_running -= 1
+        if self._formulas_running == 0:
+            for actor in self.pushers:
+                await actor.mailbox.close()
+
+    def _on_give_up(self, reason: str) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Ask the pullers to stop reading; what entered is still drained and written."""
+        if not self.stopping.is_set():
+            logger.info("stopping: draining the pipeline")
+            self.stopping.set()
+
+    def mailboxes(self) -> dict[str, int]:
+        """Reports waiting in each mailbox, for live statistics."""
+        sizes = {self.router.name: len(self.router.mailbox)}
+        sizes.update({a.name: len(a.mailbox) for a in self.formulas})
+        sizes.update({a.name: len(a.mailbox) for a in self.pushers})
+        return sizes
+
+    def formula_instances(self) -> dict[str, list[Hashable]]:
+        """Keys of the formula instances created so far."""
+        return {a.formula.name: list(a.instances) for a in self.formulas}
+
+    async def run(self) -> PipelineResult:
+        """Run until the input ends or :meth:`stop` is called, then drain; return the result."""
+        supervisor = self.supervisor
+        for pusher in self.pushers:
+            supervisor.start(pusher)
+        for formula in self.formulas:
+            supervisor.start(formula)
+        supervisor.start(self.router)
+        if not self.formulas:
+            await self._formula_done_without_formulas()
+        for puller in self.pullers:
+            supervisor.start(puller, restart=False)
+        await supervisor.wait([p.name for p in self.pullers])
+        await self.router.mailbox.close()
+        await supervisor.wait()
+        self.dead_letters.close()
+        result = PipelineResult(self.ledger, dict(supervisor.failures), dict(supervisor.restarts))
+        logger.info("pipeline drained: %s", self.ledger.summary())
+        if not self.ledger.balanced():
+            logger.error("ledger does not balance: %s", self.ledger)
+        return result
+
+    async def _formula_done_without_formulas(self) -> None:
+        self._formulas_running = 1
+        await self._formula_done()

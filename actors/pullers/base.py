@@ -1,0 +1,62 @@
+"""What every puller is: a config model, a health check and a loop that emits batches."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from wattflow.formats.reports import Report
+
+
+class PullerConfig(BaseModel):
+    """Settings every puller shares, named as PowerAPI's ``--input`` group names them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str = Field(description="Backend name, e.g. `csv` or `socket`.")
+    model: str = Field(default="HWPCReport", description="Report kind the input holds.")
+    name: str = Field(default="puller", description="Name of this input in logs and statistics.")
+
+
+class Emitter(Protocol):
+    """The pipeline as a puller sees it.
+
+    ``emit`` waits while the pipeline is full: a puller that awaits it reads its input no faster
+    than the pipeline can process it.
+    """
+
+    stopping: asyncio.Event
+
+    async def emit(self, batch: list[Report]) -> None:
+        """Hand decoded reports to the router, waiting while its mailbox is full."""
+
+    def reject(self, payload: Any, reason: str) -> None:
+        """Dead-letter input that could not become a report, naming where it came from."""
+
+
+C = TypeVar("C", bound=PullerConfig)
+
+
+class Puller(ABC, Generic[C]):
+    """Reads one input and emits reports in batches.
+
+    ``pull`` returns at the end of the input, or soon after ``emitter.stopping`` is set; it
+    never leaves a decoded report un-emitted. In stream mode a puller waits for more input
+    instead of ending.
+    """
+
+    config_model: ClassVar[type[PullerConfig]]
+
+    def __init__(self, config: C, *, stream: bool = False) -> None:
+        self.config = config
+        self.stream = stream
+
+    async def check(self) -> None:
+        """Raise an error that says why the input cannot be read, before the pipeline starts."""
+
+    @abstractmethod
+    async def pull(self, emitter: Emitter) -> None:
+        """Read the input and emit its reports."""

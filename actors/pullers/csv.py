@@ -1,0 +1,59 @@
+"""PowerAPI's CSV input: one file per events group, merged into reports by timestamp and target."""
+
+from __future__ import annotations
+
+import csv
+from typing import Literal
+
+from wattflow.actors.pullers import pullers
+from wattflow.actors.pullers.base import Emitter, Puller
+from wattflow.actors.pullers.files import BatchEmitter, FilePullerConfig, check_files_exist
+from wattflow.formats import powerapi
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.reports import HWPCReport, PowerReport
+
+
+class CsvPullerConfig(FilePullerConfig):
+    """Settings of the CSV input (``--input csv --model HWPCReport --files a.csv,b.csv``)."""
+
+    type: Literal["csv"] = "csv"
+
+
+@pullers.register("csv")
+class CsvPuller(Puller[CsvPullerConfig]):
+    """Reads HWPCReports from per-group files, or PowerReports from PowerReport.csv files."""
+
+    config_model = CsvPullerConfig
+
+    async def check(self) -> None:
+        if self.config.model not in (HWPCReport.kind, PowerReport.kind):
+            raise DecodeError(
+                f"input '{self.config.name}'",
+                None,
+                f"the CSV input reads HWPCReport or PowerReport, not {self.config.model}",
+            )
+        check_files_exist(self.config)
+        required = (
+            powerapi.CSV_HWPC
+            if self.config.model == HWPCReport.kind
+            else (*powerapi.CSV_COMMON, "power")
+        )
+        for path in self.config.files:
+            with path.open(newline="", encoding="utf-8") as handle:
+                header = next(csv.reader(handle), None)
+            powerapi.check_csv_header(path, header, required)
+
+    async def pull(self, emitter: Emitter) -> None:
+        batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
+        if self.config.model == HWPCReport.kind:
+            for item in powerapi.read_hwpc_csv(list(self.config.files)):
+                await batcher.add(item)
+                if emitter.stopping.is_set():
+                    break
+        else:
+            for path in self.config.files:
+                for power in powerapi.read_power_csv(path):
+                    await batcher.add(power)
+                    if emitter.stopping.is_set():
+                        break
+        await batcher.flush()

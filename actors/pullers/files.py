@@ -1,0 +1,78 @@
+"""What the file pullers share: the list of files flag, and batching with optional pacing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, PositiveInt
+
+from wattflow.actors.pullers.base import Emitter, PullerConfig
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.reports import Report
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+FileList = Annotated[list[Path], BeforeValidator(_split_commas)]
+"""Files given as a list, or as PowerAPI's comma-separated ``--files a.csv,b.csv``."""
+
+
+class FilePullerConfig(PullerConfig):
+    """Settings of the inputs that read files."""
+
+    files: FileList = Field(min_length=1, description="Files to read, comma-separated.")
+    max_batch: PositiveInt = Field(default=1000, description="Reports handed on at once.")
+    replay_speed: float | None = Field(
+        default=None,
+        gt=0,
+        description="Replay at this multiple of recorded time (1 = real time); unset reads as "
+        "fast as the pipeline takes reports.",
+    )
+
+
+def check_files_exist(config: FilePullerConfig) -> None:
+    """Raise a :class:`DecodeError` naming the first file that cannot be read."""
+    for path in config.files:
+        if not path.is_file():
+            raise DecodeError(str(path), None, f"input '{config.name}': no such file")
+
+
+class BatchEmitter:
+    """Collects decoded reports and rejects, emitting in batches and pacing a replay."""
+
+    def __init__(self, emitter: Emitter, max_batch: int, replay_speed: float | None) -> None:
+        self.emitter = emitter
+        self.max_batch = max_batch
+        self.replay_speed = replay_speed
+        self.batch: list[Report] = []
+        self._last_timestamp: float | None = None
+
+    async def add(self, item: Report | DecodeError, raw: Any = None) -> None:
+        """Queue a report (or dead-letter an error), emitting when the batch is full."""
+        if isinstance(item, DecodeError):
+            self.emitter.reject(raw, str(item))
+            return
+        if self.replay_speed is not None:
+            await self._pace(item)
+        self.batch.append(item)
+        if len(self.batch) >= self.max_batch:
+            await self.flush()
+
+    async def _pace(self, report: Report) -> None:
+        now = report.timestamp.timestamp()
+        if self._last_timestamp is not None and now > self._last_timestamp:
+            await self.flush()
+            assert self.replay_speed is not None
+            await asyncio.sleep(min(now - self._last_timestamp, 60.0) / self.replay_speed)
+        self._last_timestamp = now
+
+    async def flush(self) -> None:
+        """Emit what is queued."""
+        batch, self.batch = self.batch, []
+        await self.emitter.emit(batch)

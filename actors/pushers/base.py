@@ -1,0 +1,129 @@
+"""What every pusher is: a config model, open, write a batch, close."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from wattflow.actors.errors import PushError
+from wattflow.actors.runtime import (
+    Actor,
+    DeadLetter,
+    DeadLetters,
+    Ledger,
+    Mailbox,
+    QueueConfig,
+    retry_with_backoff,
+)
+from wattflow.formats.reports import Report
+
+
+class PusherConfig(BaseModel):
+    """Settings every pusher shares, named as PowerAPI's ``--output`` group names them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str = Field(description="Backend name, e.g. `csv` or `jsonl`.")
+    model: str = Field(default="PowerReport", description="Report kind this output writes.")
+    name: str = Field(default="pusher", description="Name of this output in logs and statistics.")
+
+
+C = TypeVar("C", bound=PusherConfig)
+
+
+class Pusher(ABC, Generic[C]):
+    """Writes batches of one report kind to a sink.
+
+    ``write`` writes the batch and returns the reports it refused, each with the reason (a report
+    the sink's layout cannot hold); or it raises a :class:`~wattflow.actors.errors.PushError` whose
+    ``retryable`` says whether the same batch may be tried again, having written none of it.
+    ``close`` returns after everything written is flushed.
+    """
+
+    config_model: ClassVar[type[PusherConfig]]
+
+    def __init__(self, config: C) -> None:
+        self.config = config
+
+    def accepts(self, kind: str) -> bool:
+        """Whether this output writes reports of ``kind``."""
+        return kind == self.config.model
+
+    async def check(self) -> None:
+        """Raise an error that says why the sink cannot be written, before the pipeline starts."""
+
+    async def open(self) -> None:
+        """Connect or open files."""
+
+    @abstractmethod
+    async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        """Write a batch of reports; return the refused ones with the reason."""
+
+    async def close(self) -> None:
+        """Flush and release the sink."""
+
+
+class PusherActor(Actor):
+    """Feeds one pusher from its mailbox, retrying what the sink says may succeed later.
+
+    While a batch is being retried the mailbox fills, and the stages before it wait: a slow or
+    absent sink slows the inputs instead of growing memory. A batch that still fails after the
+    retry budget, or that the sink rejects outright, becomes a dead letter with the reason.
+    """
+
+    def __init__(
+        self,
+        pusher: Pusher[Any],
+        *,
+        queue: QueueConfig,
+        ledger: Ledger,
+        dead_letters: DeadLetters,
+        write_attempts: int = 5,
+    ) -> None:
+        super().__init__(f"pusher:{pusher.config.name}")
+        self.pusher = pusher
+        self.queue = queue
+        self.mailbox: Mailbox[Report] = Mailbox(queue.max_reports, self.name)
+        self.ledger = ledger
+        self.dead_letters = dead_letters
+        self.write_attempts = write_attempts
+        self._opened = False
+        self._in_flight: list[Report] = []
+
+    async def run(self) -> None:
+        if not self._opened:
+            await self.pusher.open()
+            self._opened = True
+        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            self._in_flight = batch
+            try:
+                refused = await retry_with_backoff(
+                    lambda: self.pusher.write(batch),
+                    retryable=lambda error: getattr(error, "retryable", False),
+                    attempts=self.write_attempts,
+                )
+            except PushError as error:
+                self._reject(batch, str(error))
+            else:
+                for report, reason in refused:
+                    self._reject([report], reason)
+                written = len(batch) - len(refused)
+                self.ledger.delivered += written
+                self.ledger.delivered_by_pusher[self.pusher.config.name] += written
+            self._in_flight = []
+        await self.pusher.close()
+
+    def _reject(self, batch: list[Report], reason: str) -> None:
+        self.ledger.dead_out += len(batch)
+        for report in batch:
+            self.dead_letters.add(DeadLetter(self.name, reason, report))
+
+    async def run_abandoned(self, reason: str) -> None:
+        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            self._reject(batch, f"abandoned: {reason}")
+
+    async def on_crash(self, error: BaseException) -> None:
+        self._reject(self._in_flight, f"{self.name} crashed: {error!r}")
+        self._in_flight = []

@@ -1,0 +1,100 @@
+"""PowerAPI's CSV output: ``<directory>/<sensor>-<target>/<Kind>.csv``, appended to."""
+
+from __future__ import annotations
+
+import csv
+from collections import OrderedDict
+from pathlib import Path
+from typing import Literal, TextIO
+
+from pydantic import Field, PositiveInt
+
+from wattflow.actors.errors import PushError
+from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.formats import powerapi
+from wattflow.formats.reports import Report
+
+
+class CsvPusherConfig(PusherConfig):
+    """Settings of the CSV output (``--output csv --directory D``)."""
+
+    type: Literal["csv"] = "csv"
+    directory: Path = Field(description="Directory that receives one folder per sensor and target.")
+    max_open_files: PositiveInt = Field(
+        default=256, description="Files kept open at once; the least recently used is closed."
+    )
+
+
+class _OpenFile:
+    __slots__ = ("handle", "header", "writer")
+
+    def __init__(self, handle: TextIO, header: list[str]) -> None:
+        self.handle = handle
+        self.header = header
+        self.writer = csv.writer(handle, lineterminator="\r\n")
+
+
+@pushers.register("csv")
+class CsvPusher(Pusher[CsvPusherConfig]):
+    """Appends to one file per sensor and target, as PowerAPI does.
+
+    A file that already exists keeps its header; a report whose metadata does not fit that header
+    is refused (dead-lettered with the reason) rather than written under the wrong columns.
+    """
+
+    config_model = CsvPusherConfig
+
+    def __init__(self, config: CsvPusherConfig) -> None:
+        super().__init__(config)
+        self._files: OrderedDict[Path, _OpenFile] = OrderedDict()
+
+    async def check(self) -> None:
+        directory = self.config.directory
+        if directory.exists() and not directory.is_dir():
+            raise PushError(f"output '{self.config.name}': {directory} is not a directory")
+
+    def _file(self, path: Path, first: Report) -> _OpenFile:
+        found = self._files.get(path)
+        if found is not None:
+            self._files.move_to_end(path)
+            return found
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header: list[str] | None = None
+        if path.exists() and path.stat().st_size > 0:
+            with path.open(newline="", encoding="utf-8") as existing:
+                header = next(csv.reader(existing), None)
+        handle = path.open("a", newline="", encoding="utf-8")
+        opened = _OpenFile(handle, header or powerapi.csv_output_header(first))
+        if header is None:
+            opened.writer.writerow(opened.header)
+        self._files[path] = opened
+        while len(self._files) > self.config.max_open_files:
+            _, oldest = self._files.popitem(last=False)
+            oldest.handle.close()
+        return opened
+
+    async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        refused: list[tuple[Report, str]] = []
+        touched: set[Path] = set()
+        try:
+            for report in batch:
+                path = powerapi.csv_output_path(self.config.directory, report)
+                try:
+                    opened = self._file(path, report)
+                    opened.writer.writerow(powerapi.csv_output_row(report, opened.header))
+                except ValueError as error:
+                    refused.append((report, f"{path}: {error}"))
+                    continue
+                touched.add(path)
+            for path in touched:
+                if path in self._files:
+                    self._files[path].handle.flush()
+        except OSError as error:
+            raise PushError(f"output '{self.config.name}': {error}") from error
+        return refused
+
+    async def close(self) -> None:
+        for opened in self._files.values():
+            opened.handle.close()
+        self._files.clear()

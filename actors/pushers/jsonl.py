@@ -1,0 +1,54 @@
+"""JSON Lines output: one report per line in PowerAPI's JSON layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TextIO
+
+from pydantic import Field
+
+from wattflow.actors.errors import PushError
+from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.formats import jsonl
+from wattflow.formats.reports import Report
+
+
+class JsonlPusherConfig(PusherConfig):
+    """Settings of the JSON Lines output (``--output jsonl --file F``)."""
+
+    type: Literal["jsonl"] = "jsonl"
+    file: Path = Field(description="File the reports are appended to.")
+
+
+@pushers.register("jsonl")
+class JsonlPusher(Pusher[JsonlPusherConfig]):
+    """Appends each batch and flushes it, so a reader following the file sees whole batches."""
+
+    config_model = JsonlPusherConfig
+
+    def __init__(self, config: JsonlPusherConfig) -> None:
+        super().__init__(config)
+        self._handle: TextIO | None = None
+
+    async def check(self) -> None:
+        if self.config.file.is_dir():
+            raise PushError(f"output '{self.config.name}': {self.config.file} is a directory")
+
+    async def open(self) -> None:
+        self.config.file.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = self.config.file.open("a", encoding="utf-8")
+
+    async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        assert self._handle is not None, "open() first"
+        try:
+            self._handle.write("".join(jsonl.encode_line(report) for report in batch))
+            self._handle.flush()
+        except OSError as error:
+            raise PushError(f"output '{self.config.name}': {error}") from error
+        return []
+
+    async def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None

@@ -1,0 +1,76 @@
+"""The router: sends each report to the formulas that take its kind, keyed per instance."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+
+from wattflow.actors.formulas.base import FormulaActor
+from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
+from wattflow.formats.reports import Report
+
+logger = logging.getLogger(__name__)
+
+
+class Router(Actor):
+    """Dispatches reports by kind and by each formula's dispatch key.
+
+    A report that no enabled formula takes is counted under a reason that names its kind and
+    target, and logged once per reason: with only the RAPL formula enabled, per-container
+    reports have nowhere to go, and the user should see that rather than lose them unseen.
+    """
+
+    def __init__(
+        self,
+        formulas: list[FormulaActor],
+        *,
+        queue: QueueConfig,
+        ledger: Ledger,
+        dead_letters: DeadLetters,
+    ) -> None:
+        super().__init__("router")
+        self.queue = queue
+        self.mailbox: Mailbox[Report] = Mailbox(queue.max_reports, self.name)
+        self.ledger = ledger
+        self.dead_letters = dead_letters
+        self.formulas = formulas
+        self.by_kind: dict[str, list[FormulaActor]] = {}
+        for actor in formulas:
+            for kind in actor.formula.inputs:
+                self.by_kind.setdefault(kind, []).append(actor)
+        self._in_flight: list[Report] = []
+
+    async def run(self) -> None:
+        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            self._in_flight = batch
+            per_actor: dict[FormulaActor, list[tuple[Hashable, Report]]] = {}
+            for report in batch:
+                taken = False
+                for actor in self.by_kind.get(report.kind, ()):
+                    key = actor.formula.dispatch_key(report)
+                    if key is not None:
+                        per_actor.setdefault(actor, []).append((key, report))
+                        taken = True
+                if not taken:
+                    self._unused(report)
+            for actor, items in per_actor.items():
+                self.ledger.routed += len(items)
+                await actor.mailbox.put(items)
+            self.ledger.sorted += len(batch)
+            self._in_flight = []
+
+    def _unused(self, report: Report) -> None:
+        reason = f"{report.kind} for target {report.target!r} taken by no enabled formula"
+        if reason not in self.ledger.unused:
+            logger.info("%s; counting them", reason)
+        self.ledger.unused[reason] += 1
+
+    async def on_crash(self, error: BaseException) -> None:
+        for report in self._in_flight:
+            self.dead_letters.add(DeadLetter(self.name, f"router crashed: {error!r}", report))
+        self.ledger.sorted += len(self._in_flight)
+        self._in_flight = []
+
+    async def on_finished(self) -> None:
+        for actor in self.formulas:
+            await actor.mailbox.close()

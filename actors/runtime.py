@@ -1,0 +1,378 @@
+"""The actor runtime: bounded mailboxes, supervised actors and an accounted, draining shutdown.
+
+Every stage of the pipeline is an :class:`Actor`: an asyncio task that reads batches from a
+bounded :class:`Mailbox`. A full mailbox makes its producer wait, so a slow pusher slows the
+router, which slows the pullers, which stop reading their input: memory stays bounded and nothing
+is dropped to make room.
+
+The :class:`Supervisor` restarts an actor whose loop fails, with exponential backoff, and gives
+up (failing the pipeline) only after too many restarts in a short window. The :class:`Ledger`
+counts every report that enters and how it leaves, so a drained pipeline can prove it lost
+nothing: every delivery to a formula is consumed or dead-lettered, and every delivery to a pusher is
+written or dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Literal, TextIO, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ActorClosed(RuntimeError):
+    """Raised by :meth:`Mailbox.put` once the mailbox no longer takes reports."""
+
+
+class QueueConfig(BaseModel):
+    """Bounds of one mailbox.
+
+    Only ``block`` exists: a full mailbox makes its producer wait. Dropping is never silent and
+    never the default; a policy that drops would have to dead-letter what it drops.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_reports: PositiveInt = Field(
+        default=10_000, description="Reports a mailbox holds before its producers wait."
+    )
+    max_batch: PositiveInt = Field(
+        default=1_000, description="Largest batch an actor takes from its mailbox at once."
+    )
+    when_full: Literal["block"] = Field(
+        default="block", description="What a producer does when the mailbox is full: wait."
+    )
+
+
+class Mailbox(Generic[T]):
+    """A FIFO of batches bounded by the number of items it holds.
+
+    A batch is accepted when it fits, or when the mailbox is empty (so a batch larger than the
+    capacity cannot deadlock its producer). The bound is therefore ``capacity`` plus one batch.
+    """
+
+    def __init__(self, capacity: int, name: str = "mailbox") -> None:
+        self.name = name
+        self.capacity = capacity
+        self._batches: deque[list[T]] = deque()
+        self._size = 0
+        self._closed = False
+        self._changed = asyncio.Condition()
+        self.high_water = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called; queued batches may remain to be read."""
+        return self._closed
+
+    async def put(self, batch: list[T]) -> None:
+        """Queue a batch, waiting while the mailbox is full.
+
+        Raises:
+            ActorClosed: when the mailbox was closed before the batch could be queued.
+        """
+        if not batch:
+            return
+        async with self._changed:
+            while not self._closed and self._size and self._size + len(batch) > self.capacity:
+                await self._changed.wait()
+            if self._closed:
+                raise ActorClosed(f"{self.name} is closed")
+            self._batches.append(batch)
+            self._size += len(batch)
+            self.high_water = max(self.high_water, self._size)
+            self._changed.notify_all()
+
+    async def get(self, max_items: int) -> list[T] | None:
+        """Take up to ``max_items`` items, waiting for at least one.
+
+        Returns:
+            The items, or ``None`` once the mailbox is closed and empty.
+        """
+        async with self._changed:
+            while not self._batches and not self._closed:
+                await self._changed.wait()
+            if not self._batches:
+                return None
+            taken: list[T] = []
+            while self._batches and len(taken) < max_items:
+                head = self._batches[0]
+                room = max_items - len(taken)
+                if len(head) <= room:
+                    taken.extend(self._batches.popleft())
+                else:
+                    taken.extend(head[:room])
+                    self._batches[0] = head[room:]
+            self._size -= len(taken)
+            self._changed.notify_all()
+            return taken
+
+    async def close(self) -> None:
+        """Stop taking batches; readers still get what is queued, then ``None``."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Something that could not be processed, and why."""
+
+    actor: str
+    reason: str
+    payload: Any
+    count: int = 1
+
+
+class DeadLetters:
+    """Where undeliverable input goes: counted by reason, logged, and optionally written out.
+
+    Each distinct reason is logged once at WARNING and then only counted, so a stream of bad
+    input cannot flood the log. With a file, every dead letter is kept as one JSON line holding
+    the actor, the reason and the payload, so nothing is lost even when it cannot be processed.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.by_reason: Counter[str] = Counter()
+        self.path = path
+        self._file: TextIO | None = None
+
+    @property
+    def total(self) -> int:
+        """Number of dead letters so far."""
+        return sum(self.by_reason.values())
+
+    def add(self, letter: DeadLetter) -> None:
+        """Record one dead letter (``letter.count`` items)."""
+        key = f"{letter.actor}: {letter.reason}"
+        if key not in self.by_reason:
+            logger.warning("dead letter from %s: %s", letter.actor, letter.reason)
+        self.by_reason[key] += letter.count
+        if self.path is not None:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("a", encoding="utf-8")
+            self._file.write(json.dumps(_dead_letter_record(letter), default=str) + "\n")
+
+    def close(self) -> None:
+        """Flush and close the dead-letter file, if any."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _dead_letter_record(letter: DeadLetter) -> dict[str, Any]:
+    payload = letter.payload
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json")
+    return {
+        "actor": letter.actor,
+        "reason": letter.reason,
+        "count": letter.count,
+        "payload": payload,
+    }
+
+
+@dataclass
+class Ledger:
+    """What entered the pipeline and how it left: the proof that a drain lost nothing.
+
+    Attributes:
+        rejected_input: input that never became a report (an undecodable line), dead-lettered.
+        entered: reports pullers handed to the router.
+        sorted: reports the router has dispatched or dead-lettered.
+        unused: reports that no enabled formula takes (a per-container report while only the
+            RAPL formula runs), counted by reason and named in the log, not dead-lettered.
+        routed: deliveries to formulas (a report two formulas take counts twice).
+        consumed: deliveries a formula took in, into an output or into its state.
+        absorbed: the part of ``consumed`` that produced no output by design (a first tick).
+        dead_in: deliveries a formula could not process, dead-lettered with the reason.
+        produced: reports the formulas emitted.
+        unrequested: produced reports that no configured pusher takes (for example
+            FormulaReports when no output asks for them), counted rather than written.
+        dispatched: deliveries of produced reports to pushers.
+        delivered: deliveries a pusher has written.
+        dead_out: deliveries a pusher could not write, dead-lettered.
+    """
+
+    rejected_input: int = 0
+    entered: int = 0
+    sorted: int = 0
+    unused: Counter[str] = field(default_factory=Counter)
+    routed: int = 0
+    consumed: int = 0
+    absorbed: int = 0
+    dead_in: int = 0
+    produced: int = 0
+    unrequested: int = 0
+    dispatched: int = 0
+    delivered: int = 0
+    dead_out: int = 0
+    delivered_by_pusher: Counter[str] = field(default_factory=Counter)
+
+    def balanced(self) -> bool:
+        """Whether every report that entered has left, as output or as a dead letter."""
+        return (
+            self.entered == self.sorted
+            and self.routed == self.consumed + self.dead_in
+            and self.dispatched == self.delivered + self.dead_out
+        )
+
+    def summary(self) -> str:
+        """One line for the log at the end of a run."""
+        return (
+            f"entered={self.entered} rejected_input={self.rejected_input} "
+            f"unused={sum(self.unused.values())} consumed={self.consumed} "
+            f"(absorbed={self.absorbed}) "
+            f"dead_in={self.dead_in} produced={self.produced} delivered={self.delivered} "
+            f"dead_out={self.dead_out} unrequested={self.unrequested}"
+        )
+
+
+class Actor(ABC):
+    """A supervised asyncio task.
+
+    ``run`` is the actor's loop; it returns when its work is done (its mailbox closed and
+    drained, or its input at an end). If it raises, the supervisor calls :meth:`on_crash` and
+    then ``run`` again, so state that must survive a restart lives on the instance.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abstractmethod
+    async def run(self) -> None:
+        """The actor's loop."""
+
+    async def on_crash(self, error: BaseException) -> None:  # noqa: B027 - optional hook
+        """Settle what was in flight when ``run`` failed, before a restart."""
+
+    async def on_finished(self) -> None:  # noqa: B027 - optional hook
+        """Called once after ``run`` returned for good; e.g. close downstream mailboxes."""
+
+    async def run_abandoned(self, reason: str) -> None:  # noqa: B027 - optional hook
+        """After the supervisor gave up: settle the mailbox (dead letters) until it closes.
+
+        Upstream actors keep flowing and the ledger stays balanced even though this actor's
+        work can no longer be done.
+        """
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a failed actor is restarted: exponential backoff, bounded by a budget."""
+
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 5.0
+    max_restarts: int = 10
+    window_s: float = 60.0
+
+
+class Supervisor:
+    """Runs actors, restarts failed ones with backoff, and stops them in order."""
+
+    def __init__(self, policy: RestartPolicy | None = None) -> None:
+        self.policy = policy or RestartPolicy()
+        self.restarts: Counter[str] = Counter()
+        self.failures: dict[str, str] = {}
+        self.on_give_up: Callable[[str], None] | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, actor: Actor, *, restart: bool = True) -> asyncio.Task[None]:
+        """Start an actor under supervision; without ``restart`` its first failure is final."""
+        task = asyncio.create_task(self._supervise(actor, restart), name=actor.name)
+        self._tasks[actor.name] = task
+        return task
+
+    @property
+    def tasks(self) -> dict[str, asyncio.Task[None]]:
+        """The supervised tasks by actor name."""
+        return self._tasks
+
+    async def _supervise(self, actor: Actor, restart: bool) -> None:
+        failures: deque[float] = deque()
+        backoff = self.policy.initial_backoff_s
+        while True:
+            try:
+                await actor.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                now = time.monotonic()
+                failures.append(now)
+                while failures and now - failures[0] > self.policy.window_s:
+                    failures.popleft()
+                await actor.on_crash(error)
+                if not restart or len(failures) > self.policy.max_restarts:
+                    reason = f"{actor.name} failed: {error}"
+                    if restart:
+                        reason = f"{actor.name} failed {len(failures)} times, last: {error!r}"
+                    logger.error("%s; giving up", reason, exc_info=error)
+                    self.failures[actor.name] = reason
+                    if self.on_give_up is not None:
+                        self.on_give_up(reason)
+                    await actor.run_abandoned(reason)
+                    await actor.on_finished()
+                    return
+                logger.warning("actor %s failed: %r; restarting", actor.name, error, exc_info=error)
+                self.restarts[actor.name] += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.policy.max_backoff_s)
+                continue
+            await actor.on_finished()
+            return
+
+    async def wait(self, names: Sequence[str] | None = None) -> None:
+        """Wait for the named actors (all by default)."""
+        chosen = (
+            [self._tasks[n] for n in names] if names is not None else list(self._tasks.values())
+        )
+        if chosen:
+            await asyncio.gather(*chosen)
+
+    async def cancel_all(self) -> None:
+        """Cancel every actor still running; used only when a drain cannot complete."""
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+
+async def retry_with_backoff(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    retryable: Callable[[BaseException], bool],
+    attempts: int,
+    initial_backoff_s: float = 0.1,
+    max_backoff_s: float = 5.0,
+) -> T:
+    """Call ``attempt`` until it succeeds, retrying retryable errors with exponential backoff.
+
+    Raises:
+        The last error, once ``attempts`` are spent or an error is not retryable.
+    """
+    backoff = initial_backoff_s
+    for number in range(1, attempts + 1):
+        try:
+            return await attempt()
+        except Exception as error:
+            if number == attempts or not retryable(error):
+                raise
+            logger.info("retrying after %r (attempt %d of %d)", error, number, attempts)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff_s)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,67 @@
+"""JSON Lines: one report per line in PowerAPI's JSON layout.
+
+Recordings made for PowerAPI's file input hold a single JSON document instead, an object whose
+``reports`` key lists the reports (PowerAPI's test recordings look like this); they are read too,
+and replayed in timestamp order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.powerapi import decode_document, decode_json, encode_json
+from wattflow.formats.reports import Report
+
+
+def read_lines(
+    kind: type[Report], handle: TextIO, source: str, first_line: int = 1
+) -> Iterator[Report | DecodeError]:
+    """Decode each non-blank line; an undecodable one is yielded as a :class:`DecodeError`."""
+    for number, line in enumerate(handle, start=first_line):
+        if not line.strip():
+            continue
+        try:
+            yield decode_json(kind, line, source, number)
+        except DecodeError as error:
+            yield error
+
+
+def is_reports_document(path: Path) -> bool:
+    """Whether a file is a single ``{"reports": [...]}`` document rather than JSON Lines."""
+    with path.open(encoding="utf-8") as handle:
+        head = handle.read(4096).lstrip()
+    if not head.startswith("{"):
+        return False
+    return head[1:].lstrip().startswith('"reports"')
+
+
+def read_reports_document(kind: type[Report], path: Path) -> Iterator[Report | DecodeError]:
+    """Read a ``{"reports": [...]}`` document, yielding its reports in timestamp order.
+
+    Raises:
+        DecodeError: when the file is not such a document.
+    """
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DecodeError(str(path), error.lineno, f"not valid JSON: {error.msg}") from None
+    entries = document.get("reports") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise DecodeError(str(path), 1, "missing field 'reports' (a list of reports)")
+    decoded: list[Report] = []
+    for position, entry in enumerate(entries):
+        try:
+            decoded.append(decode_document(kind, entry, f"{path} reports[{position}]", None))
+        except DecodeError as error:
+            yield error
+    decoded.sort(key=lambda report: report.timestamp)
+    yield from decoded
+
+
+def encode_line(report: Report) -> str:
+    """A report as one JSON line, newline included."""
+    return encode_json(report) + "\n"

@@ -1,0 +1,296 @@
+"""PowerAPI 2.10 encodings: hwpc-sensor JSON, MongoDB documents and the CSV layouts.
+
+Facts this module keeps (from PowerAPI 2.10's report and database code):
+
+- JSON: a report is ``{timestamp, sensor, target, metadata, <payload>}``; ``timestamp`` is
+  ``%Y-%m-%dT%H:%M:%S.%f`` (hwpc-sensor writes milliseconds) or Unix milliseconds, naive UTC.
+  Socket input is one JSON document per line.
+- MongoDB: the same document with ``timestamp`` as a BSON date (a naive UTC datetime in pymongo).
+- CSV input: one file per events group, the group named after the file (``rapl.csv`` → ``rapl``);
+  header ``timestamp,sensor,target,socket,cpu,<events>``; rows with the same timestamp and
+  target, across files, sockets and cpus, make one report; counters are integers.
+- CSV output: ``<dir>/<sensor>-<target>/<Kind>.csv``. PowerReport's header is
+  ``timestamp,sensor,target,power,socket`` and then the other metadata keys, sorted;
+  FormulaReport's is ``timestamp,sensor,target,metadata`` with the metadata as JSON. Timestamps
+  are Unix milliseconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import json
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import ValidationError
+
+from wattflow.formats.errors import DecodeError, describe_validation_error
+from wattflow.formats.reports import (
+    FormulaReport,
+    HWPCReport,
+    PowerReport,
+    Report,
+    to_millis,
+    to_utc,
+)
+
+CSV_COMMON = ("timestamp", "sensor", "target")
+CSV_HWPC = (*CSV_COMMON, "socket", "cpu")
+CSV_POWER_FIXED = (*CSV_COMMON, "power", "socket")
+CSV_FORMULA = (*CSV_COMMON, "metadata")
+
+_PAYLOAD_EXCLUDE = {"timestamp", "sensor", "target", "metadata"}
+
+
+# --- JSON -------------------------------------------------------------------------------------
+
+
+def format_timestamp(timestamp: datetime) -> str:
+    """hwpc-sensor's timestamp form: naive UTC, milliseconds unless finer precision is needed."""
+    utc = timestamp.astimezone(UTC) if timestamp.tzinfo else timestamp
+    text = utc.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return text[:-3] if utc.microsecond % 1000 == 0 else text
+
+
+def to_json_dict(report: Report) -> dict[str, Any]:
+    """A report as PowerAPI's JSON document (timestamp as a string)."""
+    document: dict[str, Any] = {
+        "timestamp": format_timestamp(report.timestamp),
+        "sensor": report.sensor,
+        "target": report.target,
+        "metadata": report.metadata,
+    }
+    document.update(report.model_dump(mode="json", exclude=_PAYLOAD_EXCLUDE, exclude_none=True))
+    return document
+
+
+def encode_json(report: Report) -> str:
+    """One report as one line of JSON, without the newline."""
+    return json.dumps(to_json_dict(report), separators=(",", ":"))
+
+
+def decode_json(kind: type[Report], data: str | bytes, source: str, line: int | None) -> Report:
+    """Decode one JSON document into a report of ``kind``.
+
+    Raises:
+        DecodeError: naming ``source``, ``line`` and the missing or invalid field.
+    """
+    try:
+        return kind.model_validate_json(data)
+    except ValidationError as error:
+        if any(e["type"] == "json_invalid" for e in error.errors()):
+            message = error.errors()[0]["msg"]
+            raise DecodeError(source, line, f"not valid JSON: {message}") from None
+        if any(e["type"] == "model_type" for e in error.errors()):
+            raise DecodeError(source, line, "a report must be a JSON object") from None
+        raise DecodeError(
+            source, line, f"{kind.kind}: {describe_validation_error(error)}"
+        ) from None
+
+
+def decode_document(kind: type[Report], document: Any, source: str, line: int | None) -> Report:
+    """Decode an already parsed document (a JSON object or a MongoDB document).
+
+    Raises:
+        DecodeError: naming ``source``, ``line`` and the missing or invalid field.
+    """
+    if not isinstance(document, dict):
+        raise DecodeError(source, line, "a report must be a JSON object")
+    try:
+        return kind.model_validate(document)
+    except ValidationError as error:
+        raise DecodeError(
+            source, line, f"{kind.kind}: {describe_validation_error(error)}"
+        ) from None
+
+
+# --- MongoDB ----------------------------------------------------------------------------------
+
+
+def to_mongodb(report: Report) -> dict[str, Any]:
+    """A report as PowerAPI stores it in MongoDB: the JSON layout with a BSON date."""
+    document = to_json_dict(report)
+    document["timestamp"] = report.timestamp.astimezone(UTC).replace(tzinfo=None)
+    return document
+
+
+def from_mongodb(kind: type[Report], document: dict[str, Any], source: str = "mongodb") -> Report:
+    """A report from a MongoDB document (its ``_id`` is ignored).
+
+    Raises:
+        DecodeError: naming the document's ``_id`` and the missing or invalid field.
+    """
+    identifier = document.get("_id")
+    where = f"{source} _id={identifier}" if identifier is not None else source
+    return decode_document(kind, document, where, None)
+
+
+# --- CSV input --------------------------------------------------------------------------------
+
+
+def csv_group_name(path: Path) -> str:
+    """PowerAPI names an events group after its file: ``rapl.csv`` holds group ``rapl``."""
+    return path.name[:-4] if path.name.endswith(".csv") else path.name
+
+
+def check_csv_header(path: Path, header: list[str] | None, required: Iterable[str]) -> None:
+    """Raise a :class:`DecodeError` naming the first required column the header lacks."""
+    if not header:
+        raise DecodeError(str(path), 1, "empty file: expected a CSV header")
+    for column in required:
+        if column not in header:
+            raise DecodeError(str(path), 1, f"missing field '{column}' in the CSV header")
+
+
+Row = tuple[int, int, str, dict[str, str]]
+"""A CSV row in merge order: (timestamp ms, file index, line number, row)."""
+
+
+def _rows(
+    path: Path, handle: TextIO, index: int, required: tuple[str, ...]
+) -> Iterator[tuple[int, int, int, dict[str, str]] | DecodeError]:
+    reader = csv.DictReader(handle)
+    check_csv_header(path, list(reader.fieldnames or []), required)
+    for row in reader:
+        line = reader.line_num
+        empty = next((k for k, v in row.items() if v is None or v == ""), None)
+        if empty is not None or None in row:
+            problem = f"empty value for '{empty}'" if empty else "more values than header columns"
+            yield DecodeError(str(path), line, problem)
+            continue
+        try:
+            millis = int(row["timestamp"])
+        except ValueError:
+            try:
+                millis = to_millis(to_utc(row["timestamp"]))
+            except ValueError as error:
+                yield DecodeError(str(path), line, f"field 'timestamp': {error}")
+                continue
+        yield millis, index, line, row
+
+
+def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
+    """Merge PowerAPI's per-group CSV files into HWPCReports, in timestamp order.
+
+    Each file must be sorted by timestamp, as hwpc-sensor writes it. Rows with the same timestamp,
+    sensor and target across all files make one report. A row that cannot be read is yielded as a
+    :class:`DecodeError` in its place, so the caller can dead-letter it and go on.
+
+    Raises:
+        DecodeError: when a file's header lacks a required column (nothing could be read).
+    """
+    handles = [path.open(newline="", encoding="utf-8") for path in paths]
+    try:
+        streams = [
+            _rows(p, h, i, CSV_HWPC) for i, (p, h) in enumerate(zip(paths, handles, strict=True))
+        ]
+        errors: list[DecodeError] = []
+        merged = heapq.merge(*(_only_rows(s, errors) for s in streams), key=lambda r: (r[0], r[1]))
+        pending: dict[tuple[str, str], dict[str, Any]] = {}
+        current: int | None = None
+        for millis, index, line, row in merged:
+            yield from errors
+            errors.clear()
+            if current is not None and millis != current:
+                yield from _flush(pending)
+            current = millis
+            group = csv_group_name(paths[index])
+            key = (row["sensor"], row["target"])
+            entry = pending.setdefault(
+                key, {"timestamp": millis, "sensor": key[0], "target": key[1], "groups": {}}
+            )
+            try:
+                events = {
+                    name: int(value) if value.lstrip("-").isdigit() else float(value)
+                    for name, value in row.items()
+                    if name not in CSV_HWPC
+                }
+            except ValueError as error:
+                yield DecodeError(str(paths[index]), line, f"counter is not a number: {error}")
+                continue
+            socket = entry["groups"].setdefault(group, {}).setdefault(row["socket"], {})
+            socket.setdefault(row["cpu"], {}).update(events)
+        yield from errors
+        yield from _flush(pending)
+    finally:
+        for handle in handles:
+            handle.close()
+
+
+def _only_rows(
+    stream: Iterator[tuple[int, int, int, dict[str, str]] | DecodeError], errors: list[DecodeError]
+) -> Iterator[tuple[int, int, int, dict[str, str]]]:
+    for item in stream:
+        if isinstance(item, DecodeError):
+            errors.append(item)
+        else:
+            yield item
+
+
+def _flush(pending: dict[tuple[str, str], dict[str, Any]]) -> Iterator[HWPCReport]:
+    for entry in pending.values():
+        yield HWPCReport.model_validate(entry)
+    pending.clear()
+
+
+def read_power_csv(path: Path) -> Iterator[PowerReport | DecodeError]:
+    """Read a PowerReport.csv back: the columns besides the fixed ones become metadata."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        for item in _rows(path, handle, 0, (*CSV_COMMON, "power")):
+            if isinstance(item, DecodeError):
+                yield item
+                continue
+            millis, _, line, row = item
+            metadata: dict[str, Any] = {
+                k: v for k, v in row.items() if k not in (*CSV_COMMON, "power")
+            }
+            try:
+                yield PowerReport.model_validate(
+                    {
+                        "timestamp": millis,
+                        "sensor": row["sensor"],
+                        "target": row["target"],
+                        "power": row["power"],
+                        "metadata": metadata,
+                    }
+                )
+            except ValidationError as error:
+                yield DecodeError(str(path), line, describe_validation_error(error))
+
+
+# --- CSV output -------------------------------------------------------------------------------
+
+
+def csv_output_path(directory: Path, report: Report) -> Path:
+    """Where PowerAPI's CSV output puts a report: ``<dir>/<sensor>-<target>/<Kind>.csv``."""
+    return directory / f"{report.sensor}-{report.target}" / f"{report.kind}.csv"
+
+
+def csv_output_header(report: Report) -> list[str]:
+    """The header PowerAPI writes for the first report of a file."""
+    if isinstance(report, PowerReport):
+        return [*CSV_POWER_FIXED, *sorted(set(report.metadata) - set(CSV_POWER_FIXED))]
+    if isinstance(report, FormulaReport):
+        return list(CSV_FORMULA)
+    raise ValueError(f"PowerAPI's CSV output has no layout for {report.kind}")
+
+
+def csv_output_row(report: Report, header: list[str]) -> list[str]:
+    """A report's values in ``header``'s order, written as PowerAPI writes them.
+
+    Raises:
+        ValueError: when the report has metadata the file's header has no column for.
+    """
+    millis = str(to_millis(report.timestamp))
+    if isinstance(report, FormulaReport):
+        return [millis, report.sensor, report.target, json.dumps(report.metadata)]
+    assert isinstance(report, PowerReport)
+    values: dict[str, Any] = {**report.metadata, "power": report.power}
+    extra = set(values) - set(header)
+    if extra:
+        raise ValueError(f"metadata {sorted(extra)} has no column in the file's header")
+    values.update(timestamp=millis, sensor=report.sensor, target=report.target)
+    return ["" if values.get(c) is None else str(values[c]) for c in header]

@@ -1,0 +1,223 @@
+"""Pydantic models of every report kind that moves through wattflow.
+
+Reports are the only thing that moves between actors. Each kind shares PowerAPI's common base
+(``timestamp``, ``sensor``, ``target``, ``metadata``) and adds one payload. The models validate
+at the edges (decoding); inside the pipeline reports are trusted and never re-validated, which is
+why formulas build their outputs with :meth:`Report.trusted`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, ClassVar, Literal, Self, cast
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_utc(value: Any) -> datetime:
+    """Turn any timestamp form PowerAPI writes into a timezone-aware UTC datetime.
+
+    Integers and floats are Unix milliseconds (PowerAPI's CSV layout); strings are ISO 8601,
+    naive ones taken as UTC (hwpc-sensor writes naive UTC); BSON dates arrive as naive UTC
+    datetimes from pymongo.
+
+    Raises:
+        ValueError: when the value is none of these forms.
+    """
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if isinstance(value, bool):
+        raise ValueError("a timestamp cannot be a boolean")
+    if isinstance(value, int | float):
+        return _EPOCH + timedelta(milliseconds=value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return _EPOCH + timedelta(milliseconds=int(text))
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601"
+            ) from None
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    raise ValueError(f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601")
+
+
+def to_millis(timestamp: datetime) -> int:
+    """Unix milliseconds of a UTC datetime, as PowerAPI's CSV layout writes them."""
+    delta = timestamp - _EPOCH
+    return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+
+
+Timestamp = Annotated[datetime, BeforeValidator(to_utc)]
+"""A timestamp held as a timezone-aware UTC datetime, whatever form it arrived in."""
+
+Counter = int | float
+"""A hardware counter value: hwpc-sensor writes integers, its MongoDB backend doubles."""
+
+
+class Report(BaseModel):
+    """PowerAPI's common base of every report.
+
+    Unknown keys are ignored, as PowerAPI ignores them: MongoDB documents carry ``_id``, and
+    newer sensors may add fields.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kind: ClassVar[str] = "Report"
+
+    timestamp: Timestamp = Field(description="Time the measurement refers to, in UTC.")
+    sensor: str = Field(min_length=1, description="Name that groups reports for one formula.")
+    target: str = Field(min_length=1, description="Subject of the measurement.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free key-value pairs carried along."
+    )
+
+    @classmethod
+    def trusted(cls, **fields: Any) -> Self:
+        """Build a report from values the pipeline produced itself, skipping validation.
+
+        Formulas create thousands of reports per second from already checked inputs; running
+        the validators again would only cost time.
+        """
+        fields.setdefault("metadata", {})
+        return cast(Self, cls.model_construct(**fields))
+
+
+class HWPCReport(Report):
+    """Performance counters and RAPL readings from hwpc-sensor.
+
+    ``groups`` maps group → socket → cpu → event → value. RAPL values are per-interval energy
+    deltas in units of 2^-32 J. Socket and cpu keys are strings, as in hwpc-sensor's JSON.
+    """
+
+    kind: ClassVar[str] = "HWPCReport"
+    groups: dict[str, dict[str, dict[str, dict[str, Counter]]]] = Field(default_factory=dict)
+
+
+class PowerReport(Report):
+    """A power estimate for one target, in W."""
+
+    kind: ClassVar[str] = "PowerReport"
+    power: float = Field(description="Power in W.")
+
+
+class FormulaReport(Report):
+    """State of a formula's model (SmartWatts): everything it says is in ``metadata``."""
+
+    kind: ClassVar[str] = "FormulaReport"
+
+
+class ProcfsReport(Report):
+    """CPU usage per cgroup from procfs-sensor, accepted for compatibility with PowerAPI."""
+
+    kind: ClassVar[str] = "ProcfsReport"
+    usage: dict[str, float] = Field(default_factory=dict)
+    global_cpu_usage: float = 0.0
+
+
+class GPUProcess(BaseModel):
+    """One process's utilisation of a GPU over the last sampling interval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pid: int
+    sm_util: float = Field(ge=0, le=100, description="Share of SM time used, in %.")
+    mem_util: float | None = Field(default=None, ge=0, le=100, description="In %.")
+    cgroup: str | None = Field(default=None, description="cgroup the process belongs to.")
+
+
+GPUSampleKind = Literal["TOTAL_POWER", "GPU_UTILIZATION", "MEMORY_UTILIZATION"]
+
+
+class GPUDevice(BaseModel):
+    """One GPU's readings in one sampling tick. A field the hardware does not support is absent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    power: float | None = Field(default=None, description="Power draw in mW.")
+    power_averaged: bool | None = Field(
+        default=None, description="Whether the driver averages `power` over a window."
+    )
+    total_energy: float | None = Field(default=None, description="Energy counter in mJ.")
+    util_gpu: float | None = Field(default=None, description="In %.")
+    util_mem: float | None = Field(default=None, description="In %.")
+    clock_gpu: float | None = Field(default=None, description="In MHz.")
+    clock_mem: float | None = Field(default=None, description="In MHz.")
+    app_clock_gpu: float | None = Field(default=None, description="In MHz.")
+    app_clock_mem: float | None = Field(default=None, description="In MHz.")
+    enforced_power_limit: float | None = Field(default=None, description="In mW.")
+    power_state: int | None = None
+    temperature: float | None = Field(default=None, description="In °C.")
+    pci_tx: float | None = Field(default=None, description="In KB/s.")
+    pci_rx: float | None = Field(default=None, description="In KB/s.")
+    samples: dict[GPUSampleKind, list[tuple[int, float]]] = Field(
+        default_factory=dict, description="Driver sample buffers: [t_us, value] pairs."
+    )
+    processes: list[GPUProcess] = Field(default_factory=list)
+
+
+class GPUReport(Report):
+    """One sampling tick of the NVML sensor, for every GPU of the node (target ``all``)."""
+
+    kind: ClassVar[str] = "GPUReport"
+    devices: dict[str, GPUDevice] = Field(default_factory=dict)
+
+
+class MeterReport(Report):
+    """External power-meter readings: channel ``d{device}c{channel}`` → mW."""
+
+    kind: ClassVar[str] = "MeterReport"
+    channels: dict[str, float] = Field(default_factory=dict, description="Power per channel in mW.")
+
+
+EventName = Literal[
+    "experiment_begin",
+    "train_begin",
+    "epoch_begin",
+    "batch_begin",
+    "batch_end",
+    "epoch_end",
+    "train_end",
+    "experiment_end",
+]
+
+
+class EventReport(Report):
+    """A run marker recorded by the program under measurement."""
+
+    kind: ClassVar[str] = "EventReport"
+    event: EventName
+    data: str | None = None
+
+
+REPORT_KINDS: dict[str, type[Report]] = {
+    cls.kind: cls
+    for cls in (
+        HWPCReport,
+        PowerReport,
+        FormulaReport,
+        ProcfsReport,
+        GPUReport,
+        MeterReport,
+        EventReport,
+    )
+}
+"""Every report kind by the name PowerAPI's ``--model`` flag uses."""
+
+
+def report_kind(name: str) -> type[Report]:
+    """The report class PowerAPI's ``--model`` names.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    try:
+        return REPORT_KINDS[name]
+    except KeyError:
+        known = ", ".join(sorted(REPORT_KINDS))
+        raise ValueError(f"unknown report model {name!r}; known: {known}") from None

@@ -1,0 +1,1 @@
+"""Assembly: configuration, the command line, pipeline wiring and the demo."""

@@ -1,0 +1,7 @@
+"""``python -m wattflow.service`` runs the ``wattflow`` command."""
+
+import sys
+
+from wattflow.service.cli import main
+
+sys.exit(main())

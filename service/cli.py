@@ -1,0 +1,293 @@
+"""The ``wattflow`` command.
+
+``wattflow run`` takes SmartWatts' command line: global flags, then any number of
+``--input TYPE …`` and ``--output TYPE …`` groups whose flags belong to that backend. Flags are
+generated from each backend's and formula's pydantic config model, so the model is the one place
+that documents, validates and names a setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from wattflow.actors.pullers import pullers
+from wattflow.actors.pullers.base import Puller
+from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.base import Pusher
+from wattflow.actors.registry import Registry
+from wattflow.formats.errors import DecodeError
+from wattflow.service import config as service_config
+from wattflow.service.config import ConfigError, normalise
+
+logger = logging.getLogger("wattflow")
+
+GROUP_FLAGS = ("--input", "--output")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors become one-line :class:`ConfigError`s."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _flags(name: str, field: FieldInfo) -> list[str]:
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    flags = extra.get("flags")
+    if isinstance(flags, list):
+        return [str(f) for f in flags]
+    return [f"--{name.replace('_', '-')}"]
+
+
+def _add_model_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str]
+) -> None:
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        if field.annotation is bool:
+            kwargs.update(action="store_const", const=True)
+        else:
+            kwargs["metavar"] = name.upper()
+        description = field.description or ""
+        if field.default is not None and not field.is_required() and field.annotation is not bool:
+            description += f" Default: {field.default}."
+        parser.add_argument(*_flags(name, field), help=description, **kwargs)
+
+
+def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
+    registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
+    registry = pullers if group == "input" else pushers
+    try:
+        model = registry.get(kind).config_model
+    except ValueError as error:
+        raise ConfigError(f"--{group} {kind}: {error}") from None
+    parser = _Parser(prog=f"wattflow run --{group} {kind}", add_help=True)
+    _add_model_flags(parser, model, skip={"type"})
+    return parser
+
+
+def _global_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="wattflow run",
+        description="Run the formula service. Inputs and outputs are given as groups: "
+        "--input TYPE [its flags] … --output TYPE [its flags] …; "
+        f"input types: {', '.join(pullers.names())}; output types: {', '.join(pushers.names())}. "
+        "`wattflow run --input TYPE --help` lists a backend's flags.",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="Log at DEBUG level.",
+    )
+    parser.add_argument(
+        "-s",
+        "--stream",
+        dest="stream",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="Follow the inputs instead of ending.",
+    )
+    parser.add_argument(
+        "--config-file",
+        dest="config_file",
+        type=Path,
+        default=None,
+        help="PowerAPI JSON config file, or wattflow TOML (by its suffix).",
+    )
+    parser.add_argument(
+        "--dead-letters",
+        dest="dead_letters",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="Keep every dead letter in this JSON Lines file.",
+    )
+    parser.add_argument(
+        "--queue-max-reports",
+        dest="queue_max_reports",
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="Reports a mailbox holds before its producers wait.",
+    )
+    parser.add_argument(
+        "--queue-max-batch",
+        dest="queue_max_batch",
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="Largest batch an actor takes at once.",
+    )
+    seen: set[str] = set()
+    for name, model in service_config.formula_settings().items():
+        parser.add_argument(
+            f"--disable-{name}-formula",
+            dest=f"disable_{name}_formula",
+            action="store_const",
+            const=True,
+            default=argparse.SUPPRESS,
+            help=f"Do not run the {name} formula.",
+        )
+        fields = {k: v for k, v in model.model_fields.items() if k not in seen}
+        seen.update(fields)
+        for field_name, field in fields.items():
+            kwargs: dict[str, Any] = {
+                "dest": field_name,
+                "default": argparse.SUPPRESS,
+                "help": field.description,
+            }
+            if field.annotation is bool:
+                kwargs.update(action="store_const", const=True)
+            parser.add_argument(*_flags(field_name, field), **kwargs)
+    return parser
+
+
+def _split_groups(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
+    """Split argv into global tokens and ``(group, type, tokens)`` backend groups."""
+    head: list[str] = []
+    groups: list[tuple[str, str, list[str]]] = []
+    tokens = list(argv)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        flag, _, inline = token.partition("=")
+        if flag in GROUP_FLAGS:
+            if inline:
+                kind = inline
+            elif index + 1 < len(tokens) and not tokens[index + 1].startswith("-"):
+                index += 1
+                kind = tokens[index]
+            else:
+                raise ConfigError(f"{flag}: expected a backend type after it")
+            groups.append((flag[2:], kind, []))
+        elif groups:
+            groups[-1][2].append(token)
+        else:
+            head.append(token)
+        index += 1
+    return head, groups
+
+
+def parse_run_args(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
+    """Turn ``wattflow run``'s command line into a settings layer and the config file path.
+
+    Raises:
+        ConfigError: on an unknown flag or backend.
+    """
+    head, groups = _split_groups(argv)
+    layer: dict[str, Any] = {}
+    names: dict[str, set[str]] = {"input": set(), "output": set()}
+    for group, kind, tokens in groups:
+        parsed, rest = _backend_parser(group, kind).parse_known_args(tokens)
+        settings = {"type": kind, **vars(parsed)}
+        name = str(settings.pop("name", "puller" if group == "input" else "pusher"))
+        base, number = name, 2
+        while name in names[group]:
+            name, number = f"{base}_{number}", number + 1
+        names[group].add(name)
+        layer.setdefault(group, {})[name] = settings
+        head.extend(rest)
+    parsed_head = vars(_global_parser().parse_args(head))
+    config_file = parsed_head.pop("config_file", None)
+    queue = {
+        k[len("queue_") :]: parsed_head.pop(k) for k in list(parsed_head) if k.startswith("queue_")
+    }
+    if queue:
+        layer["queue"] = queue
+    layer.update(parsed_head)
+    return layer, config_file
+
+
+def load_run_config(
+    argv: Sequence[str], environ: dict[str, str] | None = None
+) -> service_config.ServiceConfig:
+    """Layer the config file, the environment and the flags, and validate them.
+
+    Raises:
+        ConfigError: naming the setting at fault.
+    """
+    flags, config_file = parse_run_args(argv)
+    file_layer = service_config.load_file(config_file) if config_file else {}
+    environ = dict(os.environ) if environ is None else environ
+    if config_file is None and (env_file := environ.get("WATTFLOW_CONFIG_FILE")):
+        file_layer = service_config.load_file(Path(env_file))
+    env_layer = service_config.load_environment(
+        {k: v for k, v in environ.items() if k != "WATTFLOW_CONFIG_FILE"}
+    )
+    raw = service_config.merge(file_layer, env_layer, flags)
+    return service_config.build({normalise(k): v for k, v in raw.items()})
+
+
+def _configure_logging(verbose: bool, quiet: bool = False) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"wattflow: error: {message}", file=sys.stderr)
+    return code
+
+
+def run_command(argv: Sequence[str]) -> int:
+    """``wattflow run``: exit 0 when done, 2 for bad usage or configuration, 1 at run time."""
+    from wattflow.service.pipeline import assemble, check, serve
+
+    try:
+        config = load_run_config(argv)
+        _configure_logging(config.verbose)
+        pipeline = assemble(config)
+        asyncio.run(check(pipeline))
+    except (ConfigError, DecodeError) as error:
+        return _fail(str(error), 2)
+    result = asyncio.run(serve(pipeline))
+    if not result.ok:
+        for failure in result.failures.values():
+            _fail(failure, 1)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``wattflow`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {"run": run_command, "demo": _demo}
+    if not args or args[0] in ("-h", "--help") or args[0] not in commands:
+        print(
+            "usage: wattflow {run,demo} …\n\n"
+            "  run    the formula service; takes SmartWatts' flags (wattflow run --help)\n"
+            "  demo   replay a bundled recording through the formulas, no server needed",
+            file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout,
+        )
+        if args and args[0] not in ("-h", "--help"):
+            return _fail(f"unknown command {args[0]!r}", 2)
+        return 0 if args else 2
+    return commands[args[0]](args[1:])
+
+
+def _demo(argv: Sequence[str]) -> int:
+    from wattflow.service.demo import demo_command
+
+    return demo_command(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Service configuration: files, environment and flags, layered and validated into one model.
+
+The layout is PowerAPI's: top-level settings (``verbose``, ``stream``, formula settings such as
+``sensor-reports-frequency``), plus ``input`` and ``output`` tables of named backends, each with a
+``type``. The same layout is read from a JSON file (PowerAPI's ``--config-file``), from wattflow's
+own TOML file, from ``POWERAPI_*`` / ``WATTFLOW_*`` environment variables and from the command
+line. Files are overridden by the environment, and both by flags.
+
+Every error names the setting at fault in one line, so ``wattflow run`` can print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wattflow.actors.formulas import formulas
+from wattflow.actors.formulas.base import FormulaConfig
+from wattflow.actors.pullers import pullers
+from wattflow.actors.pullers.base import Puller, PullerConfig
+from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.actors.registry import Registry
+from wattflow.actors.runtime import QueueConfig
+from wattflow.formats.errors import WattflowError
+
+ENV_PREFIXES = ("WATTFLOW_", "POWERAPI_")
+"""Environment variables read, in increasing precedence (PowerAPI's name wins)."""
+
+
+class ConfigError(WattflowError):
+    """A configuration that cannot run; the message names the setting at fault."""
+
+
+class ServiceConfig(BaseModel):
+    """Everything ``wattflow run`` needs, validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    verbose: bool = Field(default=False, description="Log at DEBUG level.")
+    stream: bool = Field(
+        default=False, description="Follow the inputs instead of ending with them."
+    )
+    inputs: dict[str, PullerConfig] = Field(default_factory=dict)
+    outputs: dict[str, PusherConfig] = Field(default_factory=dict)
+    formulas: dict[str, FormulaConfig] = Field(
+        default_factory=dict, description="Enabled formulas and their settings."
+    )
+    dead_letters: Path | None = Field(
+        default=None, description="JSON Lines file that keeps every dead letter."
+    )
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+
+
+def normalise(key: str) -> str:
+    """Config keys are accepted with dashes (PowerAPI's JSON) or underscores (TOML)."""
+    return key.strip().replace("-", "_")
+
+
+def _normalise_tree(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {normalise(str(k)): _normalise_tree(v) for k, v in value.items()}
+    return value
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """Read a JSON (PowerAPI's layout) or TOML config file.
+
+    Raises:
+        ConfigError: the file is missing or does not parse.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"--config-file {path}: {error.strerror}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            data: Any = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(
+            f"--config-file {path}: not valid {path.suffix[1:] or 'JSON'}: {error}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config-file {path}: the top level must be a table of settings")
+    result: dict[str, Any] = _normalise_tree(data)
+    return result
+
+
+def _field_names(models: list[type[BaseModel]]) -> set[str]:
+    return {name for model in models for name in model.model_fields}
+
+
+def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Settings from ``POWERAPI_*`` and ``WATTFLOW_*`` variables.
+
+    ``POWERAPI_STREAM=true`` sets ``stream``; ``POWERAPI_INPUT_<NAME>_<FIELD>`` and
+    ``POWERAPI_OUTPUT_<NAME>_<FIELD>`` set a field of a named input or output (the field is the
+    longest known field name that ends the variable, so names may contain underscores).
+    """
+    backend_fields = {
+        "input": _field_names([cls.config_model for _, cls in pullers.items()]),
+        "output": _field_names([cls.config_model for _, cls in pushers.items()]),
+    }
+    result: dict[str, Any] = {}
+    for prefix in ENV_PREFIXES:
+        for variable, value in environ.items():
+            if not variable.startswith(prefix):
+                continue
+            key = variable[len(prefix) :].lower()
+            group = next((g for g in ("input", "output") if key.startswith(g + "_")), None)
+            if group is None:
+                result[key] = value
+                continue
+            rest = key[len(group) + 1 :]
+            candidates = [f for f in backend_fields[group] if rest.endswith("_" + f)]
+            if not candidates:
+                raise ConfigError(f"{variable}: no {group} setting ends this variable's name")
+            field = max(candidates, key=len)
+            name = rest[: -len(field) - 1]
+            result.setdefault(group, {}).setdefault(name, {})[field] = value
+    return result
+
+
+def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge settings, later layers winning; ``input`` and ``output`` merge by name."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in ("input", "output") and isinstance(value, Mapping):
+                table = merged.setdefault(key, {})
+                for name, settings in value.items():
+                    table[name] = {**table.get(name, {}), **dict(settings)}
+            else:
+                merged[key] = value
+    return merged
+
+
+def _error_line(prefix: str, error: ValidationError) -> str:
+    item = error.errors()[0]
+    location = ".".join(str(p) for p in item["loc"])
+    where = f"{prefix}.{location}" if prefix and location else prefix or location
+    if item["type"] == "missing":
+        return f"{where}: required setting is missing"
+    if item["type"] == "extra_forbidden":
+        return f"{where}: unknown setting"
+    return f"{where}: {item['msg']}"
+
+
+def _backend(group: str, name: str, settings: Mapping[str, Any]) -> Any:
+    registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
+    registry = pullers if group == "input" else pushers
+    kind = settings.get("type")
+    if not kind:
+        raise ConfigError(f"{group}.{name}.type: required setting is missing")
+    try:
+        model = registry.get(str(kind)).config_model
+    except ValueError as error:
+        raise ConfigError(f"{group}.{name}.type: {error}") from None
+    try:
+        return model.model_validate({"name": name, **settings})
+    except ValidationError as error:
+        raise ConfigError(_error_line(f"{group}.{name}", error)) from None
+
+
+def formula_settings() -> dict[str, type[FormulaConfig]]:
+    """Each registered formula's config model, by formula name."""
+    return {name: cls.config_model for name, cls in formulas.items()}
+
+
+def build(raw: Mapping[str, Any]) -> ServiceConfig:
+    """Validate layered settings into a :class:`ServiceConfig`.
+
+    Raises:
+        ConfigError: naming the first setting at fault.
+    """
+    settings = dict(raw)
+    inputs = {
+        name: _backend("input", name, values) for name, values in settings.pop("input", {}).items()
+    }
+    outputs = {
+        name: _backend("output", name, values)
+        for name, values in settings.pop("output", {}).items()
+    }
+    formula_models = formula_settings()
+    formula_keys = _field_names(list(formula_models.values()))
+    disabled = {f"disable_{name}_formula" for name in formula_models}
+    top_level = set(ServiceConfig.model_fields) - {"inputs", "outputs", "formulas"}
+    for key in settings:
+        if key not in formula_keys | disabled | top_level:
+            raise ConfigError(f"{key.replace('_', '-')}: unknown setting")
+    enabled: dict[str, FormulaConfig] = {}
+    for name, model in formula_models.items():
+        if _truthy(settings.get(f"disable_{name}_formula", False), f"disable-{name}-formula"):
+            continue
+        values = {k: settings[k] for k in model.model_fields if k in settings}
+        try:
+            enabled[name] = model.model_validate(values)
+        except ValidationError as error:
+            raise ConfigError(_error_line("", error).replace("_", "-")) from None
+    try:
+        return ServiceConfig(
+            inputs=inputs,
+            outputs=outputs,
+            formulas=enabled,
+            **{k: v for k, v in settings.items() if k in top_level},
+        )
+    except ValidationError as error:
+        raise ConfigError(_error_line("", error).replace("_", "-")) from None
+
+
+def _truthy(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")

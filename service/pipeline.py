@@ -1,0 +1,63 @@
+"""Wiring: a validated :class:`ServiceConfig` becomes a running, signal-aware pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+from wattflow.actors.formulas import formulas
+from wattflow.actors.pipeline import Pipeline, PipelineResult
+from wattflow.actors.pullers import pullers
+from wattflow.actors.pushers import pushers
+from wattflow.actors.runtime import DeadLetters
+from wattflow.service.config import ConfigError, ServiceConfig
+
+
+def assemble(config: ServiceConfig) -> Pipeline:
+    """Build the pipeline a config describes.
+
+    Raises:
+        ConfigError: when the config has no input or no output.
+    """
+    if not config.inputs:
+        raise ConfigError("input: no input given (e.g. --input csv --files a.csv,b.csv)")
+    if not config.outputs:
+        raise ConfigError("output: no output given (e.g. --output csv --directory out)")
+    puller_objects: list[Any] = [
+        pullers.get(c.type)(c, stream=config.stream) for c in config.inputs.values()
+    ]
+    pusher_objects: list[Any] = [pushers.get(c.type)(c) for c in config.outputs.values()]
+    formula_list = [(formulas.get(name), c) for name, c in config.formulas.items()]
+    return Pipeline(
+        puller_objects,
+        formula_list,
+        pusher_objects,
+        queue=config.queue,
+        dead_letters=DeadLetters(config.dead_letters),
+    )
+
+
+async def check(pipeline: Pipeline) -> None:
+    """Probe every input and output before starting, so a bad one fails with exit 2."""
+    for puller in pipeline.pullers:
+        await puller.puller.check()
+    for pusher in pipeline.pushers:
+        await pusher.pusher.check()
+
+
+async def serve(pipeline: Pipeline) -> PipelineResult:
+    """Run the pipeline; SIGTERM and SIGINT make it stop reading and drain."""
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, pipeline.stop)
+            handled.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        return await pipeline.run()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
