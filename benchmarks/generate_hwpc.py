@@ -113,7 +113,7 @@ def generate(
         truth: list[dict[str, Any]] = []
         socket_power = np.full(machine.sockets, machine.idle_pkg_w)
         socket_dram = np.full(machine.sockets, machine.idle_dram_w)
-        core: dict[str, dict[str, dict[str, dict[str, int]]]] = {}
+        core: dict[str, dict[str, dict[str, int]]] = {}
         freq = np.zeros(machine.sockets)
         for s in range(machine.sockets):
             socket_load = load[s * machine.cpus_per_socket : (s + 1) * machine.cpus_per_socket]

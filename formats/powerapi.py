@@ -197,11 +197,6 @@ def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
             if current is not None and millis != current:
                 yield from _flush(pending)
             current = millis
-            group = csv_group_name(paths[index])
-            key = (row["sensor"], row["target"])
-            entry = pending.setdefault(
-                key, {"timestamp": millis, "sensor": key[0], "target": key[1], "groups": {}}
-            )
             try:
                 events = {
                     name: int(value) if value.lstrip("-").isdigit() else float(value)
@@ -211,6 +206,11 @@ def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
             except ValueError as error:
                 yield DecodeError(str(paths[index]), line, f"counter is not a number: {error}")
                 continue
+            group = csv_group_name(paths[index])
+            key = (row["sensor"], row["target"])
+            entry = pending.setdefault(
+                key, {"timestamp": millis, "sensor": key[0], "target": key[1], "groups": {}}
+            )
             socket = entry["groups"].setdefault(group, {}).setdefault(row["socket"], {})
             socket.setdefault(row["cpu"], {}).update(events)
         yield from errors
@@ -259,6 +259,17 @@ def read_power_csv(path: Path) -> Iterator[PowerReport | DecodeError]:
                 )
             except ValidationError as error:
                 yield DecodeError(str(path), line, describe_validation_error(error))
+
+
+def hwpc_csv_rows(report: HWPCReport) -> Iterator[tuple[str, list[str], list[str]]]:
+    """A report in PowerAPI's CSV input layout: ``(group, header, row)`` per socket and cpu."""
+    millis = str(to_millis(report.timestamp))
+    for group, sockets in report.groups.items():
+        for socket, cpus in sockets.items():
+            for cpu, events in cpus.items():
+                header = [*CSV_HWPC, *events]
+                row = [millis, report.sensor, report.target, socket, cpu]
+                yield group, header, row + [str(value) for value in events.values()]
 
 
 # --- CSV output -------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
         model = registry.get(kind).config_model
     except ValueError as error:
         raise ConfigError(f"--{group} {kind}: {error}") from None
-    parser = _Parser(prog=f"wattflow run --{group} {kind}", add_help=True)
+    parser = _Parser(prog=f"wattflow run --{group} {kind}", add_help=False)
+    parser.add_argument("--help", action="help", help="Show this backend's flags and exit.")
     _add_model_flags(parser, model, skip={"type"})
     return parser
 
@@ -194,7 +195,8 @@ def parse_run_args(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
     for group, kind, tokens in groups:
         parsed, rest = _backend_parser(group, kind).parse_known_args(tokens)
         settings = {"type": kind, **vars(parsed)}
-        name = str(settings.pop("name", "puller" if group == "input" else "pusher"))
+        default_name = f"{'puller' if group == 'input' else 'pusher'}_{kind}"
+        name = normalise(str(settings.pop("name", default_name)))
         base, number = name, 2
         while name in names[group]:
             name, number = f"{base}_{number}", number + 1

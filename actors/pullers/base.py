@@ -6,7 +6,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wattflow.formats.reports import Report
 
@@ -17,8 +17,24 @@ class PullerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: str = Field(description="Backend name, e.g. `csv` or `socket`.")
-    model: str = Field(default="HWPCReport", description="Report kind the input holds.")
-    name: str = Field(default="puller", description="Name of this input in logs and statistics.")
+    model: str = Field(
+        default="HWPCReport",
+        description="Report kind the input holds.",
+        json_schema_extra={"flags": ["-m", "--model"]},
+    )
+    name: str = Field(
+        default="",
+        description="Name of this input in logs and statistics "
+        "(default: puller_<type>, as PowerAPI names it).",
+        json_schema_extra={"flags": ["-n", "--name"]},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, values: Any) -> Any:
+        if isinstance(values, dict) and not values.get("name"):
+            return {**values, "name": f"puller_{values.get('type', '')}"}
+        return values
 
 
 class Emitter(Protocol):

@@ -13,20 +13,25 @@ from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import Report
 
 
-def _split_commas(value: Any) -> Any:
+def split_commas(value: Any) -> Any:
+    """Accept PowerAPI's comma-separated lists as well as real lists."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
 
-FileList = Annotated[list[Path], BeforeValidator(_split_commas)]
+FileList = Annotated[list[Path], BeforeValidator(split_commas)]
 """Files given as a list, or as PowerAPI's comma-separated ``--files a.csv,b.csv``."""
 
 
 class FilePullerConfig(PullerConfig):
     """Settings of the inputs that read files."""
 
-    files: FileList = Field(min_length=1, description="Files to read, comma-separated.")
+    files: FileList = Field(
+        min_length=1,
+        description="Files to read, comma-separated.",
+        json_schema_extra={"flags": ["-f", "--files"]},
+    )
     max_batch: PositiveInt = Field(default=1000, description="Reports handed on at once.")
     replay_speed: float | None = Field(
         default=None,

@@ -29,13 +29,29 @@ class SocketPullerConfig(PullerConfig):
     """Settings of the hwpc-sensor socket input."""
 
     type: Literal["socket"] = "socket"
-    host: str = Field(default="127.0.0.1", description="Address to listen on.")
-    port: int = Field(default=9080, ge=0, le=65535, description="TCP port to listen on.")
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to listen on.",
+        json_schema_extra={"flags": ["-h", "--host"]},
+    )
+    port: int = Field(
+        default=9080,
+        ge=0,
+        le=65535,
+        description="TCP port to listen on.",
+        json_schema_extra={"flags": ["-p", "--port"]},
+    )
     max_line_bytes: PositiveInt = Field(
         default=1 << 20, description="Longest report line accepted, in bytes."
     )
     max_batch: PositiveInt = Field(
         default=500, description="Reports decoded from one connection before they are handed on."
+    )
+    drain_grace_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="At shutdown, how long connected sensors are still read for what they "
+        "already sent.",
     )
 
 
@@ -50,17 +66,17 @@ class SocketPuller(Puller[SocketPullerConfig]):
         self.kind = report_kind(config.model)
         self.bound_port: int | None = None
         self.listening = asyncio.Event()
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def pull(self, emitter: Emitter) -> None:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
-            self._connections.add(task)
+            self._connections[task] = writer
             try:
                 await self._read(reader, writer, emitter)
             finally:
-                self._connections.discard(task)
+                self._connections.pop(task, None)
                 writer.close()
                 with contextlib.suppress(ConnectionError):
                     await writer.wait_closed()
@@ -79,9 +95,14 @@ class SocketPuller(Puller[SocketPullerConfig]):
         async with server:
             await emitter.stopping.wait()
             server.close()
-            for task in list(self._connections):
-                task.cancel()
-            await asyncio.gather(*self._connections, return_exceptions=True)
+            if self._connections:
+                await asyncio.wait(set(self._connections), timeout=self.config.drain_grace_s)
+            # Peers still connected after the grace period are cut off; what they sent before
+            # is already handed on, and a line cut in half is dead-lettered.
+            for open_writer in list(self._connections.values()):
+                open_writer.transport.abort()
+            if self._connections:
+                await asyncio.wait(set(self._connections))
 
     async def _read(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, emitter: Emitter
@@ -92,10 +113,22 @@ class SocketPuller(Puller[SocketPullerConfig]):
         try:
             while True:
                 try:
-                    line = await reader.readuntil(b"\n")
+                    if emitter.stopping.is_set():
+                        # Draining: read what the peer already sent, stop once it goes quiet.
+                        line = await asyncio.wait_for(reader.readuntil(b"\n"), 0.1)
+                    else:
+                        line = await reader.readuntil(b"\n")
+                except TimeoutError:
+                    break
                 except asyncio.IncompleteReadError as end:
                     line = end.partial
                     if not line.strip():
+                        break
+                    if emitter.stopping.is_set():
+                        emitter.reject(
+                            line.decode("utf-8", "replace"),
+                            f"{peer}:{line_number + 1}: connection cut at shutdown mid-line",
+                        )
                         break
                 except asyncio.LimitOverrunError as overrun:
                     line_number += 1
@@ -115,9 +148,6 @@ class SocketPuller(Puller[SocketPullerConfig]):
                 if len(batch) >= self.config.max_batch or not getattr(reader, "_buffer", b""):
                     await emitter.emit(batch)
                     batch = []
-        except asyncio.CancelledError:
-            await asyncio.shield(emitter.emit(batch))
-            raise
         except ConnectionError as error:
             logger.info("%s closed: %s", peer, error)
         await emitter.emit(batch)

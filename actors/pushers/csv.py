@@ -5,22 +5,34 @@ from __future__ import annotations
 import csv
 from collections import OrderedDict
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Annotated, Literal, TextIO
 
-from pydantic import Field, PositiveInt
+from pydantic import BeforeValidator, Field, PositiveInt
 
 from wattflow.actors.errors import PushError
+from wattflow.actors.pullers.files import split_commas
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi
 from wattflow.formats.reports import Report
+
+TagList = Annotated[list[str], BeforeValidator(split_commas)]
 
 
 class CsvPusherConfig(PusherConfig):
     """Settings of the CSV output (``--output csv --directory D``)."""
 
     type: Literal["csv"] = "csv"
-    directory: Path = Field(description="Directory that receives one folder per sensor and target.")
+    directory: Path = Field(
+        description="Directory that receives one folder per sensor and target.",
+        json_schema_extra={"flags": ["-d", "--directory"]},
+    )
+    tags: TagList = Field(
+        default_factory=list,
+        description="Metadata keys every report must carry, comma-separated; a report "
+        "without one is refused.",
+        json_schema_extra={"flags": ["-t", "--tags"]},
+    )
     max_open_files: PositiveInt = Field(
         default=256, description="Files kept open at once; the least recently used is closed."
     )
@@ -80,6 +92,10 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         try:
             for report in batch:
                 path = powerapi.csv_output_path(self.config.directory, report)
+                missing = [t for t in self.config.tags if t not in report.metadata]
+                if missing:
+                    refused.append((report, f"{path}: no tag {missing[0]!r} in the report"))
+                    continue
                 try:
                     opened = self._file(path, report)
                     opened.writer.writerow(powerapi.csv_output_row(report, opened.header))

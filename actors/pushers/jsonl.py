@@ -18,7 +18,10 @@ class JsonlPusherConfig(PusherConfig):
     """Settings of the JSON Lines output (``--output jsonl --file F``)."""
 
     type: Literal["jsonl"] = "jsonl"
-    file: Path = Field(description="File the reports are appended to.")
+    file: Path = Field(
+        description="File the reports are appended to.",
+        json_schema_extra={"flags": ["-f", "--file"]},
+    )
 
 
 @pushers.register("jsonl")

@@ -1,0 +1,347 @@
+"""``wattflow run`` and ``wattflow demo`` as users run them: real processes, real files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from .conftest import wattflow
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def csv_fixture_args(fixtures: Path, out: Path) -> list[str]:
+    files = ",".join(str(fixtures / "csv" / f) for f in ("rapl2.csv", "core2.csv", "pcu2.csv"))
+    return [
+        "run",
+        "--input",
+        "csv",
+        "--model",
+        "HWPCReport",
+        "--name",
+        "puller",
+        "--files",
+        files,
+        "--output",
+        "csv",
+        "--model",
+        "PowerReport",
+        "--name",
+        "pusher",
+        "--directory",
+        str(out),
+    ]
+
+
+def test_smartwatts_csv_flags_write_powerapi_csv_with_rapl_powers(
+    fixtures: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    done = wattflow(*csv_fixture_args(fixtures, out))
+    assert done.returncode == 0, done.stderr
+    path = out / "grvingt-12-rapl" / "PowerReport.csv"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.csv")) == [
+        "grvingt-12-rapl/PowerReport.csv"
+    ]
+    header = path.read_text().splitlines()[0]
+    assert header == "timestamp,sensor,target,power,socket,formula,ratio,scope"
+    rows = {(r["socket"], r["scope"]): r for r in read_rows(path)}
+    assert set(rows) == {("0", "cpu"), ("0", "dram"), ("1", "cpu"), ("1", "dram")}
+    assert {r["timestamp"] for r in rows.values()} == {"1539260665189"}
+    assert float(rows[("0", "cpu")]["power"]) == pytest.approx(19.46, abs=0.005)
+    assert float(rows[("1", "cpu")]["power"]) == pytest.approx(7.872, abs=0.001)
+    assert float(rows[("0", "dram")]["power"]) == pytest.approx(2.440, abs=0.001)
+
+
+def test_rerun_appends_under_the_same_header(fixtures: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for _ in range(2):
+        assert wattflow(*csv_fixture_args(fixtures, out)).returncode == 0
+    lines = (out / "grvingt-12-rapl" / "PowerReport.csv").read_text().splitlines()
+    assert len(lines) == 1 + 2 * 4
+    assert lines.count(lines[0]) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("bad_common_miss_target.csv", "target"),
+        ("bad_common_miss_sensor.csv", "sensor"),
+        ("bad_common_miss_timestamp.csv", "timestamp"),
+    ],
+)
+def test_a_bad_fixture_gives_one_clear_line_and_no_traceback(
+    fixtures: Path, tmp_path: Path, name: str, field: str
+) -> None:
+    bad = fixtures / "csv" / name
+    done = wattflow(
+        "run",
+        "--input",
+        "csv",
+        "--files",
+        str(bad),
+        "--output",
+        "csv",
+        "--directory",
+        str(tmp_path),
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"wattflow: error: {bad}:1: missing field '{field}' in the CSV header"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--input", "csv", "--output", "csv", "--directory", "x"],
+            "input.puller_csv.files: required setting is missing",
+        ),
+        (
+            ["--input", "csv", "--files", "a.csv", "--output", "csv"],
+            "output.pusher_csv.directory: required setting is missing",
+        ),
+        (["--input", "nosuch", "--files", "a"], "--input nosuch: unknown input 'nosuch'"),
+        (
+            ["--input", "socket", "--port", "99999", "--output", "jsonl", "--file", "x"],
+            "input.puller_socket.port: Input should be less than or equal to 65535",
+        ),
+        (
+            [
+                "--input",
+                "jsonl",
+                "--files",
+                "a",
+                "--output",
+                "jsonl",
+                "--file",
+                "x",
+                "--sensor-reports-frequency",
+                "often",
+            ],
+            "sensor-reports-frequency: Input should be a valid integer",
+        ),
+        (
+            ["--input", "jsonl", "--files", "missing.jsonl", "--output", "jsonl", "--file", "x"],
+            "missing.jsonl: input 'puller_jsonl': no such file",
+        ),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--output", "csv", "--directory", "d"], "input: no input given"),
+    ],
+)
+def test_bad_configuration_gets_one_line_naming_the_field_and_exit_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    done = wattflow("run", *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("wattflow: error: ")
+    assert message in lines[0]
+
+
+def test_config_file_environment_and_flags_layer_in_that_order(
+    fixtures: Path, tmp_path: Path
+) -> None:
+    rapl = str(fixtures / "csv" / "rapl2.csv")
+    config = {
+        "verbose": False,
+        "input": {"puller": {"type": "csv", "model": "HWPCReport", "files": rapl}},
+        "output": {"pusher": {"type": "csv", "model": "PowerReport", "directory": "from-file"}},
+        "sensor-reports-frequency": 1000,
+    }
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config))
+    done = wattflow("run", "--config-file", str(config_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "from-file" / "grvingt-12-rapl" / "PowerReport.csv").is_file()
+
+    env = {"POWERAPI_OUTPUT_PUSHER_DIRECTORY": "from-env"}
+    done = wattflow("run", "--config-file", str(config_path), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "from-env" / "grvingt-12-rapl" / "PowerReport.csv").is_file()
+
+    done = wattflow(
+        "run",
+        "--config-file",
+        str(config_path),
+        "--output",
+        "csv",
+        "--name",
+        "pusher",
+        "--directory",
+        "from-flags",
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "from-flags" / "grvingt-12-rapl" / "PowerReport.csv").is_file()
+
+
+def test_toml_config_is_read(fixtures: Path, tmp_path: Path) -> None:
+    (tmp_path / "wattflow.toml").write_text(
+        "stream = false\nsensor_reports_frequency = 1000\n"
+        '[input.recording]\ntype = "csv"\n'
+        f'files = ["{fixtures / "csv" / "rapl2.csv"}"]\n'
+        '[output.lines]\ntype = "jsonl"\nfile = "out.jsonl"\n'
+    )
+    done = wattflow("run", "--config-file", "wattflow.toml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    assert {line["metadata"]["scope"] for line in lines} == {"cpu", "dram"}
+    assert all(line["target"] == "rapl" for line in lines)
+
+
+def test_demo_needs_nothing_and_writes_csv_where_it_says(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = wattflow("demo", "--directory", str(out), "--speed", "100")
+    assert done.returncode == 0, done.stderr
+    assert str(out) in done.stdout.replace("\n", "")
+    assert "power per target" in done.stdout
+    rows = read_rows(out / "demo-node-rapl" / "PowerReport.csv")
+    assert len(rows) == 29 * 4
+    assert all(0 < float(r["power"]) < 200 for r in rows)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def rapl_line(index: int) -> str:
+    stamp = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=index)
+    return json.dumps(
+        {
+            "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3],
+            "sensor": "node",
+            "target": "all",
+            "groups": {"rapl": {"0": {"0": {"RAPL_ENERGY_PKG": (10 + index) * 2**32}}}},
+        }
+    )
+
+
+def start_service(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "wattflow.service", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+
+
+def connect(port: int, process: subprocess.Popen[str]) -> socket.socket:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "the service never listened"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_drains_everything_the_sensor_sent(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    port = free_port()
+    out = tmp_path / "power.jsonl"
+    process = start_service(
+        "--input", "socket", "--port", str(port), "--output", "jsonl", "--file", str(out)
+    )
+    ticks = 200
+    with connect(port, process) as sensor:
+        sensor.sendall("".join(rapl_line(i) + "\n" for i in range(ticks)).encode())
+        process.send_signal(stop_signal)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    # Every tick but the first (which only starts the first interval) became a power report,
+    # the last ones included.
+    assert len(written) == ticks - 1
+    assert [w["power"] for w in written] == pytest.approx([10.0 + i for i in range(1, ticks)])
+    assert "Traceback" not in stderr
+
+
+def test_socket_input_skips_overlong_and_malformed_lines(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "power.jsonl"
+    letters = tmp_path / "dead.jsonl"
+    process = start_service(
+        "--input",
+        "socket",
+        "--port",
+        str(port),
+        "--max-line-bytes",
+        "2048",
+        "--output",
+        "jsonl",
+        "--file",
+        str(out),
+        "--dead-letters",
+        str(letters),
+    )
+    with connect(port, process) as sensor:
+        payload = [rapl_line(0), "x" * 5000, "{broken", rapl_line(1), rapl_line(2)]
+        sensor.sendall(("\n".join(payload) + "\n").encode())
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert len(out.read_text().splitlines()) == 2
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert len(reasons) == 2
+    assert "line longer than 2048 bytes" in reasons[0]
+    assert "not valid JSON" in reasons[1]
+
+
+def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text(rapl_line(0) + "\n")
+    out = tmp_path / "power.jsonl"
+    process = start_service(
+        "-s",
+        "--input",
+        "jsonl",
+        "--files",
+        str(source),
+        "--poll-interval-s",
+        "0.05",
+        "--output",
+        "jsonl",
+        "--file",
+        str(out),
+    )
+    with source.open("a") as growing:
+        for index in range(1, 20):
+            growing.write(rapl_line(index)[:20])
+            growing.flush()
+            time.sleep(0.01)
+            growing.write(rapl_line(index)[20:] + "\n")
+            growing.flush()
+    deadline = time.monotonic() + 20
+    while not out.exists() or len(out.read_text().splitlines()) < 19:
+        assert time.monotonic() < deadline, "the followed lines never came out"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert len(out.read_text().splitlines()) == 19

@@ -1,0 +1,239 @@
+"""PowerAPI 2.10 encodings, checked against PowerAPI's own recordings."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from wattflow.formats import jsonl, powerapi
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, to_utc
+
+JSON_FIXTURES = ["hwpc.json", "hwpc_rapl_2_socket.json"]
+GOOD_CSV = [
+    "rapl2.csv",
+    "core2.csv",
+    "pcu2.csv",
+    "rapl1_miss_first.csv",
+    "rapl1_miss_second.csv",
+    "core1_miss_first.csv",
+    "core1_miss_second.csv",
+]
+BAD_CSV = {
+    "bad_common_miss_target.csv": "target",
+    "bad_common_miss_sensor.csv": "sensor",
+    "bad_common_miss_timestamp.csv": "timestamp",
+}
+
+
+def fixture_reports(path: Path) -> list[HWPCReport]:
+    items = list(jsonl.read_reports_document(HWPCReport, path))
+    assert all(isinstance(i, HWPCReport) for i in items)
+    return [i for i in items if isinstance(i, HWPCReport)]
+
+
+@pytest.mark.parametrize("name", JSON_FIXTURES)
+def test_json_fixture_round_trips_through_json_and_mongodb(fixtures: Path, name: str) -> None:
+    raw = json.loads((fixtures / name).read_text())["reports"]
+    reports = fixture_reports(fixtures / name)
+    assert len(reports) == len(raw)
+    for report in reports:
+        line = powerapi.encode_json(report)
+        assert powerapi.decode_json(HWPCReport, line, "test", 1) == report
+        document = powerapi.to_mongodb(report)
+        assert isinstance(document["timestamp"], datetime)
+        assert document["timestamp"].tzinfo is None
+        assert powerapi.from_mongodb(HWPCReport, document) == report
+    # Values survive exactly, whatever their JSON type was.
+    by_time = {r["timestamp"]: r for r in raw}
+    for report in reports:
+        original = by_time[powerapi.format_timestamp(report.timestamp)]
+        assert report.groups == original["groups"]
+        assert report.sensor == original["sensor"]
+
+
+def test_json_timestamps_are_written_as_hwpc_sensor_writes_them(fixtures: Path) -> None:
+    raw = json.loads((fixtures / "hwpc.json").read_text())["reports"]
+    reports = fixture_reports(fixtures / "hwpc.json")
+    assert sorted(powerapi.format_timestamp(r.timestamp) for r in reports) == sorted(
+        r["timestamp"] for r in raw
+    )
+
+
+def test_reports_document_is_replayed_in_time_order(fixtures: Path) -> None:
+    reports = fixture_reports(fixtures / "hwpc.json")
+    stamps = [r.timestamp for r in reports]
+    assert stamps == sorted(stamps)
+    assert stamps[0] == datetime(2020, 9, 8, 15, 46, 35, 826000, tzinfo=UTC)
+
+
+def read_csv_table(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("name", GOOD_CSV)
+def test_csv_fixture_round_trips(fixtures: Path, name: str, tmp_path: Path) -> None:
+    source = fixtures / "csv" / name
+    reports = list(powerapi.read_hwpc_csv([source]))
+    assert reports
+    assert all(isinstance(r, HWPCReport) for r in reports)
+    group = powerapi.csv_group_name(source)
+    out = tmp_path / name
+    with out.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        header_written = False
+        for report in reports:
+            assert isinstance(report, HWPCReport)
+            for row_group, header, row in powerapi.hwpc_csv_rows(report):
+                assert row_group == group
+                if not header_written:
+                    writer.writerow(header)
+                    header_written = True
+                writer.writerow(row)
+    assert read_csv_table(out) == read_csv_table(source)
+    assert list(powerapi.read_hwpc_csv([out])) == reports
+
+
+def test_csv_groups_merge_by_timestamp_and_target(fixtures: Path) -> None:
+    files = [fixtures / "csv" / f for f in ("rapl2.csv", "core2.csv", "pcu2.csv")]
+    reports = [r for r in powerapi.read_hwpc_csv(files) if isinstance(r, HWPCReport)]
+    assert [to_utc(1539260664189), to_utc(1539260665189)] == [r.timestamp for r in reports]
+    second = reports[1]
+    assert second.sensor == "grvingt-12"
+    assert second.target == "system"
+    assert set(second.groups) == {"rapl2", "core2", "pcu2"}
+    assert second.groups["rapl2"]["0"]["58"]["RAPL_ENERGY_PKG"] == 83577274368
+    assert set(second.groups["core2"]["1"]) == {"49", "13"}
+    assert second.groups["core2"]["0"]["56"]["INSTRUCTIONS_RETIRED"] == 351781
+
+
+def test_csv_files_with_missing_ticks_merge_what_exists(fixtures: Path) -> None:
+    files = [fixtures / "csv" / f for f in ("rapl1_miss_first.csv", "core1_miss_second.csv")]
+    reports = [r for r in powerapi.read_hwpc_csv(files) if isinstance(r, HWPCReport)]
+    assert [set(r.groups) for r in reports] == [{"core1_miss_second"}, {"rapl1_miss_first"}]
+
+
+@pytest.mark.parametrize(("name", "field"), sorted(BAD_CSV.items()))
+def test_bad_csv_names_file_line_and_missing_field(fixtures: Path, name: str, field: str) -> None:
+    path = fixtures / "csv" / name
+    with pytest.raises(DecodeError) as caught:
+        list(powerapi.read_hwpc_csv([path]))
+    message = str(caught.value)
+    assert message.startswith(f"{path}:1: ")
+    assert f"missing field '{field}'" in message
+    assert "\n" not in message
+
+
+def test_bad_csv_row_becomes_an_error_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "rapl.csv"
+    path.write_text(
+        "timestamp,sensor,target,socket,cpu,RAPL_ENERGY_PKG\n"
+        "1000,s,all,0,0,5\n"
+        "2000,s,all,0,0,\n"
+        "3000,s,all,0,0,abc\n"
+        "4000,s,all,0,0,7\n"
+    )
+    items = list(powerapi.read_hwpc_csv([path]))
+    errors = [str(i) for i in items if isinstance(i, DecodeError)]
+    good = [i for i in items if isinstance(i, HWPCReport)]
+    assert [r.groups["rapl"]["0"]["0"]["RAPL_ENERGY_PKG"] for r in good] == [5, 7]
+    assert errors == [
+        f"{path}:3: empty value for 'RAPL_ENERGY_PKG'",
+        f"{path}:4: counter is not a number: could not convert string to float: 'abc'",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"sensor": "s", "target": "t", "groups": {}}', "missing field 'timestamp'"),
+        ('{"timestamp": 1, "target": "t", "groups": {}}', "missing field 'sensor'"),
+        ('{"timestamp": 1, "sensor": "s", "groups": {}}', "missing field 'target'"),
+        ('{"timestamp": "yesterday", "sensor": "s", "target": "t"}', "field 'timestamp'"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "a report must be a JSON object"),
+    ],
+)
+def test_bad_json_names_source_line_and_field(line: str, expected: str) -> None:
+    with pytest.raises(DecodeError) as caught:
+        powerapi.decode_json(HWPCReport, line, "in.jsonl", 7)
+    assert str(caught.value).startswith("in.jsonl:7: ")
+    assert expected in str(caught.value)
+
+
+def test_power_report_csv_layout_matches_powerapi(tmp_path: Path) -> None:
+    report = PowerReport(
+        timestamp=to_utc(1539260665189),
+        sensor="grvingt-12",
+        target="rapl",
+        power=19.5,
+        metadata={"socket": "0", "scope": "cpu", "formula": "f", "ratio": 1.0},
+    )
+    header = powerapi.csv_output_header(report)
+    assert header == [
+        "timestamp",
+        "sensor",
+        "target",
+        "power",
+        "socket",
+        "formula",
+        "ratio",
+        "scope",
+    ]
+    assert powerapi.csv_output_row(report, header) == [
+        "1539260665189",
+        "grvingt-12",
+        "rapl",
+        "19.5",
+        "0",
+        "f",
+        "1.0",
+        "cpu",
+    ]
+    assert (
+        powerapi.csv_output_path(tmp_path, report)
+        == tmp_path / "grvingt-12-rapl" / "PowerReport.csv"
+    )
+    formula = FormulaReport(timestamp=to_utc(5), sensor="s", target="t", metadata={"layer": 2100})
+    assert powerapi.csv_output_header(formula) == ["timestamp", "sensor", "target", "metadata"]
+    assert powerapi.csv_output_row(formula, ["timestamp", "sensor", "target", "metadata"]) == [
+        "5",
+        "s",
+        "t",
+        '{"layer": 2100}',
+    ]
+
+
+def test_power_report_csv_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "PowerReport.csv"
+    path.write_text("timestamp,sensor,target,power,socket,scope\n1000,s,t,2.5,0,cpu\n")
+    (report,) = list(powerapi.read_power_csv(path))
+    assert isinstance(report, PowerReport)
+    assert report.power == 2.5
+    assert report.metadata == {"socket": "0", "scope": "cpu"}
+    assert report.timestamp == to_utc(1000)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1539260665189, datetime(2018, 10, 11, 12, 24, 25, 189000, tzinfo=UTC)),
+        ("1539260665189", datetime(2018, 10, 11, 12, 24, 25, 189000, tzinfo=UTC)),
+        ("2020-09-08T15:46:44.856", datetime(2020, 9, 8, 15, 46, 44, 856000, tzinfo=UTC)),
+        ("2020-09-08T17:46:44.856+02:00", datetime(2020, 9, 8, 15, 46, 44, 856000, tzinfo=UTC)),
+        (datetime(2020, 9, 8, 15, 46, 44), datetime(2020, 9, 8, 15, 46, 44, tzinfo=UTC)),
+    ],
+)
+def test_timestamps_in_every_form_become_utc(value: object, expected: datetime) -> None:
+    assert to_utc(value) == expected
+
+
+def test_timestamp_format_keeps_sub_millisecond_precision() -> None:
+    assert powerapi.format_timestamp(datetime(2020, 1, 1, tzinfo=UTC)) == "2020-01-01T00:00:00.000"
+    stamp = datetime(2020, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
+    assert powerapi.format_timestamp(stamp) == "2020-01-01T00:00:00.123456"
