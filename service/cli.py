@@ -19,15 +19,17 @@ from typing import Any, NoReturn
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher
 from wattflow.actors.registry import Registry
+from wattflow.actors.runtime import QueueConfig
 from wattflow.formats.errors import DecodeError
 from wattflow.service import config as service_config
-from wattflow.service.config import ConfigError, normalise
+from wattflow.service.config import ConfigError, ServiceConfig, normalise
 
 logger = logging.getLogger("wattflow")
 
@@ -50,20 +52,24 @@ def _flags(name: str, field: FieldInfo) -> list[str]:
 
 
 def _add_model_flags(
-    parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str]
-) -> None:
+    parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str], prefix: str = ""
+) -> set[str]:
+    """Add a flag per field of ``model``; return the field names added."""
+    added = set()
     for name, field in model.model_fields.items():
         if name in skip:
             continue
-        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {"dest": prefix + name, "default": argparse.SUPPRESS}
         if field.annotation is bool:
             kwargs.update(action="store_const", const=True)
         else:
             kwargs["metavar"] = name.upper()
         description = field.description or ""
-        if field.default is not None and not field.is_required() and field.annotation is not bool:
+        if field.default not in (None, "", PydanticUndefined) and field.annotation is not bool:
             description += f" Default: {field.default}."
-        parser.add_argument(*_flags(name, field), help=description, **kwargs)
+        parser.add_argument(*_flags(prefix + name, field), help=description, **kwargs)
+        added.add(name)
+    return added
 
 
 def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
@@ -87,24 +93,7 @@ def _global_parser() -> argparse.ArgumentParser:
         f"input types: {', '.join(pullers.names())}; output types: {', '.join(pushers.names())}. "
         "`wattflow run --input TYPE --help` lists a backend's flags.",
     )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        dest="verbose",
-        action="store_const",
-        const=True,
-        default=argparse.SUPPRESS,
-        help="Log at DEBUG level.",
-    )
-    parser.add_argument(
-        "-s",
-        "--stream",
-        dest="stream",
-        action="store_const",
-        const=True,
-        default=argparse.SUPPRESS,
-        help="Follow the inputs instead of ending.",
-    )
+    _add_model_flags(parser, ServiceConfig, skip={"inputs", "outputs", "formulas", "queue"})
     parser.add_argument(
         "--config-file",
         dest="config_file",
@@ -112,27 +101,7 @@ def _global_parser() -> argparse.ArgumentParser:
         default=None,
         help="PowerAPI JSON config file, or wattflow TOML (by its suffix).",
     )
-    parser.add_argument(
-        "--dead-letters",
-        dest="dead_letters",
-        default=argparse.SUPPRESS,
-        metavar="FILE",
-        help="Keep every dead letter in this JSON Lines file.",
-    )
-    parser.add_argument(
-        "--queue-max-reports",
-        dest="queue_max_reports",
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="Reports a mailbox holds before its producers wait.",
-    )
-    parser.add_argument(
-        "--queue-max-batch",
-        dest="queue_max_batch",
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="Largest batch an actor takes at once.",
-    )
+    _add_model_flags(parser, QueueConfig, skip={"when_full"}, prefix="queue_")
     seen: set[str] = set()
     for name, model in service_config.formula_settings().items():
         parser.add_argument(
@@ -143,17 +112,7 @@ def _global_parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             help=f"Do not run the {name} formula.",
         )
-        fields = {k: v for k, v in model.model_fields.items() if k not in seen}
-        seen.update(fields)
-        for field_name, field in fields.items():
-            kwargs: dict[str, Any] = {
-                "dest": field_name,
-                "default": argparse.SUPPRESS,
-                "help": field.description,
-            }
-            if field.annotation is bool:
-                kwargs.update(action="store_const", const=True)
-            parser.add_argument(*_flags(field_name, field), **kwargs)
+        seen |= _add_model_flags(parser, model, skip=seen)
     return parser
 
 

@@ -42,9 +42,15 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    verbose: bool = Field(default=False, description="Log at DEBUG level.")
+    verbose: bool = Field(
+        default=False,
+        description="Log at DEBUG level.",
+        json_schema_extra={"flags": ["-v", "--verbose"]},
+    )
     stream: bool = Field(
-        default=False, description="Follow the inputs instead of ending with them."
+        default=False,
+        description="Follow the inputs instead of ending with them.",
+        json_schema_extra={"flags": ["-s", "--stream"]},
     )
     inputs: dict[str, PullerConfig] = Field(default_factory=dict)
     outputs: dict[str, PusherConfig] = Field(default_factory=dict)

@@ -6,35 +6,22 @@ import asyncio
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
+from wattflow.actors.backend import BackendConfig
 from wattflow.formats.reports import Report
 
 
-class PullerConfig(BaseModel):
+class PullerConfig(BackendConfig):
     """Settings every puller shares, named as PowerAPI's ``--input`` group names them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: ClassVar[str] = "puller"
 
-    type: str = Field(description="Backend name, e.g. `csv` or `socket`.")
     model: str = Field(
         default="HWPCReport",
         description="Report kind the input holds.",
         json_schema_extra={"flags": ["-m", "--model"]},
     )
-    name: str = Field(
-        default="",
-        description="Name of this input in logs and statistics "
-        "(default: puller_<type>, as PowerAPI names it).",
-        json_schema_extra={"flags": ["-n", "--name"]},
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_name(cls, values: Any) -> Any:
-        if isinstance(values, dict) and not values.get("name"):
-            return {**values, "name": f"puller_{values.get('type', '')}"}
-        return values
 
 
 class Emitter(Protocol):

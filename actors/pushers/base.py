@@ -5,8 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
+from wattflow.actors.backend import BackendConfig
 from wattflow.actors.errors import PushError
 from wattflow.actors.runtime import (
     Actor,
@@ -20,30 +21,16 @@ from wattflow.actors.runtime import (
 from wattflow.formats.reports import Report
 
 
-class PusherConfig(BaseModel):
+class PusherConfig(BackendConfig):
     """Settings every pusher shares, named as PowerAPI's ``--output`` group names them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: ClassVar[str] = "pusher"
 
-    type: str = Field(description="Backend name, e.g. `csv` or `jsonl`.")
     model: str = Field(
         default="PowerReport",
         description="Report kind this output writes.",
         json_schema_extra={"flags": ["-m", "--model"]},
     )
-    name: str = Field(
-        default="",
-        description="Name of this output in logs and statistics "
-        "(default: pusher_<type>, as PowerAPI names it).",
-        json_schema_extra={"flags": ["-n", "--name"]},
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_name(cls, values: Any) -> Any:
-        if isinstance(values, dict) and not values.get("name"):
-            return {**values, "name": f"pusher_{values.get('type', '')}"}
-        return values
 
 
 C = TypeVar("C", bound=PusherConfig)

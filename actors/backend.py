@@ -1,0 +1,37 @@
+"""What inputs and outputs share: the settings every ``--input`` or ``--output`` group takes."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class BackendConfig(BaseModel):
+    """``type``, ``model`` and ``name``, as PowerAPI's groups name them.
+
+    An unnamed backend is called ``<role>_<type>`` (``puller_csv``, ``pusher_mongodb``), the
+    default names PowerAPI gives, so environment variables written for PowerAPI still match.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: ClassVar[str]
+
+    type: str = Field(description="Backend name, e.g. `csv` or `socket`.")
+    model: str = Field(
+        description="Report kind this backend reads or writes.",
+        json_schema_extra={"flags": ["-m", "--model"]},
+    )
+    name: str = Field(
+        default="",
+        description="Name in logs and statistics (default: <role>_<type>, as PowerAPI names it).",
+        json_schema_extra={"flags": ["-n", "--name"]},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, values: Any) -> Any:
+        if isinstance(values, dict) and not values.get("name"):
+            return {**values, "name": f"{cls.role}_{values.get('type', '')}"}
+        return values
