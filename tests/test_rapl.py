@@ -50,9 +50,14 @@ def test_rapl2_fixture_gives_the_documented_powers(fixtures: Path) -> None:
     assert got[(second, "0", "cpu")] == pytest.approx(83577274368 * RAPL_UNIT_J / 1.0)
     assert got[(second, "0", "dram")] == pytest.approx(10479468544 * RAPL_UNIT_J)
     assert got[(second, "1", "cpu")] == pytest.approx(33809760256 * RAPL_UNIT_J)
-    meta = out.reports[0].metadata
-    assert set(meta) == {"scope", "socket", "formula", "ratio"}
-    assert meta["ratio"] == 1.0
+    meta = {(r.metadata["socket"], r.metadata["scope"]): r.metadata for r in out.reports}
+    assert meta[("0", "cpu")] == {
+        "scope": "cpu",
+        "socket": "0",
+        "formula": "RAPL_ENERGY_PKG",
+        "ratio": 1.0,
+    }
+    assert meta[("1", "dram")]["formula"] == "RAPL_ENERGY_DRAM"
 
 
 @pytest.mark.parametrize("global_target", ["all", "system"])
@@ -78,6 +83,14 @@ def tick(
 def test_power_uses_the_real_interval_between_ticks() -> None:
     out = run_formula([tick(0, 0), tick(1, 2**32), tick(3, 2**32), tick(3.5, 2**32)])
     assert [r.power for r in out.reports if isinstance(r, PowerReport)] == [1.0, 0.5, 2.0]
+
+
+def test_the_global_reports_metadata_is_carried_over() -> None:
+    first, second = tick(0, 0), tick(1, 2**32)
+    second = second.model_copy(update={"metadata": {"k8s": {"node": "n1"}}})
+    (report,) = run_formula([first, second]).reports
+    assert report.metadata["k8s"] == {"node": "n1"}
+    assert report.metadata["scope"] == "cpu"
 
 
 def test_psys_is_reported_where_present() -> None:

@@ -1,5 +1,8 @@
 """RAPL formula: energy deltas from hwpc-sensor's ``rapl`` group → watts per socket and domain.
 
+Its reports have SmartWatts' ``rapl`` layout: target ``rapl``, the global report's metadata plus
+``scope``, ``socket``, ``formula`` (the RAPL event, as SmartWatts names it) and ``ratio`` 1.0.
+
 hwpc-sensor reports, for each socket, the energy each RAPL domain used since its previous tick,
 in units of 2^-32 J. Power is that energy over the real interval between the two ticks' timestamps
 (SmartWatts divides by the configured sensor frequency instead, which is wrong whenever a tick is
@@ -58,11 +61,6 @@ def rapl_groups(report: HWPCReport) -> list[str]:
                 break
             break
     return found
-
-
-def formula_id(name: str, sensor: str, socket: str) -> str:
-    """The ``formula`` metadata value that names one formula instance."""
-    return f"{name}-{sensor}-{socket}"
 
 
 @formulas.register("rapl")
@@ -131,10 +129,11 @@ class RaplFormula(Formula[RaplConfig]):
                             sensor=report.sensor,
                             target="rapl",
                             power=value * RAPL_UNIT_J / interval_s,
-                            metadata={
+                            metadata=report.metadata
+                            | {
                                 "scope": SCOPE_OF_DOMAIN.get(domain, domain.lower()),
                                 "socket": socket,
-                                "formula": formula_id(self.name, report.sensor, socket),
+                                "formula": event,
                                 "ratio": 1.0,
                             },
                         )
