@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +28,11 @@ class BackendConfig(BaseModel):
         description="Name in logs and statistics (default: <role>_<type>, as PowerAPI names it).",
         json_schema_extra={"flags": ["-n", "--name"]},
     )
+
+    @classmethod
+    def example(cls) -> Self:
+        """A minimal working configuration, for documentation and tests."""
+        return cls.model_validate({"type": cls.model_fields["type"].default})
 
     @model_validator(mode="before")
     @classmethod

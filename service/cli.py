@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from wattflow.actors.pipeline import Pipeline
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pushers import pushers
@@ -43,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def _flags(name: str, field: FieldInfo) -> list[str]:
+def flag_names(name: str, field: FieldInfo) -> list[str]:
+    """A setting's flags: those its field names, else ``--the-field-name``."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     flags = extra.get("flags")
     if isinstance(flags, list):
@@ -67,7 +69,7 @@ def _add_model_flags(
         description = field.description or ""
         if field.default not in (None, "", PydanticUndefined) and field.annotation is not bool:
             description += f" Default: {field.default}."
-        parser.add_argument(*_flags(prefix + name, field), help=description, **kwargs)
+        parser.add_argument(*flag_names(prefix + name, field), help=description, **kwargs)
         added.add(name)
     return added
 
@@ -220,11 +222,20 @@ def run_command(argv: Sequence[str]) -> int:
     except (ConfigError, DecodeError) as error:
         return _fail(str(error), 2)
     result = asyncio.run(serve(pipeline))
-    if not result.ok:
-        for failure in result.failures.values():
-            _fail(failure, 1)
-        return 1
-    return 0
+    ledger = result.ledger
+    problems = list(result.failures.values())
+    if ledger.dead_out:
+        problems.append(f"{ledger.dead_out} reports could not be written: {_reasons(pipeline)}")
+    if not ledger.balanced():
+        problems.append(f"reports unaccounted for: {ledger.summary()}")
+    for problem in problems:
+        _fail(problem, 1)
+    return 1 if problems else 0
+
+
+def _reasons(pipeline: Pipeline) -> str:
+    reasons = pipeline.dead_letters.by_reason.most_common(3)
+    return "; ".join(f"{count} × {reason}" for reason, count in reasons)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

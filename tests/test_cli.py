@@ -345,3 +345,19 @@ def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
     assert len(out.read_text().splitlines()) == 19
+
+
+def test_an_output_that_cannot_be_written_fails_the_run_and_keeps_the_reports(
+    fixtures: Path, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "grvingt-12-rapl").write_text("a file where a directory should be")
+    letters = tmp_path / "dead.jsonl"
+    done = wattflow(*csv_fixture_args(fixtures, blocked), "--dead-letters", str(letters))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "wattflow: error: 4 reports could not be written" in done.stderr
+    kept = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert len(kept) == 4
+    assert {k["payload"]["target"] for k in kept} == {"rapl"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 from typing import Literal
 
 from wattflow.actors.pullers import pullers
@@ -17,6 +18,11 @@ class CsvPullerConfig(FilePullerConfig):
     """Settings of the CSV input (``--input csv --model HWPCReport --files a.csv,b.csv``)."""
 
     type: Literal["csv"] = "csv"
+
+    @classmethod
+    def example(cls) -> CsvPullerConfig:
+        """hwpc-sensor's CSV output for the three groups SmartWatts needs."""
+        return cls(type="csv", files=[Path("rapl.csv"), Path("msr.csv"), Path("core.csv")])
 
 
 @pullers.register("csv")

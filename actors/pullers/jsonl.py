@@ -33,6 +33,11 @@ class JsonlPullerConfig(FilePullerConfig):
         default=1 << 20, description="Longest line accepted while following, in bytes."
     )
 
+    @classmethod
+    def example(cls) -> JsonlPullerConfig:
+        """A recording of hwpc-sensor reports, one per line."""
+        return cls(type="jsonl", files=[Path("hwpc.jsonl")])
+
 
 @pullers.register("jsonl")
 class JsonlPuller(Puller[JsonlPullerConfig]):

@@ -33,6 +33,12 @@ class CsvPusherConfig(PusherConfig):
         "without one is refused.",
         json_schema_extra={"flags": ["-t", "--tags"]},
     )
+
+    @classmethod
+    def example(cls) -> CsvPusherConfig:
+        """PowerReports under ./power."""
+        return cls(type="csv", directory=Path("power"))
+
     max_open_files: PositiveInt = Field(
         default=256, description="Files kept open at once; the least recently used is closed."
     )

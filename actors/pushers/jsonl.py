@@ -23,6 +23,11 @@ class JsonlPusherConfig(PusherConfig):
         json_schema_extra={"flags": ["-f", "--file"]},
     )
 
+    @classmethod
+    def example(cls) -> JsonlPusherConfig:
+        """PowerReports appended to power.jsonl."""
+        return cls(type="jsonl", file=Path("power.jsonl"))
+
 
 @pushers.register("jsonl")
 class JsonlPusher(Pusher[JsonlPusherConfig]):
