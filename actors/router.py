@@ -71,6 +71,12 @@ class Router(Actor):
         self.ledger.sorted += len(self._in_flight)
         self._in_flight = []
 
+    async def run_abandoned(self, reason: str) -> None:
+        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            for report in batch:
+                self.dead_letters.add(DeadLetter(self.name, f"abandoned: {reason}", report))
+            self.ledger.sorted += len(batch)
+
     async def on_finished(self) -> None:
         for actor in self.formulas:
             await actor.mailbox.close()

@@ -276,3 +276,17 @@ def test_pipeline_result_lists_a_failed_input() -> None:
     assert not result.ok
     assert "device unplugged" in result.failures["puller:list"]
     assert len(pusher.written) == 1, "what entered before the failure is still delivered"
+
+
+def test_an_actor_that_keeps_failing_is_abandoned_without_blocking_its_inputs() -> None:
+    reports: list[Report] = [hwpc(i) for i in range(200)]
+    pusher = MemoryPusher(crash_first=10_000)
+    built, puller = pipeline(reports, pusher)
+    built.supervisor.policy = RestartPolicy(initial_backoff_s=0.0, max_restarts=2)
+    result = run_async(built.run())
+    assert not result.ok
+    assert "memory failed 3 times" in result.failures["pusher:memory"]
+    # The input was stopped, and whatever had entered was dead-lettered, not stuck.
+    assert result.ledger.delivered == 0
+    assert result.ledger.dead_out == result.ledger.dispatched == puller.emitted
+    assert result.ledger.balanced()
