@@ -212,7 +212,7 @@ def _fail(message: str, code: int) -> int:
 
 def run_command(argv: Sequence[str]) -> int:
     """``wattflow run``: exit 0 when done, 2 for bad usage or configuration, 1 at run time."""
-    from wattflow.service.pipeline import assemble, check, serve
+    from wattflow.service.pipeline import Interrupted, assemble, check, serve
 
     try:
         config = load_run_config(argv)
@@ -221,7 +221,19 @@ def run_command(argv: Sequence[str]) -> int:
         asyncio.run(check(pipeline))
     except (ConfigError, DecodeError) as error:
         return _fail(str(error), 2)
-    result = asyncio.run(serve(pipeline))
+    loop = asyncio.new_event_loop()
+    try:
+        result = loop.run_until_complete(serve(pipeline))
+    except Interrupted as interrupted:
+        _fail(str(interrupted), 1)
+        # A thread may be stuck in the sink (that is why the operator insisted): leave without
+        # joining it, which asyncio.run and a normal exit would both wait for.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(1)
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
     ledger = result.ledger
     problems = list(result.failures.values())
     if ledger.dead_out:

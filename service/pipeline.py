@@ -46,18 +46,42 @@ async def check(pipeline: Pipeline) -> None:
         await pusher.pusher.check()
 
 
+class Interrupted(Exception):
+    """A second signal arrived while draining: the run stopped without finishing the drain."""
+
+
 async def serve(pipeline: Pipeline) -> PipelineResult:
-    """Run the pipeline; SIGTERM and SIGINT make it stop reading and drain."""
+    """Run the pipeline; SIGTERM and SIGINT make it stop reading and drain.
+
+    A second signal during the drain stops at once and raises :class:`Interrupted`, for the
+    operator whose sink is gone and who would rather lose what is in flight than wait.
+    """
     loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
     handled = []
+
+    def on_signal() -> None:
+        if not pipeline.stopping.is_set():
+            pipeline.stop()
+        elif main is not None:
+            main.cancel("second signal")
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, pipeline.stop)
+            loop.add_signal_handler(sig, on_signal)
             handled.append(sig)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
     try:
         return await pipeline.run()
+    except asyncio.CancelledError:
+        await pipeline.supervisor.cancel_all()
+        pipeline.dead_letters.close()
+        in_flight = pipeline.ledger.entered - pipeline.ledger.delivered
+        raise Interrupted(
+            f"interrupted twice: stopped without draining; up to {in_flight} reports that "
+            f"entered were not written ({pipeline.ledger.summary()})"
+        ) from None
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)

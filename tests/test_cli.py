@@ -361,3 +361,23 @@ def test_an_output_that_cannot_be_written_fails_the_run_and_keeps_the_reports(
     kept = [json.loads(line) for line in letters.read_text().splitlines()]
     assert len(kept) == 4
     assert {k["payload"]["target"] for k in kept} == {"rapl"}
+
+
+def test_a_second_signal_stops_without_waiting_for_a_stuck_output(tmp_path: Path) -> None:
+    port = free_port()
+    fifo = tmp_path / "never-read.jsonl"
+    os.mkfifo(fifo)  # opening it for writing blocks: an output that never accepts anything
+    process = start_service(
+        "--input", "socket", "--port", str(port), "--output", "jsonl", "--file", str(fifo)
+    )
+    with connect(port, process) as sensor:
+        sensor.sendall("".join(rapl_line(i) + "\n" for i in range(10)).encode())
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(1.5)
+        assert process.poll() is None, "the first signal drains, and the output is stuck"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 1
+    assert "wattflow: error: interrupted twice: stopped without draining" in stderr
+    assert "Traceback" not in stderr

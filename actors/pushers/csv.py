@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 from collections import OrderedDict
 from pathlib import Path
@@ -93,6 +94,10 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         return opened
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        # File systems block (a full disk, a hung NFS mount): never on the event loop.
+        return await asyncio.to_thread(self._write, batch)
+
+    def _write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         refused: list[tuple[Report, str]] = []
         touched: set[Path] = set()
         try:
@@ -117,6 +122,9 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         return refused
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
         for opened in self._files.values():
             opened.handle.close()
         self._files.clear()

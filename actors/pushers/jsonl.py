@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Literal, TextIO
 
@@ -44,19 +45,29 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
             raise PushError(f"output '{self.config.name}': {self.config.file} is a directory")
 
     async def open(self) -> None:
+        # File systems block (a full disk, a hung NFS mount, a FIFO): never on the event loop.
+        self._handle = await asyncio.to_thread(self._open)
+
+    def _open(self) -> TextIO:
         self.config.file.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = self.config.file.open("a", encoding="utf-8")
+        return self.config.file.open("a", encoding="utf-8")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        assert self._handle is not None, "open() first"
+        handle = self._handle
+        assert handle is not None, "open() first"
+        text = "".join(jsonl.encode_line(report) for report in batch)
         try:
-            self._handle.write("".join(jsonl.encode_line(report) for report in batch))
-            self._handle.flush()
+            await asyncio.to_thread(_write_and_flush, handle, text)
         except OSError as error:
             raise PushError(f"output '{self.config.name}': {error}") from error
         return []
 
     async def close(self) -> None:
         if self._handle is not None:
-            self._handle.close()
+            await asyncio.to_thread(self._handle.close)
             self._handle = None
+
+
+def _write_and_flush(handle: TextIO, text: str) -> None:
+    handle.write(text)
+    handle.flush()
