@@ -252,19 +252,19 @@ def _reasons(pipeline: Pipeline) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wattflow`` console script."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": run_command, "demo": _demo}
-    if not args or args[0] in ("-h", "--help") or args[0] not in commands:
-        print(
-            "usage: wattflow {run,demo} …\n\n"
-            "  run    the formula service; takes SmartWatts' flags (wattflow run --help)\n"
-            "  demo   replay a bundled recording through the formulas, no server needed",
-            file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout,
-        )
-        if args and args[0] not in ("-h", "--help"):
-            return _fail(f"unknown command {args[0]!r}", 2)
-        return 0 if args else 2
-    return commands[args[0]](args[1:])
+    parser = argparse.ArgumentParser(
+        prog="wattflow", description="Watts per process, container and GPU, PowerAPI-compatible."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Each command parses its own flags (`wattflow run --help`), so these only name them.
+    commands.add_parser("run", add_help=False, help="the formula service; takes SmartWatts' flags")
+    commands.add_parser(
+        "demo", add_help=False, help="replay a bundled recording through the formulas"
+    )
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "run":
+        return run_command(rest)
+    return _demo(rest)
 
 
 def _demo(argv: Sequence[str]) -> int:

@@ -40,7 +40,7 @@ class ConfigError(WattflowError):
 class ServiceConfig(BaseModel):
     """Everything ``wattflow run`` needs, validated."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     verbose: bool = Field(
         default=False,

@@ -31,7 +31,11 @@ RECORDING = "demo-hwpc.jsonl"
 
 def demo_command(argv: Sequence[str]) -> int:
     """Replay the bundled recording; exit 0 when every report was accounted for."""
-    parser = argparse.ArgumentParser(prog="wattflow demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="wattflow demo",
+        description="Replay a bundled hwpc-sensor recording through the formulas: a live table, "
+        "and PowerAPI-layout CSV files in a directory it names. Needs no server.",
+    )
     parser.add_argument(
         "--directory",
         type=Path,
