@@ -381,3 +381,14 @@ def test_a_second_signal_stops_without_waiting_for_a_stuck_output(tmp_path: Path
     assert process.returncode == 1
     assert "wattflow: error: interrupted twice: stopped without draining" in stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [([], "the following arguments are required: COMMAND"), (["nope"], "invalid choice: 'nope'")],
+)
+def test_an_unknown_command_is_a_usage_error(args: list[str], message: str) -> None:
+    done = wattflow(*args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
