@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,17 +156,6 @@ class Pipeline:
         if not self.stopping.is_set():
             logger.info("stopping: draining the pipeline")
             self.stopping.set()
-
-    def mailboxes(self) -> dict[str, int]:
-        """Reports waiting in each mailbox, for live statistics."""
-        sizes = {self.router.name: len(self.router.mailbox)}
-        sizes.update({a.name: len(a.mailbox) for a in self.formulas})
-        sizes.update({a.name: len(a.mailbox) for a in self.pushers})
-        return sizes
-
-    def formula_instances(self) -> dict[str, list[Hashable]]:
-        """Keys of the formula instances created so far."""
-        return {a.formula.name: list(a.instances) for a in self.formulas}
 
     async def run(self) -> PipelineResult:
         """Run until the input ends or :meth:`stop` is called, then drain; return the result."""

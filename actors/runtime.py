@@ -75,11 +75,6 @@ class Mailbox(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called; queued batches may remain to be read."""
-        return self._closed
-
     async def put(self, batch: list[T]) -> None:
         """Queue a batch, waiting while the mailbox is full.
 
@@ -298,11 +293,6 @@ class Supervisor:
         task = asyncio.create_task(self._supervise(actor, restart), name=actor.name)
         self._tasks[actor.name] = task
         return task
-
-    @property
-    def tasks(self) -> dict[str, asyncio.Task[None]]:
-        """The supervised tasks by actor name."""
-        return self._tasks
 
     async def _supervise(self, actor: Actor, restart: bool) -> None:
         failures: deque[float] = deque()

@@ -10,24 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
 
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.powerapi import decode_document, decode_json, encode_json
+from wattflow.formats.powerapi import decode_document, encode_json
 from wattflow.formats.reports import Report
-
-
-def read_lines(
-    kind: type[Report], handle: TextIO, source: str, first_line: int = 1
-) -> Iterator[Report | DecodeError]:
-    """Decode each non-blank line; an undecodable one is yielded as a :class:`DecodeError`."""
-    for number, line in enumerate(handle, start=first_line):
-        if not line.strip():
-            continue
-        try:
-            yield decode_json(kind, line, source, number)
-        except DecodeError as error:
-            yield error
 
 
 def is_reports_document(path: Path) -> bool:
