@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
@@ -41,6 +41,10 @@ class RaplConfig(FormulaConfig):
         description="Period of hwpc-sensor's reports in ms; ticks closer than a quarter of it "
         "are rejected as duplicates.",
         json_schema_extra={"flags": ["--sensor-reports-frequency"]},
+    )
+    compat: Literal["smartwatts-2.4"] | None = Field(
+        default=None,
+        description="Reproduce another formula's numbers: smartwatts-2.4 for SmartWatts 2.4.1.",
     )
 
 
@@ -92,6 +96,10 @@ class RaplFormula(Formula[RaplConfig]):
             self._tick(report, out)
 
     def _tick(self, report: HWPCReport, out: Output) -> None:
+        if self.config.compat is not None:
+            # SmartWatts divides every tick's energy by the configured period, the first included.
+            self._emit(report, self.config.sensor_reports_frequency / 1000.0, out)
+            return
         previous, now = self.previous, report.timestamp
         if previous is None:
             self.previous = now
@@ -109,6 +117,10 @@ class RaplFormula(Formula[RaplConfig]):
                 f"the sensor period ({self.config.sensor_reports_frequency} ms)",
             )
             return
+        self._emit(report, interval_s, out)
+
+    def _emit(self, report: HWPCReport, interval_s: float, out: Output) -> None:
+        now = report.timestamp
         powers: list[PowerReport] = []
         for socket, cpus in (
             item for group in rapl_groups(report) for item in report.groups[group].items()

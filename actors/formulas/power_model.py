@@ -1,0 +1,210 @@
+"""SmartWatts' per-frequency-layer power models: sample and error windows, fitting and prediction.
+
+A layer's model maps a socket's hardware counters to its RAPL power while the package runs near
+one frequency. It is learned from a window of (counters, RAPL power) samples and relearned when the
+window of recent errors says it drifted. Two ways to fit it:
+
+- ``compat`` mode fits what SmartWatts 2.4.1 fits, scikit-learn's ``ElasticNet(positive=True)``
+  on the raw counters, with an intercept only once the sample window is full, so that its numbers
+  can be reproduced;
+- the default mode solves the non-negative least-squares problem directly on counters scaled to
+  unit range, with the intercept (the socket's idle power) as one more non-negative unknown from
+  the first fit on. The raw counters span ten orders of magnitude, and coordinate descent on them
+  stops far from the optimum; scaled NNLS finds it, and costs tens of microseconds, so relearning
+  never slows the stream.
+
+scikit-learn and SciPy are imported on the first fit, not at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections import deque
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+ErrorMethod = Literal["median", "mean"]
+
+
+class PowerModel:
+    """One frequency layer's model and the windows it is learned from."""
+
+    __slots__ = (
+        "coef",
+        "compat",
+        "errors",
+        "events",
+        "frequency",
+        "hash",
+        "id",
+        "intercept",
+        "min_samples",
+        "powers",
+        "samples",
+        "window",
+    )
+
+    def __init__(
+        self,
+        frequency: int,
+        *,
+        min_samples: int,
+        history_window: int,
+        error_window: int,
+        compat: bool,
+    ) -> None:
+        self.frequency = frequency
+        self.min_samples = min_samples
+        self.window = history_window
+        self.compat = compat
+        self.samples: deque[list[float]] = deque(maxlen=history_window)
+        self.powers: deque[float] = deque(maxlen=history_window)
+        self.errors: deque[float] = deque(maxlen=error_window)
+        self.coef: FloatArray | None = None
+        self.intercept = 0.0
+        self.hash = "uninitialized"
+        self.id = 0
+        self.events: tuple[str, ...] = ()
+
+    @property
+    def fitted(self) -> bool:
+        """Whether a model has been accepted yet."""
+        return self.coef is not None
+
+    def use_events(self, events: tuple[str, ...]) -> None:
+        """Start over when the counters the sensor reports change: old samples no longer fit."""
+        if events != self.events:
+            self.events = events
+            self.samples.clear()
+            self.powers.clear()
+            self.errors.clear()
+            self.coef = None
+            self.intercept = 0.0
+            self.hash = "uninitialized"
+
+    def store(self, power: float, features: list[float]) -> None:
+        """Add a (counters, reference power) sample to the learning window."""
+        self.samples.append(features)
+        self.powers.append(power)
+
+    def store_error(self, error: float) -> None:
+        """Add one tick's |reference − predicted| to the error window."""
+        self.errors.append(error)
+
+    def window_error(self, method: ErrorMethod) -> float:
+        """The error window's median or mean, which decides when to relearn."""
+        if method == "median":
+            return statistics.median(self.errors)
+        return statistics.fmean(self.errors)
+
+    def relearn(self, max_intercept: float) -> None:
+        """Learn from the sample window, then start a new error window, as SmartWatts does.
+
+        A model whose intercept is negative or not under ``max_intercept`` (the TDP) is
+        discarded and the previous one kept.
+        """
+        self.learn(max_intercept)
+        self.errors.clear()
+
+    def learn(self, max_intercept: float) -> bool:
+        """Fit a model on the sample window; whether it was accepted."""
+        if len(self.samples) < self.min_samples:
+            return False
+        x = np.asarray(self.samples, dtype=np.float64)
+        y = np.asarray(self.powers, dtype=np.float64)
+        if self.compat:
+            coef, intercept = _fit_elastic_net(x, y, fit_intercept=len(y) == self.window)
+        else:
+            coef, intercept = _fit_scaled_nnls(x, y)
+        if not 0.0 <= intercept < max_intercept:
+            return False
+        self.coef = coef
+        self.intercept = intercept
+        self.id += 1
+        digest = hashlib.sha1(usedforsecurity=False)
+        digest.update(f"{self.frequency}:{self.id}:{intercept!r}:".encode())
+        digest.update(coef.tobytes())
+        self.hash = digest.hexdigest()
+        return True
+
+    def predict(self, features: FloatArray) -> FloatArray:
+        """Raw power predictions, intercept included, one per row of ``features``."""
+        assert self.coef is not None
+        result: FloatArray = features @ self.coef + self.intercept
+        return result
+
+
+def _fit_elastic_net(
+    x: FloatArray, y: FloatArray, *, fit_intercept: bool
+) -> tuple[FloatArray, float]:
+    """SmartWatts 2.4.1's regression, parameter for parameter."""
+    import warnings
+
+    from sklearn.linear_model import ElasticNet
+
+    model = ElasticNet(fit_intercept=fit_intercept, positive=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SmartWatts silences convergence warnings too
+        model.fit(x, y)
+    return np.asarray(model.coef_, dtype=np.float64), float(model.intercept_)
+
+
+def _fit_scaled_nnls(x: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
+    """Non-negative least squares with a non-negative intercept, on unit-range columns."""
+    from scipy.optimize import nnls
+
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0.0] = 1.0
+    design = np.empty((x.shape[0], x.shape[1] + 1))
+    design[:, :-1] = x / scale
+    design[:, -1] = 1.0
+    solution, _ = nnls(design, y)
+    return solution[:-1] / scale, float(solution[-1])
+
+
+class FrequencyLayers:
+    """The models of one (scope, socket): one per frequency layer, created when first used.
+
+    SmartWatts' layers are the multiples of the base clock from 1 to 100 times it; a tick's layer
+    is the highest one at or under the package frequency.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_clock: int,
+        min_samples: int,
+        history_window: int,
+        error_window: int,
+        compat: bool,
+    ) -> None:
+        self.base_clock = base_clock
+        self.min_samples = min_samples
+        self.history_window = history_window
+        self.error_window = error_window
+        self.compat = compat
+        self.models: dict[int, PowerModel] = {}
+
+    def layer_frequency(self, package_frequency: int) -> int:
+        """The layer a package frequency (MHz) falls in."""
+        ratio = min(max(package_frequency // self.base_clock, 1), 100)
+        return ratio * self.base_clock
+
+    def model(self, package_frequency: int) -> PowerModel:
+        """The model of the layer ``package_frequency`` falls in."""
+        frequency = self.layer_frequency(package_frequency)
+        found = self.models.get(frequency)
+        if found is None:
+            found = self.models[frequency] = PowerModel(
+                frequency,
+                min_samples=self.min_samples,
+                history_window=self.history_window,
+                error_window=self.error_window,
+                compat=self.compat,
+            )
+        return found
