@@ -7,6 +7,6 @@ from wattflow.actors.registry import Registry
 
 formulas: Registry[type[Formula[Any]]] = Registry("formula")
 
-from wattflow.actors.formulas import rapl, smartwatts  # noqa: E402, F401 - register themselves
+from wattflow.actors.formulas import rapl, smartwatts  # noqa: E402 - register themselves
 
 __all__ = ["formulas", "rapl", "smartwatts"]

@@ -36,6 +36,7 @@ class PowerModel:
 
     __slots__ = (
         "coef",
+        "coef_text",
         "compat",
         "errors",
         "events",
@@ -66,6 +67,7 @@ class PowerModel:
         self.powers: deque[float] = deque(maxlen=history_window)
         self.errors: deque[float] = deque(maxlen=error_window)
         self.coef: FloatArray | None = None
+        self.coef_text = ""
         self.intercept = 0.0
         self.hash = "uninitialized"
         self.id = 0
@@ -124,6 +126,7 @@ class PowerModel:
         if not 0.0 <= intercept < max_intercept:
             return False
         self.coef = coef
+        self.coef_text = str(coef)  # as SmartWatts writes it; formatting it per tick is slow
         self.intercept = intercept
         self.id += 1
         digest = hashlib.sha1(usedforsecurity=False)

@@ -36,9 +36,11 @@ global report takes its tick's target reports with it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import chain
+from operator import itemgetter
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
@@ -141,12 +143,20 @@ class Scope:
     layers: dict[str, FrequencyLayers] = field(default_factory=dict)
 
 
+Counts = tuple[tuple[str, ...], list[float] | list[int]]
+"""Event names, sorted, and the matching counts summed over a socket's cpus."""
+
+
+Layout = tuple[tuple[str, ...], Callable[[Any], Any], bool]
+"""Counter names, a getter of a cpu's counters (then its time columns), and whether it has them."""
+
+
 @dataclass(slots=True)
 class Reading:
     """A target's report with its counters summed per socket (multiplexing already undone)."""
 
     report: HWPCReport
-    features: dict[str, dict[str, float]]
+    features: dict[str, Counts]
 
 
 @dataclass(slots=True)
@@ -227,6 +237,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         self.ticks: dict[datetime, Tick] = {}
         self.latest: datetime | None = None
         self.last_tick: datetime | None = None
+        self._layouts: dict[tuple[str, ...], Layout] = {}
 
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
@@ -290,32 +301,87 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             tick = self.ticks[timestamp] = Tick(timestamp)
         return tick
 
-    def _features(self, report: HWPCReport) -> dict[str, dict[str, float]]:
-        """Sum a target's counters per socket, undoing perf's multiplexing outside compat."""
+    def _features(self, report: HWPCReport) -> dict[str, Counts]:
+        """Sum a target's counters per socket, undoing perf's multiplexing outside compat.
+
+        This runs once per input report, so the common case (every cpu reporting the same
+        events) stays in C: one ``itemgetter`` call per cpu and ``zip``/``sum`` per event.
+        """
         group = core_group(report)
         if group is None:
             raise BadCounters(
                 f"target report without a 'core' group (it has {sorted(report.groups)})"
             )
-        scale_multiplexed = not self.compat
-        features: dict[str, dict[str, float]] = {}
+        features: dict[str, Counts] = {}
         for socket, cpus in group.items():
-            sums: dict[str, float] = {}
-            for cpu, events in cpus.items():
-                scale = 1.0
-                if scale_multiplexed:
-                    enabled = events.get("time_enabled")
-                    running = events.get("time_running")
-                    if enabled is not None and running is not None and running < enabled:
-                        scale = enabled / running if running > 0 else 0.0
-                for event, value in events.items():
-                    if event in TIME_EVENTS:
-                        continue
-                    if not 0 <= value < WRAPPED_COUNTER:
-                        raise BadCounters(_bad_counter(event, value, socket, cpu))
-                    sums[event] = sums.get(event, 0.0) + value * scale
-            features[socket] = sums
+            rows = list(cpus.values())
+            if not rows:
+                continue
+            layout = self._layouts.get(tuple(rows[0]))
+            if layout is None:
+                layout = self._layout(rows[0])
+            if not layout[0]:
+                features[socket] = self._features_slowly(socket, cpus)
+                continue
+            names, values_of, timed = layout
+            try:
+                values = list(map(values_of, rows))
+            except KeyError:  # cpus reporting other events than the first one
+                features[socket] = self._features_slowly(socket, cpus)
+                continue
+            columns = list(zip(*values, strict=True))
+            if timed:  # the time columns come last
+                counts = columns[:-2]
+                multiplexed = columns[-2] != columns[-1] and not self.compat
+            else:
+                counts = columns
+                multiplexed = False
+            sums = list(map(sum, counts))
+            if (
+                multiplexed
+                or sum(map(len, rows)) != len(rows[0]) * len(rows)
+                or min(chain.from_iterable(counts)) < 0
+                or max(sums) >= WRAPPED_COUNTER
+            ):
+                features[socket] = self._features_slowly(socket, cpus)
+                continue
+            features[socket] = (names, sums)
         return features
+
+    def _layout(self, events: dict[str, int | float]) -> Layout:
+        """How to read a cpu's events in one C call: sorted counters, then the time columns.
+
+        ``timed`` says whether the getter ends with the two time columns.
+        """
+        names = tuple(sorted(e for e in events if e not in TIME_EVENTS))
+        timed = events.keys() >= TIME_EVENTS
+        keys = (*names, "time_enabled", "time_running") if timed else names
+        layout: Layout = (names, itemgetter(*keys), timed)
+        if len(keys) == 1:
+            only = itemgetter(keys[0])
+            layout = (names, lambda row: (only(row),), False)
+        if len(self._layouts) < 64:
+            self._layouts[tuple(events)] = layout
+        return layout
+
+    def _features_slowly(self, socket: str, cpus: dict[str, dict[str, int | float]]) -> Counts:
+        """Every case the fast path leaves: cpus with other events, multiplexing, bad values."""
+        sums: dict[str, float] = {}
+        for cpu, events in cpus.items():
+            scale = 1.0
+            if not self.compat:
+                enabled = events.get("time_enabled")
+                running = events.get("time_running")
+                if enabled is not None and running is not None and running < enabled:
+                    scale = enabled / running if running > 0 else 0.0
+            for event, value in events.items():
+                if event in TIME_EVENTS:
+                    continue
+                if not 0 <= value < WRAPPED_COUNTER:
+                    raise BadCounters(_bad_counter(event, value, socket, cpu))
+                sums[event] = sums.get(event, 0.0) + value * scale
+        names = tuple(sorted(sums))
+        return names, [sums[name] for name in names]
 
     def _reference(self, report: HWPCReport) -> dict[str, SocketReference]:
         """RAPL energy and package frequency of each socket, from the global report."""
@@ -395,11 +461,15 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             names = [name for name, r in tick.targets.items() if socket in r.features]
             if not names:
                 continue
-            events = sorted({e for name in names for e in tick.targets[name].features[socket]})
-            matrix = np.empty((len(names) + 1, len(events)))
-            for row, name in enumerate(names, start=1):
-                counts = tick.targets[name].features[socket]
-                matrix[row] = [counts.get(event, 0.0) for event in events]
+            counts = [tick.targets[name].features[socket] for name in names]
+            events = counts[0][0]
+            if all(c[0] == events for c in counts):
+                matrix = np.array([[0.0] * len(events)] + [c[1] for c in counts])
+            else:  # targets reporting different events: align them on the union, 0 if absent
+                events = tuple(sorted({e for c in counts for e in c[0]}))
+                matrix = np.zeros((len(names) + 1, len(events)))
+                for row, (own, values) in enumerate(counts, start=1):
+                    matrix[row, [events.index(e) for e in own]] = values
             matrix[0] = matrix[1:].sum(axis=0)
             if not self.compat:
                 matrix /= interval_s
@@ -412,7 +482,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                     socket,
                     tick,
                     names,
-                    tuple(events),
+                    events,
                     matrix,
                     energy * RAPL_UNIT_J / interval_s,
                     reference.package_frequency,
@@ -455,40 +525,41 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             model.errors.clear()
             if self.compat or not learned:
                 return False
-        raw = model.predict(matrix)
-        raw_global = float(raw[0])
+        assert model.coef is not None
+        dynamic = (matrix @ model.coef).tolist()  # the intercept cancels out of every share
         intercept = model.intercept
-        dynamic_global = raw_global - intercept
-        dynamic = raw[1:] - intercept
-        if dynamic_global > 0.0:
-            ratios = np.where(dynamic > 0.0, dynamic / dynamic_global, 0.0)
-        else:
-            ratios = np.zeros(len(names))
-        if self.compat:
-            powers = np.where(ratios > 0.0, dynamic + ratios * intercept, 0.0)
-        else:
-            powers = ratios * rapl_w
+        dynamic_global = dynamic[0]
+        raw_global = dynamic_global + intercept
         timestamp = tick.timestamp
-        extra: dict[str, Any] = {"scope": scope.name, "socket": socket, "formula": model.hash}
+        sensor = self.sensor
+        labels: dict[str, Any] = {"scope": scope.name, "socket": socket, "formula": model.hash}
         global_report = tick.global_report
         assert global_report is not None
-        out.emit(
+        emit = out.emit
+        emit(
             PowerReport.trusted(
                 timestamp=timestamp,
-                sensor=self.sensor,
+                sensor=sensor,
                 target="global",
                 power=raw_global,
-                metadata=global_report.metadata | extra | {"ratio": 1.0},
+                metadata={**global_report.metadata, **labels, "ratio": 1.0},
             )
         )
-        for name, power, ratio in zip(names, powers.tolist(), ratios.tolist(), strict=True):
-            out.emit(
+        targets = tick.targets
+        for name, target_dynamic in zip(names, dynamic[1:], strict=True):
+            if dynamic_global > 0.0 and target_dynamic > 0.0:
+                ratio = target_dynamic / dynamic_global
+                # SmartWatts shares its predicted global power; wattflow the measured one.
+                power = target_dynamic + ratio * intercept if self.compat else ratio * rapl_w
+            else:
+                ratio = power = 0.0
+            emit(
                 PowerReport.trusted(
                     timestamp=timestamp,
-                    sensor=self.sensor,
+                    sensor=sensor,
                     target=name,
                     power=power,
-                    metadata=tick.targets[name].report.metadata | extra | {"ratio": ratio},
+                    metadata={**targets[name].report.metadata, **labels, "ratio": ratio},
                 )
             )
         error = abs(rapl_w - raw_global)
@@ -497,8 +568,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         model.store_error(error)
         if model.window_error(self.error_method) > scope.error_threshold:
             model.relearn(config.cpu_tdp)
-        assert model.coef is not None
-        out.emit(
+        emit(
             FormulaReport.trusted(
                 timestamp=timestamp,
                 sensor=self.sensor,
@@ -512,7 +582,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                     "id": model.id,
                     "error": error,
                     "intercept": model.intercept,
-                    "coef": str(model.coef),
+                    "coef": model.coef_text,
                 },
             )
         )
