@@ -19,6 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from wattflow.actors.formulas import formulas
+from wattflow.actors.formulas.base import FormulaConfig
+from wattflow.actors.formulas.smartwatts import SmartWattsConfig
 from wattflow.actors.pipeline import Pipeline
 from wattflow.actors.pullers.jsonl import JsonlPuller, JsonlPullerConfig
 from wattflow.actors.pushers.base import Pusher
@@ -27,6 +29,11 @@ from wattflow.actors.pushers.table import TablePusher, TablePusherConfig
 from wattflow.service.pipeline import serve
 
 RECORDING = "demo-hwpc.jsonl"
+
+DEMO_SETTINGS: dict[str, FormulaConfig] = {
+    # 30 ticks is short: let each frequency layer learn from 5 samples instead of 10.
+    "smartwatts": SmartWattsConfig(learn_min_samples_required=5),
+}
 
 
 def demo_command(argv: Sequence[str]) -> int:
@@ -66,7 +73,9 @@ def demo_command(argv: Sequence[str]) -> int:
             TablePusher(TablePusherConfig(type="table", name="table"), console=console),
             CsvPusher(CsvPusherConfig(type="csv", name="csv", directory=directory)),
         ]
-        enabled = [(cls, cls.config_model()) for _, cls in formulas.items()]
+        enabled = [
+            (cls, DEMO_SETTINGS.get(name, cls.config_model())) for name, cls in formulas.items()
+        ]
         result = asyncio.run(serve(Pipeline([puller], enabled, list(pushers))))
     ledger = result.ledger
     console.print(
@@ -75,7 +84,7 @@ def demo_command(argv: Sequence[str]) -> int:
     )
     if ledger.unused:
         console.print(
-            "Not used by the formulas built so far: "
+            "Not used by any formula: "
             + "; ".join(f"{count} × {reason}" for reason, count in ledger.unused.items())
         )
     return 0 if result.ok and ledger.balanced() else 1
