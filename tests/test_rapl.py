@@ -147,3 +147,20 @@ def test_per_target_reports_are_not_for_rapl(fixtures: Path) -> None:
     out = run_formula(list(reports))
     assert len(out.reports) == len(reports) - 1
     assert all(0 < r.power < 50 for r in out.reports if isinstance(r, PowerReport))
+
+
+def test_compat_mode_divides_by_the_configured_period_from_the_first_tick(fixtures: Path) -> None:
+    reports: list[Report] = [
+        r
+        for r in powerapi.read_hwpc_csv([fixtures / "csv" / "rapl2.csv"])
+        if isinstance(r, HWPCReport)
+    ]
+    config = RaplConfig(compat="smartwatts-2.4", sensor_reports_frequency=500)
+    out = run_formula(reports, config)
+    got = powers(out)
+    first = str(to_utc(1539260664189))
+    second = str(to_utc(1539260665189))
+    assert out.absorbed == 0
+    # SmartWatts 2.4.1 reads every tick's energy as spent over the configured 0.5 s.
+    assert got[(first, "0", "cpu")] == pytest.approx(722468864 * RAPL_UNIT_J / 0.5)
+    assert got[(second, "0", "cpu")] == pytest.approx(83577274368 * RAPL_UNIT_J / 0.5)

@@ -13,13 +13,15 @@ window of recent errors says it drifted. Two ways to fit it:
   stops far from the optimum; scaled NNLS finds it, and costs tens of microseconds, so relearning
   never slows the stream.
 
-scikit-learn and SciPy are imported on the first fit, not at start-up.
+scikit-learn and SciPy are imported in the background once a formula starts (see :func:`warm_up`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import statistics
+import threading
 from collections import deque
 from typing import Literal
 
@@ -168,6 +170,26 @@ def _fit_scaled_nnls(x: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
     design[:, -1] = 1.0
     solution, _ = nnls(design, y)
     return solution[:-1] / scale, float(solution[-1])
+
+
+_warming: set[str] = set()
+
+
+def warm_up(compat: bool) -> None:
+    """Import the regression library in the background.
+
+    scikit-learn takes about a second to import and SciPy about half of one; importing on the
+    first fit would stall the stream (and backpressure the sensors) for that long, while
+    importing at start-up would slow every start. A thread does it while the first samples
+    arrive; the first fit waits on the import lock only if it has not finished.
+    """
+    module = "sklearn.linear_model" if compat else "scipy.optimize"
+    if module in _warming:
+        return
+    _warming.add(module)
+    threading.Thread(
+        target=importlib.import_module, args=(module,), name=f"import {module}", daemon=True
+    ).start()
 
 
 class FrequencyLayers:

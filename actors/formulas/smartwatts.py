@@ -48,7 +48,12 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
-from wattflow.actors.formulas.power_model import ErrorMethod, FloatArray, FrequencyLayers
+from wattflow.actors.formulas.power_model import (
+    ErrorMethod,
+    FloatArray,
+    FrequencyLayers,
+    warm_up,
+)
 from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J, rapl_groups
 from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report
 
@@ -234,6 +239,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 Scope("dram", config.dram_rapl_ref_event, config.dram_error_threshold)
             )
         self.error_method: ErrorMethod = config.learn_error_window_method
+        warm_up(self.compat)
         self.ticks: dict[datetime, Tick] = {}
         self.latest: datetime | None = None
         self.last_tick: datetime | None = None
