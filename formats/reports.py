@@ -9,11 +9,14 @@ why formulas build their outputs with :meth:`Report.trusted`.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal, Self, cast
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_set = object.__setattr__
+"""Sets attributes on frozen models: what ``model_construct`` does, without its per-field work."""
 
 
 def to_utc(value: Any) -> datetime:
@@ -84,8 +87,28 @@ class Report(BaseModel):
         Formulas create thousands of reports per second from already checked inputs; running
         the validators again would only cost time.
         """
-        fields.setdefault("metadata", {})
-        return cast(Self, cls.model_construct(**fields))
+        all_fields = cls.__pydantic_fields__
+        if len(fields) < len(all_fields):
+            for name, field in all_fields.items():
+                if name not in fields:
+                    fields[name] = field.get_default(call_default_factory=True)
+        report = cls.__new__(cls)
+        _set(report, "__dict__", fields)
+        # Every field is set; pydantic copies this set before it ever changes one.
+        _set(report, "__pydantic_fields_set__", _every_field(cls))
+        _set(report, "__pydantic_extra__", None)
+        _set(report, "__pydantic_private__", None)
+        return report
+
+
+_FIELD_SETS: dict[type[BaseModel], set[str]] = {}
+
+
+def _every_field(cls: type[BaseModel]) -> set[str]:
+    found = _FIELD_SETS.get(cls)
+    if found is None:
+        found = _FIELD_SETS[cls] = set(cls.__pydantic_fields__)
+    return found
 
 
 class HWPCReport(Report):

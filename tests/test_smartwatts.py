@@ -349,3 +349,24 @@ def test_smartwatts_flags_through_the_command_line(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "--disable-smartwatts-formula" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_counter_that_is_not_a_number_is_a_dead_letter(tmp_path: Path) -> None:
+    lines = [r.model_dump_json() for r in reports_of(workload(12))]
+    broken = json.loads(lines[5])
+    assert broken["target"] != "all"
+    broken["groups"]["core"]["0"]["0"]["INSTRUCTIONS_RETIRED"] = "lots"
+    lines[5] = json.dumps(broken)
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    dead = tmp_path / "dead.jsonl"
+    result = wattflow(
+        "run", "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--file", str(tmp_path / "out.jsonl"),
+        "--dead-letters", str(dead), "--learn-min-samples-required", "5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    letters = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert len(letters) == 1
+    assert "INSTRUCTIONS_RETIRED" in letters[0]["reason"]
+    assert "not a number: 'lots'" in letters[0]["reason"]

@@ -332,23 +332,23 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             names, values_of, timed = layout
             try:
                 values = list(map(values_of, rows))
-            except KeyError:  # cpus reporting other events than the first one
-                features[socket] = self._features_slowly(socket, cpus)
-                continue
-            columns = list(zip(*values, strict=True))
-            if timed:  # the time columns come last
-                counts = columns[:-2]
-                multiplexed = columns[-2] != columns[-1] and not self.compat
-            else:
-                counts = columns
-                multiplexed = False
-            sums = list(map(sum, counts))
-            if (
-                multiplexed
-                or sum(map(len, rows)) != len(rows[0]) * len(rows)
-                or min(chain.from_iterable(counts)) < 0
-                or max(sums) >= WRAPPED_COUNTER
-            ):
+                columns = list(zip(*values, strict=True))
+                if timed:  # the time columns come last
+                    counts = columns[:-2]
+                    multiplexed = columns[-2] != columns[-1] and not self.compat
+                else:
+                    counts = columns
+                    multiplexed = False
+                sums = list(map(sum, counts))
+                unusual = (
+                    multiplexed
+                    or sum(map(len, rows)) != len(rows[0]) * len(rows)
+                    or min(chain.from_iterable(counts)) < 0
+                    or max(sums) >= WRAPPED_COUNTER
+                )
+            except (KeyError, TypeError, ValueError):  # other events per cpu, or not numbers
+                unusual = True
+            if unusual:
                 features[socket] = self._features_slowly(socket, cpus)
                 continue
             features[socket] = (names, sums)
@@ -374,15 +374,25 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         """Every case the fast path leaves: cpus with other events, multiplexing, bad values."""
         sums: dict[str, float] = {}
         for cpu, events in cpus.items():
+            if not isinstance(events, dict):
+                raise BadCounters(f"cpu {cpu} of socket {socket} holds no events")
             scale = 1.0
-            if not self.compat:
-                enabled = events.get("time_enabled")
-                running = events.get("time_running")
-                if enabled is not None and running is not None and running < enabled:
-                    scale = enabled / running if running > 0 else 0.0
+            enabled = events.get("time_enabled")
+            running = events.get("time_running")
+            if (
+                not self.compat
+                and isinstance(enabled, int | float)
+                and isinstance(running, int | float)
+                and running < enabled
+            ):
+                scale = enabled / running if running > 0 else 0.0
             for event, value in events.items():
                 if event in TIME_EVENTS:
                     continue
+                if type(value) not in (int, float):
+                    raise BadCounters(
+                        f"counter {event} on socket {socket} cpu {cpu} is not a number: {value!r}"
+                    )
                 if not 0 <= value < WRAPPED_COUNTER:
                     raise BadCounters(_bad_counter(event, value, socket, cpu))
                 sums[event] = sums.get(event, 0.0) + value * scale
