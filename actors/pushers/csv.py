@@ -15,7 +15,7 @@ from wattflow.actors.pullers.files import split_commas
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi
-from wattflow.formats.reports import Report
+from wattflow.formats.reports import PowerReport, Report, to_millis
 
 TagList = Annotated[list[str], BeforeValidator(split_commas)]
 
@@ -46,12 +46,18 @@ class CsvPusherConfig(PusherConfig):
 
 
 class _OpenFile:
-    __slots__ = ("handle", "header", "writer")
+    __slots__ = ("handle", "header", "metadata_columns", "metadata_keys", "writer")
 
     def __init__(self, handle: TextIO, header: list[str]) -> None:
         self.handle = handle
         self.header = header
         self.writer = csv.writer(handle, lineterminator="\r\n")
+        fixed = len(powerapi.CSV_POWER_FIXED) - 1  # socket is metadata too
+        self.metadata_columns = header[fixed:] if header[:fixed] == _POWER_START else None
+        self.metadata_keys = set(self.metadata_columns or ())
+
+
+_POWER_START = list(powerapi.CSV_POWER_FIXED[:-1])
 
 
 @pushers.register("csv")
@@ -66,18 +72,19 @@ class CsvPusher(Pusher[CsvPusherConfig]):
 
     def __init__(self, config: CsvPusherConfig) -> None:
         super().__init__(config)
-        self._files: OrderedDict[Path, _OpenFile] = OrderedDict()
+        self._files: OrderedDict[tuple[str, str, str], _OpenFile] = OrderedDict()
 
     async def check(self) -> None:
         directory = self.config.directory
         if directory.exists() and not directory.is_dir():
             raise PushError(f"output '{self.config.name}': {directory} is not a directory")
 
-    def _file(self, path: Path, first: Report) -> _OpenFile:
-        found = self._files.get(path)
+    def _file(self, key: tuple[str, str, str], first: Report) -> _OpenFile:
+        found = self._files.get(key)
         if found is not None:
-            self._files.move_to_end(path)
+            self._files.move_to_end(key)
             return found
+        path = powerapi.csv_output_path(self.config.directory, first)
         path.parent.mkdir(parents=True, exist_ok=True)
         header: list[str] | None = None
         if path.exists() and path.stat().st_size > 0:
@@ -87,7 +94,7 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         opened = _OpenFile(handle, header or powerapi.csv_output_header(first))
         if header is None:
             opened.writer.writerow(opened.header)
-        self._files[path] = opened
+        self._files[key] = opened
         while len(self._files) > self.config.max_open_files:
             _, oldest = self._files.popitem(last=False)
             oldest.handle.close()
@@ -98,25 +105,57 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         return await asyncio.to_thread(self._write, batch)
 
     def _write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        """Format every row, then write each file's rows at once.
+
+        A formula writes several rows per input report, so this loop is the output's hot path:
+        files are found by (sensor, target, kind) without building paths, the timestamp's text
+        is reused across a tick, and a PowerReport whose metadata matches its file's columns
+        skips the general row builder.
+        """
         refused: list[tuple[Report, str]] = []
-        touched: set[Path] = set()
+        # Rows per file, with a report to reopen it by: a batch may touch more files than are
+        # kept open, so files are looked up again when the rows are written.
+        touched: dict[tuple[str, str, str], tuple[_OpenFile, Report, list[list[str]]]] = {}
+        tags = self.config.tags
+        last_timestamp: object = None
+        millis = ""
         try:
             for report in batch:
-                path = powerapi.csv_output_path(self.config.directory, report)
-                missing = [t for t in self.config.tags if t not in report.metadata]
-                if missing:
-                    refused.append((report, f"{path}: no tag {missing[0]!r} in the report"))
+                metadata = report.metadata
+                if tags:
+                    missing = [t for t in tags if t not in metadata]
+                    if missing:
+                        path = powerapi.csv_output_path(self.config.directory, report)
+                        refused.append((report, f"{path}: no tag {missing[0]!r} in the report"))
+                        continue
+                key = (report.sensor, report.target, report.kind)
+                entry = touched.get(key)
+                if entry is None:
+                    entry = touched[key] = (self._file(key, report), report, [])
+                opened, _, rows = entry
+                columns = opened.metadata_columns
+                if (
+                    columns is not None
+                    and isinstance(report, PowerReport)
+                    and metadata.keys() == opened.metadata_keys
+                ):
+                    if report.timestamp is not last_timestamp:
+                        last_timestamp = report.timestamp
+                        millis = str(to_millis(report.timestamp))
+                    row = [millis, report.sensor, report.target, str(report.power)]
+                    row.extend(["" if (v := metadata[c]) is None else str(v) for c in columns])
+                    rows.append(row)
                     continue
                 try:
-                    opened = self._file(path, report)
-                    opened.writer.writerow(powerapi.csv_output_row(report, opened.header))
+                    rows.append(powerapi.csv_output_row(report, opened.header))
                 except ValueError as error:
+                    path = powerapi.csv_output_path(self.config.directory, report)
                     refused.append((report, f"{path}: {error}"))
-                    continue
-                touched.add(path)
-            for path in touched:
-                if path in self._files:
-                    self._files[path].handle.flush()
+            for key, (_, first, rows) in touched.items():
+                if rows:
+                    opened = self._file(key, first)
+                    opened.writer.writerows(rows)
+                    opened.handle.flush()
         except OSError as error:
             raise PushError(f"output '{self.config.name}': {error}") from error
         return refused
