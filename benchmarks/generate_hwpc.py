@@ -89,8 +89,14 @@ def generate(
     seed: int = 42,
     start: datetime = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC),
     period_s: float = 1.0,
+    multiplex: float = 0.0,
 ) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
-    """Yield, per tick, the hwpc-sensor reports and the ground-truth rows of that tick."""
+    """Yield, per tick, the hwpc-sensor reports and the ground-truth rows of that tick.
+
+    ``multiplex`` is the share of per-cpu core readings that perf multiplexed: their counters
+    ran for only part of the interval (``time_running`` < ``time_enabled``) and count that much
+    less, as perf reports them. The ground truth is what the target really did.
+    """
     rng = np.random.default_rng(seed)
     cpus = machine.sockets * machine.cpus_per_socket
     ns = int(period_s * 1e9)
@@ -111,6 +117,8 @@ def generate(
         load = busy.sum(axis=0).clip(0, 1)
         reports: list[dict[str, Any]] = []
         truth: list[dict[str, Any]] = []
+        dynamic_cpu = np.zeros((len(containers), machine.sockets))
+        dynamic_dram = np.zeros((len(containers), machine.sockets))
         socket_power = np.full(machine.sockets, machine.idle_pkg_w)
         socket_dram = np.full(machine.sockets, machine.idle_dram_w)
         core: dict[str, dict[str, dict[str, int]]] = {}
@@ -142,26 +150,32 @@ def generate(
                         + llc / 1e6 * machine.joules_per_mllc
                     ) / period_s
                     socket_dram_w += llc / 1e6 * machine.dram_joules_per_mllc / period_s
+                    running = ns
+                    if multiplex and rng.random() < multiplex:
+                        running = int(ns * rng.uniform(0.5, 0.9))
+                    seen = running / ns
                     socket_events[str(cpu)] = {
-                        CORE_EVENTS[0]: int(ref),
-                        CORE_EVENTS[1]: int(cycles),
-                        CORE_EVENTS[2]: int(instructions),
-                        CORE_EVENTS[3]: int(llc),
+                        CORE_EVENTS[0]: int(ref * seen),
+                        CORE_EVENTS[1]: int(cycles * seen),
+                        CORE_EVENTS[2]: int(instructions * seen),
+                        CORE_EVENTS[3]: int(llc * seen),
                         "time_enabled": ns,
-                        "time_running": ns,
+                        "time_running": running,
                     }
                     totals = core.setdefault(str(s), {}).setdefault(
                         str(cpu), dict.fromkeys((*CORE_EVENTS, "time_enabled", "time_running"), 0)
                     )
-                    for event, value in socket_events[str(cpu)].items():
-                        if event.startswith("time_"):
-                            totals[event] = ns
-                        else:
-                            totals[event] += value
+                    totals[CORE_EVENTS[0]] += int(ref)
+                    totals[CORE_EVENTS[1]] += int(cycles)
+                    totals[CORE_EVENTS[2]] += int(instructions)
+                    totals[CORE_EVENTS[3]] += int(llc)
+                    totals["time_enabled"] = totals["time_running"] = ns
                 if socket_events:
                     groups[str(s)] = socket_events
                 socket_power[s] += socket_w
                 socket_dram[s] += socket_dram_w
+                dynamic_cpu[i, s] = socket_w
+                dynamic_dram[i, s] = socket_dram_w
                 cpu_w += socket_w
                 dram_w += socket_dram_w
             reports.append(
@@ -181,6 +195,16 @@ def generate(
                     "dram_w": round(dram_w, 6),
                 }
             )
+        # Idle power shared in proportion to each target's dynamic power on each socket, the
+        # way SmartWatts shares its intercept: what a formula whose targets add up to RAPL
+        # should find.
+        cpu_share = dynamic_cpu / np.where(dynamic_cpu.sum(axis=0) > 0, dynamic_cpu.sum(axis=0), 1)
+        dram_share = dynamic_dram / np.where(
+            dynamic_dram.sum(axis=0) > 0, dynamic_dram.sum(axis=0), 1
+        )
+        for i, row in enumerate(truth):
+            row["cpu_attributed_w"] = round(float((cpu_share[i] * socket_power).sum()), 6)
+            row["dram_attributed_w"] = round(float((dram_share[i] * socket_dram).sum()), 6)
         rapl: dict[str, dict[str, dict[str, int]]] = {}
         msr: dict[str, dict[str, dict[str, int]]] = {}
         for s in range(machine.sockets):
@@ -211,6 +235,8 @@ def generate(
                     "target": f"rapl-socket-{s}",
                     "cpu_w": round(float(socket_power[s]), 6),
                     "dram_w": round(float(socket_dram[s]), 6),
+                    "cpu_attributed_w": round(float(socket_power[s]), 6),
+                    "dram_attributed_w": round(float(socket_dram[s]), 6),
                 }
             )
         reports.insert(
@@ -260,27 +286,43 @@ def main() -> None:
     parser.add_argument("--containers", type=int, default=4)
     parser.add_argument("--sockets", type=int, default=2)
     parser.add_argument("--cpus-per-socket", type=int, default=4)
-    parser.add_argument("--sensor", default="node-1")
+    parser.add_argument("--sensor", default="node-1", help="sensor name (with --sensors 1)")
+    parser.add_argument(
+        "--sensors", type=int, default=1, help="machines, named node-1 … node-N, interleaved"
+    )
+    parser.add_argument(
+        "--multiplex", type=float, default=0.0, help="share of per-cpu readings perf multiplexed"
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, required=True, help="JSON Lines file to write")
     parser.add_argument("--truth", type=Path, help="ground-truth CSV to write")
     parser.add_argument("--csv", type=Path, help="also write PowerAPI CSV files here")
     args = parser.parse_args()
-    machine = Machine(
-        sensor=args.sensor, sockets=args.sockets, cpus_per_socket=args.cpus_per_socket
-    )
+    names = [args.sensor] if args.sensors == 1 else [f"node-{n + 1}" for n in range(args.sensors)]
+    streams = [
+        generate(
+            Machine(sensor=name, sockets=args.sockets, cpus_per_socket=args.cpus_per_socket),
+            containers_named(args.containers),
+            args.ticks,
+            seed=args.seed + number,
+            multiplex=args.multiplex,
+        )
+        for number, name in enumerate(names)
+    ]
     everything: list[dict[str, Any]] = []
     truth_rows: list[dict[str, Any]] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as out:
-        for reports, truth in generate(
-            machine, containers_named(args.containers), args.ticks, seed=args.seed
-        ):
-            for report in reports:
-                out.write(json.dumps(report, separators=(",", ":")) + "\n")
+        for ticks in zip(*streams, strict=True):
+            reports = sorted(
+                (report for tick_reports, _ in ticks for report in tick_reports),
+                key=lambda report: str(report["timestamp"]),
+            )
+            out.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in reports)
             if args.csv:
                 everything.extend(reports)
-            truth_rows.extend(truth)
+            for _, truth in ticks:
+                truth_rows.extend(truth)
     if args.truth:
         with args.truth.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(truth_rows[0]))
