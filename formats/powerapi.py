@@ -117,8 +117,8 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     """hwpc-sensor's JSON the fast way, or ``None`` to leave it to the full validation.
 
     Every report of a sensor goes through here, and pydantic's validation of the nested groups
-    costs twice what parsing them does. This path checks the structure down to the cpus and
-    leaves the counter values as JSON gave them (formulas check those as they sum them);
+    costs twice what parsing them does. This path checks the structure down to the sockets and
+    leaves each cpu's events as JSON gave them (formulas check those as they sum them);
     anything unusual (a missing field, a wrong type, a timestamp it cannot read) falls back to
     pydantic, whose error names the field.
     """
@@ -147,9 +147,6 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
         for cpus in sockets.values():
             if type(cpus) is not dict:
                 return None
-            for events in cpus.values():
-                if type(events) is not dict:
-                    return None
     timestamp = _cached_timestamp(document.get("timestamp"))
     if timestamp is None:
         return None
@@ -262,54 +259,113 @@ def _rows(
         yield millis, index, line, row
 
 
+HwpcRow = tuple[int, int, int, str, str, str, str, dict[str, int | float]]
+"""A counter row in merge order: (ms, file index, line, sensor, target, socket, cpu, events)."""
+
+
+def _hwpc_rows(path: Path, handle: TextIO, index: int) -> Iterator[HwpcRow | DecodeError]:
+    """One events file's rows, parsed: the common case (integer counters) stays in C."""
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    check_csv_header(path, header, CSV_HWPC)
+    assert header is not None
+    position = {name: header.index(name) for name in CSV_HWPC}
+    at_ts, at_sensor, at_target = position["timestamp"], position["sensor"], position["target"]
+    at_socket, at_cpu = position["socket"], position["cpu"]
+    events_at = [i for i, name in enumerate(header) if name not in CSV_HWPC]
+    names = [header[i] for i in events_at]
+    contiguous = events_at == list(range(len(CSV_HWPC), len(header)))
+    width = len(header)
+    for cells in reader:
+        line = reader.line_num
+        if len(cells) != width or "" in cells:
+            yield DecodeError(str(path), line, _bad_cells(header, cells))
+            continue
+        try:
+            millis = int(cells[at_ts])
+        except ValueError:
+            try:
+                millis = to_millis(to_utc(cells[at_ts]))
+            except ValueError as error:
+                yield DecodeError(str(path), line, f"field 'timestamp': {error}")
+                continue
+        raw = cells[len(CSV_HWPC) :] if contiguous else [cells[i] for i in events_at]
+        try:
+            values: list[int | float] = list(map(int, raw))
+        except ValueError:
+            try:
+                values = [_number(value) for value in raw]
+            except ValueError as error:
+                yield DecodeError(str(path), line, f"counter is not a number: {error}")
+                continue
+        yield (
+            millis,
+            index,
+            line,
+            cells[at_sensor],
+            cells[at_target],
+            cells[at_socket],
+            cells[at_cpu],
+            dict(zip(names, values, strict=True)),
+        )
+
+
+def _number(text: str) -> int | float:
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def _bad_cells(header: list[str], cells: list[str]) -> str:
+    if len(cells) > len(header):
+        return "more values than header columns"
+    for name, value in zip(header, cells, strict=False):
+        if value == "":
+            return f"empty value for '{name}'"
+    return f"empty value for '{header[len(cells)]}'"
+
+
 def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
     """Merge PowerAPI's per-group CSV files into HWPCReports, in timestamp order.
 
     Each file must be sorted by timestamp, as hwpc-sensor writes it. Rows with the same timestamp,
     sensor and target across all files make one report. A row that cannot be read is yielded as a
-    :class:`DecodeError` in its place, so the caller can dead-letter it and go on.
+    :class:`DecodeError` in its place, so the caller can dead-letter it and go on. (PowerAPI's own
+    reader needs its files in a particular order and drops rows otherwise; this one does not.)
 
     Raises:
         DecodeError: when a file's header lacks a required column (nothing could be read).
     """
     handles = [path.open(newline="", encoding="utf-8") for path in paths]
+    groups = [csv_group_name(path) for path in paths]
     try:
-        streams = [
-            _rows(p, h, i, CSV_HWPC) for i, (p, h) in enumerate(zip(paths, handles, strict=True))
-        ]
+        streams = [_hwpc_rows(p, h, i) for i, (p, h) in enumerate(zip(paths, handles, strict=True))]
         errors: list[DecodeError] = []
-        merged = heapq.merge(*(_only_rows(s, errors) for s in streams), key=lambda r: (r[0], r[1]))
+        # Tuples order by (ms, file index, line): unique, so the rest is never compared.
+        merged = heapq.merge(*(_only_rows(stream, errors) for stream in streams))
         pending: dict[tuple[str, str], dict[str, Any]] = {}
         current: int | None = None
-        for millis, index, line, row in merged:
-            yield from errors
-            errors.clear()
-            if current is not None and millis != current:
-                yield from _flush(pending)
-            current = millis
-            try:
-                events = {
-                    name: int(value) if value.lstrip("-").isdigit() else float(value)
-                    for name, value in row.items()
-                    if name not in CSV_HWPC
-                }
-            except ValueError as error:
-                yield DecodeError(str(paths[index]), line, f"counter is not a number: {error}")
-                continue
-            group = csv_group_name(paths[index])
-            key = (row["sensor"], row["target"])
-            entry = pending.setdefault(
-                key,
-                {
+        for millis, index, _, sensor, target, socket, cpu, events in merged:
+            if errors:
+                yield from errors
+                errors.clear()
+            if millis != current:
+                if current is not None:
+                    yield from _flush(pending)
+                current = millis
+            entry = pending.get((sensor, target))
+            if entry is None:
+                entry = pending[(sensor, target)] = {
                     "timestamp": millis,
-                    "sensor": key[0],
-                    "target": key[1],
+                    "sensor": sensor,
+                    "target": target,
                     "metadata": {},
                     "groups": {},
-                },
-            )
-            socket = entry["groups"].setdefault(group, {}).setdefault(row["socket"], {})
-            socket.setdefault(row["cpu"], {}).update(events)
+                }
+            cpus = entry["groups"].setdefault(groups[index], {}).setdefault(socket, {})
+            found = cpus.get(cpu)
+            if found is None:
+                cpus[cpu] = events
+            else:
+                found.update(events)
         yield from errors
         yield from _flush(pending)
     finally:
@@ -318,8 +374,8 @@ def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
 
 
 def _only_rows(
-    stream: Iterator[tuple[int, int, int, dict[str, str]] | DecodeError], errors: list[DecodeError]
-) -> Iterator[tuple[int, int, int, dict[str, str]]]:
+    stream: Iterator[HwpcRow | DecodeError], errors: list[DecodeError]
+) -> Iterator[HwpcRow]:
     for item in stream:
         if isinstance(item, DecodeError):
             errors.append(item)
