@@ -77,7 +77,7 @@ def main() -> None:
     print(f"{'case':34} {'reports':>8} {'outputs':>8} {'reports/s':>10} {'µs/report':>10}")
     baseline = None
     for label, containers, sensors in CASES:
-        ticks = max(args.reports // ((containers + 1) * sensors), 20)
+        ticks = max(args.reports // ((containers + 1) * sensors), 60)
         source = work / f"c{containers}-s{sensors}.jsonl"
         if not source.exists():
             subprocess.run(

@@ -178,9 +178,12 @@ def test_per_target_power_is_recovered_and_sums_to_the_measured_package_power() 
 def test_estimates_start_on_the_tick_that_brings_the_minimum_samples() -> None:
     out = feed(formula(), reports_of(workload(8)))
     estimated = sorted({r.timestamp for r in powers(out, "web")})
-    assert estimated[0] == stamp(4)  # the 5th tick, min samples 5
+    assert estimated[0] == stamp(5)  # the 5th sample (the first tick only starts the interval)
+    learned = next(r for r in out.reports if isinstance(r, FormulaReport))
+    assert learned.timestamp == stamp(5)
+    assert learned.metadata["samples"] == 5
     compat = feed(formula(compat="smartwatts-2.4"), reports_of(workload(8)))
-    assert sorted({r.timestamp for r in powers(compat, "web")})[0] == stamp(5)
+    assert sorted({r.timestamp for r in powers(compat, "web")})[0] == stamp(5)  # the 6th tick
 
 
 def test_no_tick_is_lost_at_shutdown_in_either_mode() -> None:

@@ -441,9 +441,12 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
     def _process_tick(self, tick: Tick, out: Output) -> None:
         interval_s = self.period_s
         if not self.compat:
-            if self.last_tick is not None:
-                interval_s = (tick.timestamp - self.last_tick).total_seconds()
-            self.last_tick = tick.timestamp
+            previous, self.last_tick = self.last_tick, tick.timestamp
+            if previous is None:
+                # Like the RAPL formula: a sensor's first tick only starts the first interval.
+                out.absorb(len(tick.targets) + (tick.global_report is not None))
+                return
+            interval_s = (tick.timestamp - previous).total_seconds()
             if interval_s < self.period_s / 4:
                 reason = (
                     f"tick {interval_s * 1000:.0f} ms after the previous one, under a quarter of "
