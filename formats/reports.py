@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _set = object.__setattr__
+_new = object.__new__
 """Sets attributes on frozen models: what ``model_construct`` does, without its per-field work."""
 
 
@@ -87,15 +88,15 @@ class Report(BaseModel):
         Formulas create thousands of reports per second from already checked inputs; running
         the validators again would only cost time.
         """
-        all_fields = cls.__pydantic_fields__
-        if len(fields) < len(all_fields):
-            for name, field in all_fields.items():
+        every = _FIELD_SETS.get(cls) or _every_field(cls)
+        if len(fields) < len(every):
+            for name, field in cls.__pydantic_fields__.items():
                 if name not in fields:
                     fields[name] = field.get_default(call_default_factory=True)
-        report = cls.__new__(cls)
+        report = _new(cls)
         _set(report, "__dict__", fields)
         # Every field is set; pydantic copies this set before it ever changes one.
-        _set(report, "__pydantic_fields_set__", _every_field(cls))
+        _set(report, "__pydantic_fields_set__", every)
         _set(report, "__pydantic_extra__", None)
         _set(report, "__pydantic_private__", None)
         return report
