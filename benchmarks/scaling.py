@@ -1,16 +1,17 @@
 """How wattflow's SmartWatts throughput scales with containers per sensor and with sensors.
 
-Each case feeds about the same number of input reports (``--reports``) through
-``wattflow run --input jsonl … --output jsonl …`` pinned to one core, so that the cost per
-report can be compared across cases: if cost grows linearly with the work, reports/s stays flat.
-Start-up (the same command on an empty input) is subtracted.
+Each case feeds the same number of input reports (``--reports``, give or take one tick) through
+``wattflow run --input jsonl … --output jsonl …`` pinned to one core, so that the cost per report
+can be compared across cases: if cost grows linearly with the work, reports/s stays flat.
+Start-up (the same command on an empty input) is subtracted. Run from the repository root:
 
-    python benchmarks/scaling.py --reports 20000
+    python benchmarks/scaling.py --reports 60000
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -20,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generate_hwpc import record
 
 CASES = (
     ("containers per sensor", 10, 1),
@@ -30,12 +33,23 @@ CASES = (
     ("sensors", 10, 10),
     ("sensors", 10, 100),
 )
+MIN_TICKS = 45
+"""Fewest ticks per sensor. The generator runs three workload phases, each at its own frequency
+layer, and a layer's model needs ``--learn-min-samples-required`` (10) ticks before it estimates:
+with fewer than about 15 ticks per phase a case would only learn, and look cheaper than it is.
+With the default ``--reports`` no case needs the floor."""
+FLAGS = ("--learn-min-samples-required", "10", "--cpu-base-freq", "2100", "--cpu-tdp", "400")
 
 
-def wattflow(*args: str) -> list[str]:
+def wattflow(source: Path, output: str, extra: list[str]) -> list[str]:
     """The command, pinned to one core where taskset exists."""
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
-    return [*pin, sys.executable, "-m", "wattflow.service", "run", *args]
+    return [
+        *pin, sys.executable, "-m", "wattflow.service", "run",
+        "--input", "jsonl", "--model", "HWPCReport", "--files", str(source),
+        "--output", "jsonl", "--model", "PowerReport", "--file", output,
+        *FLAGS, *extra,
+    ]  # fmt: skip
 
 
 def timed(command: list[str]) -> float:
@@ -48,66 +62,47 @@ def timed(command: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reports", type=int, default=20000, help="input reports per case")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--reports", type=int, default=60000, help="input reports per case")
+    parser.add_argument("--wattflow-args", default="", help="extra wattflow flags")
     parser.add_argument("--keep", type=Path, help="keep the generated inputs here")
     args = parser.parse_args()
+    extra = args.wattflow_args.split()
     work = args.keep or Path(tempfile.mkdtemp(prefix="wattflow-scaling-"))
     work.mkdir(parents=True, exist_ok=True)
     empty = work / "empty.jsonl"
     empty.write_text("")
-    flags = ["--learn-min-samples-required", "10"]
-    startup = statistics.median(
-        timed(
-            wattflow(
-                "--input",
-                "jsonl",
-                "--files",
-                str(empty),
-                "--output",
-                "jsonl",
-                "--file",
-                os.devnull,
-                *flags,
-            )
-        )
-        for _ in range(3)
-    )
+    startup = statistics.median(timed(wattflow(empty, os.devnull, extra)) for _ in range(3))
+    print(f"wattflow on one core, flags {' '.join([*FLAGS, *extra])}")
     print(f"start-up: {startup:.2f} s (subtracted below)\n")
-    print(f"{'case':34} {'reports':>8} {'outputs':>8} {'reports/s':>10} {'µs/report':>10}")
-    baseline = None
+    columns = ("ticks", "reports", "outputs", "reports/s", "µs/report")
+    print(f"{'case':30} {columns[0]:>6} " + " ".join(f"{c:>{len(c) + 1}}" for c in columns[1:]))
+    baseline = math.nan
     for label, containers, sensors in CASES:
-        ticks = max(args.reports // ((containers + 1) * sensors), 60)
-        source = work / f"c{containers}-s{sensors}.jsonl"
-        if not source.exists():
-            subprocess.run(
-                [sys.executable, str(HERE / "generate_hwpc.py"), "--ticks", str(ticks),
-                 "--containers", str(containers), "--sensors", str(sensors),
-                 "--out", str(source)],
-                check=True,
-            )  # fmt: skip
-        reports = sum(1 for _ in source.open())
+        ticks = round(args.reports / ((containers + 1) * sensors))
+        if ticks < MIN_TICKS:
+            print(f"(raised to {MIN_TICKS} ticks per sensor: fewer would barely estimate)")
+            ticks = MIN_TICKS
+        source = work / f"c{containers}-s{sensors}-t{ticks}.jsonl"
+        if source.exists():
+            reports = sum(1 for _ in source.open())
+        else:
+            reports = record(
+                ticks=ticks,
+                containers=containers,
+                sensors=[f"node-{n + 1}" for n in range(sensors)],
+                jsonl=source,
+            )
         output = work / "out.jsonl"
         output.unlink(missing_ok=True)
-        wall = timed(
-            wattflow(
-                "--input",
-                "jsonl",
-                "--files",
-                str(source),
-                "--output",
-                "jsonl",
-                "--file",
-                str(output),
-                *flags,
-            )
-        )
+        wall = timed(wattflow(source, str(output), extra))
         outputs = sum(1 for _ in output.open())
         rate = reports / max(wall - startup, 1e-9)
-        baseline = baseline or rate
+        if math.isnan(baseline):
+            baseline = rate
         name = f"{containers} containers × {sensors} sensor{'s' if sensors > 1 else ''}"
         print(
-            f"{name:34} {reports:8d} {outputs:8d} {rate:10.0f} {1e6 / rate:10.1f}"
+            f"{name:30} {ticks:6d} {reports:8d} {outputs:8d} {rate:10.0f} {1e6 / rate:10.1f}"
             f"   ({label}; {rate / baseline:.2f}× the first case)"
         )
 

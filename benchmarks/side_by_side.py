@@ -1,22 +1,23 @@
-"""wattflow beside PowerAPI SmartWatts 2.4.1, on the same input, in one process tree.
+"""wattflow beside PowerAPI SmartWatts 2.4.1, on the same input and with the same settings.
 
 Creates (once) a Python 3.12 virtual environment with SmartWatts 2.4.1 from PyPI, generates a
-realistic hwpc-sensor recording in PowerAPI's CSV layout with known per-target power, runs both
-formulas on it with the same settings, each writing PowerAPI's CSV output, and prints for each:
-input reports, wall time, start-up time (the same command on a one-tick input), throughput in
-input reports per second net of start-up, the largest resident set, and the error of the
-per-target cpu power against the ground truth.
+realistic hwpc-sensor recording with known per-target power (PowerAPI's CSV layout, plus the same
+recording as JSON Lines), runs both formulas on the CSV files with the same flags, each writing
+PowerAPI's CSV output, and prints for each: input reports, wall time, start-up time (the same
+command on a one-tick input), throughput in input reports per second net of start-up, memory,
+and the error of the per-target power against the ground truth on the ticks both estimated.
 
 wattflow runs pinned to one core (``taskset -c 0``); SmartWatts, whose actors are processes,
-gets every core. Run it from the repository root:
+gets every core of the machine. Run it from the repository root:
 
-    python benchmarks/side_by_side.py --ticks 600 --containers 10
+    python benchmarks/side_by_side.py --ticks 2000 --containers 10
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import shlex
 import shutil
@@ -24,23 +25,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generate_hwpc import Machine, containers_named, generate, write_csv_groups
+from generate_hwpc import GROUP_FILES, record
 
 ROOT = Path(__file__).resolve().parent.parent
 SMARTWATTS_VENV = ROOT / "benchmarks" / ".smartwatts-venv"
 PYTHON_312 = "/root/.pyenv/versions/3.12.1/bin/python3.12"
-GROUP_FILES = ("rapl.csv", "msr.csv", "core.csv")
-"""PowerAPI's CSV input advances its clock when the LAST file moves to the next timestamp and
-drops the rows it has not read by then: the per-target file must come last, or only the global
-report of each tick gets through."""
+SMARTWATTS = "smartwatts==2.4.1"
+
+Key = tuple[int, str, str]
+"""(timestamp in ms, sensor, target)"""
 
 
 @dataclass
@@ -51,58 +53,112 @@ class Outcome:
     reports: int
     wall_s: float
     startup_s: float
-    max_rss_mb: float
+    largest_rss_mb: float
+    tree_peak_mb: float
     output: Path
+    output_files: list[str] = field(default_factory=list)
+    startups: list[float] = field(default_factory=list)
+    written: int = 0
 
     @property
     def throughput(self) -> float:
-        """Input reports per second, start-up left out."""
-        return self.reports / max(self.wall_s - self.startup_s, 1e-9)
+        """Input reports per second, start-up left out (NaN when the input was too small)."""
+        working = self.wall_s - self.startup_s
+        return self.reports / working if working > 0 else math.nan
 
 
 def smartwatts_python(venv: Path) -> Path:
-    """The venv's interpreter, creating the venv with SmartWatts 2.4.1 on first use."""
+    """The venv's interpreter, creating the venv with SmartWatts 2.4.1 on first use.
+
+    SmartWatts 2.4.1 needs Python 3.12, while wattflow runs on 3.11 too, so it gets its own
+    environment, kept between runs because installing scikit-learn takes a while.
+    """
     python = venv / "bin" / "python"
     if not python.exists():
         base = shutil.which("python3.12") or PYTHON_312
         subprocess.run([base, "-m", "venv", str(venv)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "smartwatts==2.4.1"], check=True
-        )
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", SMARTWATTS], check=True)
     return python
 
 
-def write_input(directory: Path, args: argparse.Namespace, ticks: int) -> tuple[int, Path]:
-    """Generate a recording as PowerAPI CSV; return its report count and truth file."""
-    machine = Machine(sockets=args.sockets, cpus_per_socket=args.cpus_per_socket)
-    reports = []
-    truth_rows = []
-    for tick_reports, truth in generate(
-        machine, containers_named(args.containers), ticks, multiplex=args.multiplex
-    ):
-        reports.extend(tick_reports)
-        truth_rows.extend(truth)
-    write_csv_groups(reports, directory)
-    truth_path = directory / "truth.csv"
-    with truth_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(truth_rows[0]))
-        writer.writeheader()
-        writer.writerows(truth_rows)
-    return len(reports), truth_path
-
-
-def run_measured(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run a command; return its wall time and the largest resident set in its tree (MB)."""
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+def write_input(directory: Path, args: argparse.Namespace, ticks: int) -> int:
+    """Generate the recording (CSV per group, JSON Lines, truth); return its report count."""
+    return record(
+        ticks=ticks,
+        containers=args.containers,
+        sockets=args.sockets,
+        cpus_per_socket=args.cpus_per_socket,
+        sensors=[f"node-{n + 1}" for n in range(args.sensors)],
+        multiplex=args.multiplex,
+        seed=args.seed,
+        jsonl=directory / "hwpc.jsonl",
+        csv_dir=directory,
+        truth=directory / "truth.csv",
     )
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - started
-    stderr = process.stderr.read() if process.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{shlex.join(command)} failed:\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss / 1024
+
+
+def tree_memory_mb(root: int) -> float:
+    """Proportional set size (PSS) of a process and all its descendants, in MB.
+
+    SmartWatts forks one process per actor; their resident sets share most pages (the
+    interpreter and scikit-learn, loaded before the fork), so adding up RSS would count those
+    pages once per actor. PSS splits each shared page between the processes that map it.
+    """
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        tree.update(children)
+        frontier.extend(children)
+    total_kb = 0
+    for pid in tree:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in rollup.splitlines():
+            if line.startswith("Pss:"):
+                total_kb += int(line.split()[1])
+                break
+    return total_kb / 1024
+
+
+def run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float]:
+    """Run a command; return its wall time, its largest process's RSS and its tree's peak PSS.
+
+    The largest RSS comes from the kernel (``wait4`` reports the maximum over the child and the
+    descendants it waited for); the tree's total is sampled every 0.2 s, so it can miss a
+    short peak.
+    """
+    peak = 0.0
+    done = threading.Event()
+    started = time.perf_counter()
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.wait(0.2):
+                peak = max(peak, tree_memory_mb(process.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        done.set()
+        sampler.join()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"{shlex.join(command)} failed:\n{log.read_text()[-3000:]}")
+    return wall, usage.ru_maxrss / 1024, peak
 
 
 def formula_flags(args: argparse.Namespace) -> list[str]:
@@ -113,146 +169,183 @@ def formula_flags(args: argparse.Namespace) -> list[str]:
         "--sensor-reports-frequency", "1000",
         "--learn-min-samples-required", str(args.min_samples),
         "--learn-history-window-size", str(args.history_window),
+        *shlex.split(args.formula_args),
     ]  # fmt: skip
 
 
-def commands(
+def command(
     name: str, python: Path, inputs: Path, output: Path, args: argparse.Namespace
 ) -> list[str]:
-    """The command line of one formula: SmartWatts' own, which wattflow accepts as is."""
+    """The command line of one formula: SmartWatts' own, which wattflow accepts as it is.
+
+    The files go in the order PowerAPI's CSV input needs (see ``GROUP_FILES``).
+    """
     files = ",".join(str(inputs / f) for f in GROUP_FILES)
     io = [
         "--input", "csv", "--model", "HWPCReport", "--name", "puller", "--files", files,
         "--output", "csv", "--model", "PowerReport", "--name", "pusher",
         "--directory", str(output),
     ]  # fmt: skip
-    if name == "smartwatts":
+    if name == "SmartWatts":
         return [str(python), "-m", "smartwatts", *io, *formula_flags(args)]
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
-    extra = shlex.split(args.wattflow_args)
-    return [
-        *pin,
-        sys.executable,
-        "-m",
-        "wattflow.service",
-        "run",
-        *io,
-        *formula_flags(args),
-        *extra,
-    ]
+    run = [*pin, sys.executable, "-m", "wattflow.service", "run"]
+    return [*run, *io, *formula_flags(args), *shlex.split(args.wattflow_args)]
 
 
 def measure(name: str, python: Path, work: Path, args: argparse.Namespace, reports: int) -> Outcome:
-    """Start-up on the one-tick input, then the full run."""
-    env = {**os.environ, "TZ": "UTC"}  # PowerAPI writes CSV timestamps through local time
+    """Start-up on the one-tick input (median of three), then the full run."""
+    # PowerAPI turns CSV timestamps into local time and back; UTC rules out a DST hour.
+    env = {**os.environ, "TZ": "UTC"}
     startups = []
     for attempt in range(3):
         out = work / f"{name}-startup-{attempt}"
-        wall, _ = run_measured(commands(name, python, work / "tiny", out, args), env)
-        startups.append(wall)
+        shutil.rmtree(out, ignore_errors=True)
+        log = work / f"{name}-startup-{attempt}.log"
+        startups.append(run_measured(command(name, python, work / "tiny", out, args), env, log)[0])
     output = work / f"{name}-out"
-    wall, rss = run_measured(commands(name, python, work / "input", output, args), env)
-    return Outcome(name, reports, wall, statistics.median(startups), rss, output)
+    shutil.rmtree(output, ignore_errors=True)  # both formulas append to existing CSV files
+    log = work / f"{name}.log"
+    wall, rss, tree = run_measured(command(name, python, work / "input", output, args), env, log)
+    files = sorted({p.name for p in output.glob("*/*")})
+    written = sum(sum(1 for _ in p.open()) - 1 for p in output.glob("*/*.csv"))
+    startup = statistics.median(startups)
+    return Outcome(name, reports, wall, startup, rss, tree, output, files, startups, written)
 
 
-def cpu_power_by_tick(output: Path) -> dict[tuple[int, str], float]:
-    """Per (tick in ms, target): cpu power summed over sockets, from PowerAPI CSV output."""
-    found: dict[tuple[int, str], float] = defaultdict(float)
+def power_by_tick(output: Path, scope: str) -> dict[Key, float]:
+    """Per (tick, sensor, target): the scope's power summed over sockets, from PowerAPI CSV."""
+    found: dict[Key, float] = defaultdict(float)
     for path in output.glob("*/PowerReport.csv"):
         with path.open(newline="") as handle:
             for row in csv.DictReader(handle):
-                if row["target"] in ("rapl", "global") or row.get("scope") != "cpu":
+                if row["target"] in ("rapl", "global") or row.get("scope") != scope:
                     continue
-                found[(int(row["timestamp"]), row["target"])] += float(row["power"])
+                key = (int(row["timestamp"]), row["sensor"], row["target"])
+                found[key] += float(row["power"])
     return found
 
 
-def truth_by_tick(path: Path) -> dict[tuple[int, str], float]:
-    """Ground truth per (tick in ms, target), idle power attributed as the formulas do."""
+def truth_by_tick(path: Path, scope: str) -> dict[Key, float]:
+    """Ground truth per (tick, sensor, target), idle power attributed as the formulas do."""
     found = {}
     with path.open(newline="") as handle:
         for row in csv.DictReader(handle):
             if row["target"].startswith("rapl-socket"):
                 continue
             stamp = datetime.fromisoformat(row["timestamp"]).replace(tzinfo=UTC)
-            found[(round(stamp.timestamp() * 1000), row["target"])] = float(row["cpu_attributed_w"])
+            key = (round(stamp.timestamp() * 1000), row["sensor"], row["target"])
+            found[key] = float(row[f"{scope}_attributed_w"])
     return found
 
 
-def errors(
-    estimated: dict[tuple[int, str], float],
-    truth: dict[tuple[int, str], float],
-    keys: set[tuple[int, str]],
-) -> tuple[float, float, int]:
-    """MAPE (on targets over 1 W) and mean absolute error over ``keys``."""
-    relative = [abs(estimated[k] - truth[k]) / truth[k] for k in keys if truth[k] >= 1.0]
-    absolute = [abs(estimated[k] - truth[k]) for k in keys]
-    if not absolute:
-        return float("nan"), float("nan"), 0
-    mape = 100 * statistics.fmean(relative) if relative else float("nan")
-    return mape, statistics.fmean(absolute), len(absolute)
-
-
-def nearest_keys(
-    estimated: dict[tuple[int, str], float], truth: dict[tuple[int, str], float]
-) -> dict[tuple[int, str], float]:
-    """Re-key estimates on the truth's ticks, allowing 1 ms of rounding in PowerAPI's output."""
+def on_truth_ticks(estimated: dict[Key, float], truth: dict[Key, float]) -> dict[Key, float]:
+    """Re-key estimates on the truth's ticks, allowing for PowerAPI's 1 ms of float rounding."""
     matched = {}
-    for (millis, target), power in estimated.items():
+    for (millis, sensor, target), power in estimated.items():
         for candidate in (millis, millis - 1, millis + 1):
-            if (candidate, target) in truth:
-                matched[(candidate, target)] = power
+            if (candidate, sensor, target) in truth:
+                matched[(candidate, sensor, target)] = power
                 break
     return matched
 
 
+def errors(
+    estimated: dict[Key, float], truth: dict[Key, float], keys: set[Key]
+) -> tuple[float, float]:
+    """MAPE in % (on targets whose truth is at least 1 W) and mean absolute error in W."""
+    relative = [abs(estimated[k] - truth[k]) / truth[k] for k in keys if truth[k] >= 1.0]
+    absolute = [abs(estimated[k] - truth[k]) for k in keys]
+    mape = 100 * statistics.fmean(relative) if relative else math.nan
+    return mape, statistics.fmean(absolute) if absolute else math.nan
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--ticks", type=int, default=600)
     parser.add_argument("--containers", type=int, default=10)
+    parser.add_argument("--sensors", type=int, default=1)
     parser.add_argument("--sockets", type=int, default=2)
     parser.add_argument("--cpus-per-socket", type=int, default=4)
     parser.add_argument("--multiplex", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--min-samples", type=int, default=10)
     parser.add_argument("--history-window", type=int, default=60)
-    parser.add_argument("--wattflow-args", default="", help="extra wattflow flags")
+    parser.add_argument(
+        "--formula-args", default="", help="more SmartWatts flags, given to both formulas"
+    )
+    parser.add_argument(
+        "--wattflow-args",
+        default="",
+        help="flags for wattflow only, e.g. '--compat smartwatts-2.4'",
+    )
     parser.add_argument("--venv", type=Path, default=SMARTWATTS_VENV)
-    parser.add_argument("--keep", type=Path, help="keep inputs and outputs in this directory")
+    parser.add_argument(
+        "--keep", type=Path, help="write inputs, outputs and logs here, and keep them"
+    )
     args = parser.parse_args()
 
     python = smartwatts_python(args.venv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="wattflow-side-by-side-"))
     work.mkdir(parents=True, exist_ok=True)
-    reports, truth_path = write_input(work / "input", args, args.ticks)
+    reports = write_input(work / "input", args, args.ticks)
     write_input(work / "tiny", args, 1)
-    truth = truth_by_tick(truth_path)
-    outcomes = [measure(name, python, work, args, reports) for name in ("smartwatts", "wattflow")]
-    estimates = {o.name: nearest_keys(cpu_power_by_tick(o.output), truth) for o in outcomes}
-    common = set.intersection(*(set(e) for e in estimates.values()))
+    outcomes = [measure(name, python, work, args, reports) for name in ("SmartWatts", "wattflow")]
 
     print(
-        f"input: {reports} reports, {args.ticks} ticks, {args.containers} containers, "
-        f"{args.sockets}×{args.cpus_per_socket} cpus, multiplexed share {args.multiplex}"
+        f"input: {reports} reports, {args.ticks} ticks × {args.sensors} sensor(s), "
+        f"{args.containers} containers, {args.sockets}×{args.cpus_per_socket} cpus, "
+        f"multiplexed share {args.multiplex}; flags: {shlex.join(formula_flags(args))}"
     )
-    print("wattflow pinned to one core; SmartWatts on every core of this machine\n")
-    header = (
-        f"{'':12} {'wall s':>8} {'startup s':>10} {'reports/s':>10} {'max RSS MB':>11} "
-        f"{'MAPE %':>8} {'MAE W':>7} {'targets×ticks':>14} {'MAPE % on common':>17}"
+    print(
+        f"wattflow pinned to one core (extra flags: {args.wattflow_args or 'none'}); "
+        f"SmartWatts on all {os.cpu_count()} cores\n"
     )
-    print(header)
-    for outcome in outcomes:
-        own = estimates[outcome.name]
-        mape, mae, count = errors(own, truth, set(own))
-        common_mape, _, _ = errors(own, truth, common)
+    print(
+        f"{'':11} {'reports':>8} {'wall s':>7} {'start s':>8} {'reports/s':>10} "
+        f"{'max RSS MB':>11} {'tree PSS MB':>12} {'written':>8}   output files"
+    )
+    for o in outcomes:
         print(
-            f"{outcome.name:12} {outcome.wall_s:8.2f} {outcome.startup_s:10.2f} "
-            f"{outcome.throughput:10.0f} {outcome.max_rss_mb:11.0f} {mape:8.2f} {mae:7.3f} "
-            f"{count:14d} {common_mape:17.2f}"
+            f"{o.name:11} {o.reports:8d} {o.wall_s:7.2f} {o.startup_s:8.2f} {o.throughput:10.0f} "
+            f"{o.largest_rss_mb:11.0f} {o.tree_peak_mb:12.0f} {o.written:8d}   "
+            f"{', '.join(o.output_files)}"
         )
+    print(
+        "written: PowerReport rows in the output; SmartWatts loses at least its last 5 ticks at "
+        "exit, and a formula actor stopped while busy loses more"
+    )
+    for o in outcomes:
+        runs = ", ".join(f"{s:.2f}" for s in o.startups)
+        print(f"{o.name} one-tick runs: {runs} s (the median is its start-up)")
     smartwatts, wattflow = outcomes
     ratio = wattflow.throughput / smartwatts.throughput
-    print(f"\nthroughput ratio wattflow / SmartWatts: {ratio:.1f}×")
-    print(f"inputs and outputs in {work}")
+    print(f"\nthroughput ratio wattflow / SmartWatts: {ratio:.2f}×")
+    if any(o.wall_s < 2 * o.startup_s for o in outcomes):
+        print(
+            "note: a run took less than twice its start-up, so reports/s is mostly noise; "
+            "SmartWatts runs about 5 s between starting its actors and stopping them even on one "
+            "tick, and processes a small input within that time: use more --ticks"
+        )
+
+    print("\nper-target power against the truth (summed over sockets, idle attributed by activity)")
+    print(f"{'':11} {'scope':>5} {'target-ticks':>13} {'common':>7} {'MAPE %':>7} {'MAE W':>7}")
+    for scope in ("cpu", "dram"):
+        truth = truth_by_tick(work / "input" / "truth.csv", scope)
+        estimates = {
+            o.name: on_truth_ticks(power_by_tick(o.output, scope), truth) for o in outcomes
+        }
+        common = set.intersection(*(set(e) for e in estimates.values()))
+        for o in outcomes:
+            mape, mae = errors(estimates[o.name], truth, common)
+            print(
+                f"{o.name:11} {scope:>5} {len(estimates[o.name]):13d} {len(common):7d} "
+                f"{mape:7.2f} {mae:7.3f}"
+            )
+    print(
+        "(MAPE over targets whose truth is at least 1 W; both on the target-ticks both estimated)"
+    )
+    print(f"\ninputs, outputs and logs in {work}")
 
 
 if __name__ == "__main__":

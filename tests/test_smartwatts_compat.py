@@ -1,7 +1,9 @@
 """``--compat smartwatts-2.4`` against SmartWatts 2.4.1's own output for the same recording.
 
-tests/data/smartwatts-2.4.1/ holds a generated recording in PowerAPI's CSV layout and the
-PowerReport CSV files SmartWatts 2.4.1 wrote for it (README.txt there says how).
+tests/data/smartwatts-2.4.1/ holds a generated recording in PowerAPI's CSV layout (with
+multiplexed readings, which SmartWatts takes as reported) and the PowerReport CSV files
+SmartWatts 2.4.1 wrote for it (README.txt there says how). A user switching from SmartWatts with
+``--compat smartwatts-2.4`` should get the same numbers in the same files.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ Both = tuple[Reports, Reports]
 
 
 def power_reports(directory: Path) -> Reports:
+    """Every PowerReport row under a PowerAPI CSV output directory, by its identity."""
     found: Reports = {}
     for path in sorted(directory.glob("*/PowerReport.csv")):
         with path.open(newline="") as handle:
@@ -34,7 +37,8 @@ def power_reports(directory: Path) -> Reports:
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> Both:
+def wattflow_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory wattflow wrote, run with SmartWatts' command line plus the compat flag."""
     out = tmp_path_factory.mktemp("compat")
     files = ",".join(str(DATA / "input" / name) for name in ("rapl.csv", "msr.csv", "core.csv"))
     result = wattflow(
@@ -46,7 +50,13 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Both:
         "--compat", "smartwatts-2.4",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return power_reports(DATA / "output"), power_reports(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def outputs(wattflow_output: Path) -> Both:
+    """SmartWatts' reports and wattflow's."""
+    return power_reports(DATA / "output"), power_reports(wattflow_output)
 
 
 def test_every_smartwatts_report_is_reproduced_within_one_percent(
@@ -55,12 +65,23 @@ def test_every_smartwatts_report_is_reproduced_within_one_percent(
     smartwatts, ours = outputs
     targets = {key[1] for key in smartwatts}
     assert {"rapl", "global", "web-frontend", "postgres", "ml-training"} <= targets
-    assert len(smartwatts) == 400
+    assert len(smartwatts) == 384  # the whole fixture was read
     for key, (expected, row) in smartwatts.items():
         assert key in ours, f"SmartWatts wrote {key}, wattflow did not"
         got, our_row = ours[key]
         assert got == pytest.approx(expected, rel=0.01, abs=1e-6), key
         assert float(our_row["ratio"]) == pytest.approx(float(row["ratio"]), rel=0.01, abs=1e-9)
+        if key[1] == "rapl":
+            assert our_row["formula"] == row["formula"], key
+
+
+def test_files_have_smartwatts_layout(wattflow_output: Path) -> None:
+    """Same files and headers, so that whatever reads SmartWatts' CSV output reads wattflow's."""
+    expected = sorted(p.relative_to(DATA / "output") for p in (DATA / "output").glob("*/*"))
+    assert sorted(p.relative_to(wattflow_output) for p in wattflow_output.glob("*/*")) == expected
+    for path in expected:
+        header = (DATA / "output" / path).read_text().splitlines()[0]
+        assert (wattflow_output / path).read_text().splitlines()[0] == header, path
 
 
 def test_models_change_where_smartwatts_relearned(
