@@ -9,15 +9,32 @@ why formulas build their outputs with :meth:`Report.trusted`.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-_set = object.__setattr__
 _new = object.__new__
-"""Sets attributes on frozen models: what ``model_construct`` does, without its per-field work."""
+
+
+def _slot_setter(name: str) -> Any:
+    """The setter of one of pydantic's per-instance slots, called without an attribute lookup.
+
+    Setting the four slots directly is what ``model_construct`` does, without its per-field
+    work; the slot descriptors' own setters skip even the attribute lookup of
+    ``object.__setattr__``. Should pydantic ever stop declaring a slot, the lookup comes back.
+    """
+    descriptor = BaseModel.__dict__.get(name)
+    if descriptor is not None and hasattr(descriptor, "__set__"):
+        return descriptor.__set__
+    return lambda instance, value: object.__setattr__(instance, name, value)
+
+
+_set_dict = _slot_setter("__dict__")
+_set_fields_set = _slot_setter("__pydantic_fields_set__")
+_set_extra = _slot_setter("__pydantic_extra__")
+_set_private = _slot_setter("__pydantic_private__")
 
 
 def to_utc(value: Any) -> datetime:
@@ -35,11 +52,11 @@ def to_utc(value: Any) -> datetime:
     if isinstance(value, bool):
         raise ValueError("a timestamp cannot be a boolean")
     if isinstance(value, int | float):
-        return _EPOCH + timedelta(milliseconds=value)
+        return _from_millis(value)
     if isinstance(value, str):
         text = value.strip()
         if text.lstrip("-").isdigit():
-            return _EPOCH + timedelta(milliseconds=int(text))
+            return _from_millis(int(text))
         try:
             parsed = datetime.fromisoformat(text)
         except ValueError:
@@ -48,6 +65,13 @@ def to_utc(value: Any) -> datetime:
             ) from None
         return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     raise ValueError(f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601")
+
+
+def _from_millis(millis: float) -> datetime:
+    try:
+        return _EPOCH + timedelta(milliseconds=millis)
+    except OverflowError:
+        raise ValueError(f"timestamp {millis!r} ms is out of range") from None
 
 
 def to_millis(timestamp: datetime) -> int:
@@ -94,15 +118,32 @@ class Report(BaseModel):
                 if name not in fields:
                     fields[name] = field.get_default(call_default_factory=True)
         report = _new(cls)
-        _set(report, "__dict__", fields)
+        _set_dict(report, fields)
         # Every field is set; pydantic copies this set before it ever changes one.
-        _set(report, "__pydantic_fields_set__", every)
-        _set(report, "__pydantic_extra__", None)
-        _set(report, "__pydantic_private__", None)
+        _set_fields_set(report, every)
+        _set_extra(report, None)
+        _set_private(report, None)
         return report
 
 
 _FIELD_SETS: dict[type[BaseModel], set[str]] = {}
+
+R = TypeVar("R", bound=Report)
+
+
+def trusted_report(cls: type[R], fields: dict[str, Any]) -> R:
+    """:meth:`Report.trusted` for decoders that already hold every field in a dict.
+
+    Decoders build one report per input line or CSV row group; handing over the dict they
+    built saves the keyword-argument packing of a classmethod call on that path. ``fields``
+    becomes the report's own ``__dict__`` and must hold every field.
+    """
+    report = _new(cls)
+    _set_dict(report, fields)
+    _set_fields_set(report, _FIELD_SETS.get(cls) or _every_field(cls))
+    _set_extra(report, None)
+    _set_private(report, None)
+    return report
 
 
 def _every_field(cls: type[BaseModel]) -> set[str]:

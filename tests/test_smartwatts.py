@@ -372,4 +372,5 @@ def test_a_counter_that_is_not_a_number_is_a_dead_letter(tmp_path: Path) -> None
     letters = [json.loads(line) for line in dead.read_text().splitlines()]
     assert len(letters) == 1
     assert "INSTRUCTIONS_RETIRED" in letters[0]["reason"]
-    assert "not a number: 'lots'" in letters[0]["reason"]
+    assert "valid number" in letters[0]["reason"]
+    assert ":6:" in letters[0]["reason"], "the dead letter names the input line"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -11,7 +12,7 @@ from wattflow.actors.pullers.base import Emitter, Puller
 from wattflow.actors.pullers.files import BatchEmitter, FilePullerConfig, check_files_exist
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import HWPCReport, PowerReport
+from wattflow.formats.reports import HWPCReport, PowerReport, Report
 
 
 class CsvPullerConfig(FilePullerConfig):
@@ -52,7 +53,11 @@ class CsvPuller(Puller[CsvPullerConfig]):
     async def pull(self, emitter: Emitter) -> None:
         batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
         if self.config.model == HWPCReport.kind:
-            for item in powerapi.read_hwpc_csv(list(self.config.files)):
+            items = powerapi.read_hwpc_csv(list(self.config.files))
+            if self.config.replay_speed is None:
+                await self._pull_unpaced(items, emitter)
+                return
+            for item in items:
                 await batcher.add(item)
                 if emitter.stopping.is_set():
                     break
@@ -63,3 +68,21 @@ class CsvPuller(Puller[CsvPullerConfig]):
                     if emitter.stopping.is_set():
                         break
         await batcher.flush()
+
+    async def _pull_unpaced(
+        self, items: Iterator[HWPCReport | DecodeError], emitter: Emitter
+    ) -> None:
+        """Hand reports on a full batch at a time, with no call per report."""
+        batch: list[Report] = []
+        max_batch = self.config.max_batch
+        for item in items:
+            if isinstance(item, DecodeError):
+                emitter.reject(None, str(item))
+                continue
+            batch.append(item)
+            if len(batch) >= max_batch:
+                await emitter.emit(batch)
+                batch = []
+                if emitter.stopping.is_set():
+                    break
+        await emitter.emit(batch)

@@ -12,10 +12,18 @@ from pydantic import Field, PositiveInt
 
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller
-from wattflow.actors.pullers.files import BatchEmitter, FilePullerConfig, check_files_exist
+from wattflow.actors.pullers.files import (
+    BatchEmitter,
+    FilePullerConfig,
+    check_files_exist,
+    split_lines,
+)
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import report_kind
+
+_CHUNK_BYTES = 1 << 20
+"""Bytes read at once: hundreds of reports, decoded and handed on together."""
 
 
 class JsonlPullerConfig(FilePullerConfig):
@@ -65,18 +73,24 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                 for item in items:
                     await batcher.add(item)
             else:
-                with path.open(encoding="utf-8") as handle:
-                    for line_number, line in enumerate(handle, start=1):
-                        if not line.strip():
-                            continue
-                        try:
-                            report = powerapi.decode_json(kind, line, str(path), line_number)
-                        except DecodeError as error:
-                            await batcher.add(error, raw=line.rstrip("\n"))
-                            continue
-                        await batcher.add(report)
+                with path.open("rb") as handle:
+                    line_number = 1
+                    rest = b""
+                    while chunk := handle.read(_CHUNK_BYTES):
+                        lines, rest = split_lines(rest + chunk)
+                        reports, errors = powerapi.decode_json_lines(
+                            kind, lines, str(path), line_number
+                        )
+                        line_number += len(lines)
+                        await batcher.add_decoded(reports, errors)
                         if emitter.stopping.is_set():
                             break
+                    if rest and not emitter.stopping.is_set():
+                        lines, _ = split_lines(rest + b"\n")
+                        reports, errors = powerapi.decode_json_lines(
+                            kind, lines, str(path), line_number
+                        )
+                        await batcher.add_decoded(reports, errors)
             if emitter.stopping.is_set():
                 break
         await batcher.flush()
@@ -115,16 +129,11 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                         f"{self.config.max_line_bytes} bytes, skipped",
                     )
                     partial = b""
-                for line in lines:
-                    line_number += 1
-                    if not line.strip():
-                        continue
-                    try:
-                        report = powerapi.decode_json(kind, line, str(path), line_number)
-                    except DecodeError as error:
-                        await batcher.add(error, raw=line.decode("utf-8", "replace"))
-                        continue
-                    await batcher.add(report)
+                reports, errors = powerapi.decode_json_lines(
+                    kind, lines, str(path), line_number + 1
+                )
+                line_number += len(lines)
+                await batcher.add_decoded(reports, errors)
         finally:
             await batcher.flush()
             if handle is not None:

@@ -19,7 +19,6 @@ from wattflow.actors.errors import PullUnavailable
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.formats import powerapi
-from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
@@ -107,44 +106,53 @@ class SocketPuller(Puller[SocketPullerConfig]):
     async def _read(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, emitter: Emitter
     ) -> None:
+        """Read one connection a chunk at a time, decoding each chunk's complete lines together.
+
+        A chunk is whatever the peer's data already buffered holds (up to ``max_line_bytes``),
+        so a busy sensor's reports are decoded and handed on hundreds at a time, while a quiet
+        one's are handed on as soon as they arrive.
+        """
         peer = "socket:{}:{}".format(*writer.get_extra_info("peername")[:2])
+        limit = self.config.max_line_bytes
         line_number = 0
+        partial = b""
+        skipping = False  # inside a line longer than the limit, until its end
         batch: list[Report] = []
         try:
             while True:
                 try:
                     if emitter.stopping.is_set():
                         # Draining: read what the peer already sent, stop once it goes quiet.
-                        line = await asyncio.wait_for(reader.readuntil(b"\n"), 0.1)
+                        chunk = await asyncio.wait_for(reader.read(limit), 0.1)
                     else:
-                        line = await reader.readuntil(b"\n")
+                        chunk = await reader.read(limit)
                 except TimeoutError:
+                    chunk = None
+                if not chunk:
+                    self._last_line(partial, skipping, peer, line_number, batch, emitter)
                     break
-                except asyncio.IncompleteReadError as end:
-                    line = end.partial
-                    if not line.strip():
-                        break
-                    if emitter.stopping.is_set():
-                        emitter.reject(
-                            line.decode("utf-8", "replace"),
-                            f"{peer}:{line_number + 1}: connection cut at shutdown mid-line",
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                start = 0
+                for position, line in enumerate(lines):
+                    if skipping:
+                        # The end of an overlong line, already dead-lettered.
+                        skipping = False
+                        start = position + 1
+                    elif len(line) > limit:
+                        line_number = self._decode(
+                            lines[start:position], peer, line_number, batch, emitter
                         )
-                        break
-                except asyncio.LimitOverrunError as overrun:
+                        line_number += 1
+                        self._too_long(emitter, peer, line_number)
+                        start = position + 1
+                line_number = self._decode(lines[start:], peer, line_number, batch, emitter)
+                if len(partial) > limit and not skipping:
                     line_number += 1
-                    emitter.reject(
-                        None,
-                        f"{peer}:{line_number}: line longer than "
-                        f"{self.config.max_line_bytes} bytes, skipped",
-                    )
-                    await self._skip_line(reader, overrun.consumed)
-                    continue
-                line_number += 1
-                if line.strip():
-                    try:
-                        batch.append(powerapi.decode_json(self.kind, line, peer, line_number))
-                    except DecodeError as error:
-                        emitter.reject(line.decode("utf-8", "replace"), str(error))
+                    self._too_long(emitter, peer, line_number)
+                    skipping = True
+                if skipping:
+                    partial = b""
                 if len(batch) >= self.config.max_batch or not getattr(reader, "_buffer", b""):
                     await emitter.emit(batch)
                     batch = []
@@ -152,12 +160,45 @@ class SocketPuller(Puller[SocketPullerConfig]):
             logger.info("%s closed: %s", peer, error)
         await emitter.emit(batch)
 
-    @staticmethod
-    async def _skip_line(reader: asyncio.StreamReader, consumed: int) -> None:
-        await reader.readexactly(consumed)
-        while True:
-            try:
-                await reader.readuntil(b"\n")
-                return
-            except asyncio.LimitOverrunError as overrun:
-                await reader.readexactly(overrun.consumed)
+    def _decode(
+        self,
+        lines: list[bytes],
+        peer: str,
+        line_number: int,
+        batch: list[Report],
+        emitter: Emitter,
+    ) -> int:
+        """Decode complete lines that follow line ``line_number``; return the last one's number."""
+        if lines:
+            reports, errors = powerapi.decode_json_lines(self.kind, lines, peer, line_number + 1)
+            for error, raw in errors:
+                text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+                emitter.reject(text, str(error))
+            batch.extend(reports)
+        return line_number + len(lines)
+
+    def _last_line(
+        self,
+        partial: bytes,
+        skipping: bool,
+        peer: str,
+        line_number: int,
+        batch: list[Report],
+        emitter: Emitter,
+    ) -> None:
+        """What the peer sent after its last newline, once it closed or went quiet."""
+        if skipping or not partial.strip():
+            return
+        if emitter.stopping.is_set():
+            emitter.reject(
+                partial.decode("utf-8", "replace"),
+                f"{peer}:{line_number + 1}: connection cut at shutdown mid-line",
+            )
+            return
+        self._decode([partial], peer, line_number, batch, emitter)
+
+    def _too_long(self, emitter: Emitter, peer: str, line_number: int) -> None:
+        emitter.reject(
+            None,
+            f"{peer}:{line_number}: line longer than {self.config.max_line_bytes} bytes, skipped",
+        )

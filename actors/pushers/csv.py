@@ -109,16 +109,18 @@ class CsvPusher(Pusher[CsvPusherConfig]):
 
         A formula writes several rows per input report, so this loop is the output's hot path:
         files are found by (sensor, target, kind) without building paths, the timestamp's text
-        is reused across a tick, and a PowerReport whose metadata matches its file's columns
-        skips the general row builder.
+        is reused across a tick, a PowerReport whose metadata matches its file's columns skips
+        the general row builder, and a row that needs no quoting is joined as text rather than
+        written by the csv module.
         """
         refused: list[tuple[Report, str]] = []
-        # Rows per file, with a report to reopen it by: a batch may touch more files than are
-        # kept open, so files are looked up again when the rows are written.
-        touched: dict[tuple[str, str, str], tuple[_OpenFile, Report, list[list[str]]]] = {}
+        # Lines per file, with a report to reopen it by: a batch may touch more files than are
+        # kept open, so files are looked up again when the lines are written.
+        touched: dict[tuple[str, str, str], tuple[_OpenFile, Report, list[str]]] = {}
         tags = self.config.tags
         last_timestamp: object = None
         millis = ""
+        power_kind = PowerReport
         try:
             for report in batch:
                 metadata = report.metadata
@@ -132,11 +134,11 @@ class CsvPusher(Pusher[CsvPusherConfig]):
                 entry = touched.get(key)
                 if entry is None:
                     entry = touched[key] = (self._file(key, report), report, [])
-                opened, _, rows = entry
+                opened, _, lines = entry
                 columns = opened.metadata_columns
                 if (
                     columns is not None
-                    and isinstance(report, PowerReport)
+                    and type(report) is power_kind
                     and metadata.keys() == opened.metadata_keys
                 ):
                     if report.timestamp is not last_timestamp:
@@ -144,17 +146,23 @@ class CsvPusher(Pusher[CsvPusherConfig]):
                         millis = str(to_millis(report.timestamp))
                     row = [millis, report.sensor, report.target, str(report.power)]
                     row.extend(["" if (v := metadata[c]) is None else str(v) for c in columns])
-                    rows.append(row)
-                    continue
-                try:
-                    rows.append(powerapi.csv_output_row(report, opened.header))
-                except ValueError as error:
-                    path = powerapi.csv_output_path(self.config.directory, report)
-                    refused.append((report, f"{path}: {error}"))
-            for key, (_, first, rows) in touched.items():
-                if rows:
+                else:
+                    try:
+                        row = powerapi.csv_output_row(report, opened.header)
+                    except ValueError as error:
+                        path = powerapi.csv_output_path(self.config.directory, report)
+                        refused.append((report, f"{path}: {error}"))
+                        continue
+                line = ",".join(row)
+                if line.count(",") != len(row) - 1 or '"' in line or "\n" in line or "\r" in line:
+                    line = powerapi.csv_line(row)
+                else:
+                    line += "\r\n"
+                lines.append(line)
+            for key, (_, first, lines) in touched.items():
+                if lines:
                     opened = self._file(key, first)
-                    opened.writer.writerows(rows)
+                    opened.handle.write("".join(lines))
                     opened.handle.flush()
         except OSError as error:
             raise PushError(f"output '{self.config.name}': {error}") from error

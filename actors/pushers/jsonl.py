@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import BinaryIO, Literal
 
 from pydantic import Field
 
 from wattflow.actors.errors import PushError
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.formats import jsonl
+from wattflow.formats import powerapi
 from wattflow.formats.reports import Report
 
 
@@ -38,7 +38,7 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
 
     def __init__(self, config: JsonlPusherConfig) -> None:
         super().__init__(config)
-        self._handle: TextIO | None = None
+        self._handle: BinaryIO | None = None
 
     async def check(self) -> None:
         if self.config.file.is_dir():
@@ -48,16 +48,17 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
         # File systems block (a full disk, a hung NFS mount, a FIFO): never on the event loop.
         self._handle = await asyncio.to_thread(self._open)
 
-    def _open(self) -> TextIO:
+    def _open(self) -> BinaryIO:
         self.config.file.parent.mkdir(parents=True, exist_ok=True)
-        return self.config.file.open("a", encoding="utf-8")
+        # Bytes: orjson writes UTF-8, which a text file would only decode and encode again.
+        return self.config.file.open("ab")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         handle = self._handle
         assert handle is not None, "open() first"
-        text = "".join(jsonl.encode_line(report) for report in batch)
+        data = powerapi.encode_json_lines(batch)
         try:
-            await asyncio.to_thread(_write_and_flush, handle, text)
+            await asyncio.to_thread(_write_and_flush, handle, data)
         except OSError as error:
             raise PushError(f"output '{self.config.name}': {error}") from error
         return []
@@ -68,6 +69,6 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
             self._handle = None
 
 
-def _write_and_flush(handle: TextIO, text: str) -> None:
-    handle.write(text)
+def _write_and_flush(handle: BinaryIO, data: bytes) -> None:
+    handle.write(data)
     handle.flush()

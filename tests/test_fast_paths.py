@@ -1,0 +1,408 @@
+"""The fast decoders and encoders give exactly what the general ones give, bad input included."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import gc
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wattflow.actors.pullers.files import split_lines
+from wattflow.actors.pullers.socket import SocketPuller, SocketPullerConfig
+from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
+from wattflow.formats import powerapi
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report, to_utc
+
+from .conftest import run_async
+
+# --- JSON input -------------------------------------------------------------------------------
+
+GROUPS = {"core": {"0": {"0": {"INSTRUCTIONS_RETIRED": 5, "time_enabled": 10}}}}
+
+JSON_LINES: list[dict[str, Any]] = [
+    {"timestamp": "2020-09-08T15:46:44.856", "sensor": "s", "target": "all", "groups": GROUPS},
+    {"timestamp": 1599580004856, "sensor": "s", "target": "c", "groups": GROUPS},
+    {"timestamp": "1599580004856", "sensor": "s", "target": "c", "groups": GROUPS},
+    {"timestamp": 1599580004856.5, "sensor": "s", "target": "c"},
+    {"timestamp": "2020-09-08T17:46:44.856+02:00", "sensor": "s", "target": "c"},
+    {"timestamp": 1, "sensor": "s", "target": "t", "metadata": {"tag": [1, {"a": None}]}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": GROUPS, "_id": "extra keys"},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": {"0": {"x": 1.5}}}}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": {"0": {"x": 2**70}}}}},
+    # What msgspec refuses: pydantic decides, coercing or naming the field.
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": {"0": {"x": "7"}}}}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": {"0": {"x": True}}}}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": {"0": {"x": "a"}}}}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": {"0": [1]}}}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": {"g": {"0": 5}}},
+    {"timestamp": 1, "sensor": "s", "target": "t", "groups": None},
+    {"timestamp": 1, "sensor": "", "target": "t"},
+    {"timestamp": 1, "sensor": "s"},
+    {"timestamp": True, "sensor": "s", "target": "t"},
+    {"timestamp": "yesterday", "sensor": "s", "target": "t"},
+    {"timestamp": 10**20, "sensor": "s", "target": "t"},
+    {"timestamp": None, "sensor": "s", "target": "t"},
+    {"timestamp": 1, "sensor": 5, "target": "t"},
+    {"timestamp": 1, "sensor": "s", "target": "t", "metadata": []},
+]
+RAW_LINES = ["{not json", "[1, 2]", '"text"', "", "   ", "\r", '{"timestamp": 1, "sens']
+
+
+def one_at_a_time(line: str | bytes) -> Report | str:
+    """What decoding a line alone gives, through pydantic only: the reference."""
+    try:
+        if isinstance(line, str) and not line.strip():
+            return "blank"
+        report = HWPCReport.model_validate_json(line)
+    except Exception:
+        try:
+            powerapi.decode_json(HWPCReport, line, "in.jsonl", 1)
+        except DecodeError as error:
+            return error.problem
+        raise
+    return report
+
+
+def leaves(report: Report) -> list[tuple[str, type]]:
+    assert isinstance(report, HWPCReport)
+    return [
+        (event, type(value))
+        for sockets in report.groups.values()
+        for cpus in sockets.values()
+        for events in cpus.values()
+        for event, value in events.items()
+    ]
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_json_lines_decode_as_pydantic_decodes_each_line(as_bytes: bool) -> None:
+    lines: list[Any] = [json.dumps(d) for d in JSON_LINES] + RAW_LINES
+    if as_bytes:
+        lines = [line.encode() for line in lines]
+    reports, errors = powerapi.decode_json_lines(HWPCReport, lines, "in.jsonl", 10)
+    decoded = iter(reports)
+    failed = iter(errors)
+    for number, line in enumerate(lines, start=10):
+        expected = one_at_a_time(line)
+        if expected == "blank" or (isinstance(line, bytes) and not line.strip()):
+            continue
+        if isinstance(expected, Report):
+            report = next(decoded)
+            assert report == expected
+            assert leaves(report) == leaves(expected)
+            assert report.model_dump() == expected.model_dump()
+        else:
+            error, raw = next(failed)
+            assert raw == line
+            assert str(error) == f"in.jsonl:{number}: {expected}"
+            assert str(error) == str(powerapi_error(line, number))
+    assert next(decoded, None) is None
+    assert next(failed, None) is None
+
+
+def powerapi_error(line: str | bytes, number: int) -> DecodeError:
+    with pytest.raises(DecodeError) as caught:
+        powerapi.decode_json(HWPCReport, line, "in.jsonl", number)
+    return caught.value
+
+
+def test_other_kinds_of_json_lines_go_through_pydantic() -> None:
+    good = '{"timestamp": 1, "sensor": "s", "target": "t", "power": 2.5}'
+    reports, errors = powerapi.decode_json_lines(PowerReport, [good, "", '{"x": 1}'], "p", 1)
+    assert reports == [PowerReport.model_validate_json(good)]
+    assert [(str(e), raw) for e, raw in errors] == [
+        (
+            "p:3: PowerReport: missing field 'timestamp'; missing field 'sensor'; "
+            "missing field 'target'; and 1 more",
+            '{"x": 1}',
+        )
+    ]
+
+
+def test_a_tick_shares_one_timestamp_object() -> None:
+    first: dict[str, Any] = JSON_LINES[0]
+    lines = [json.dumps({**first, "target": f"c{i}"}) for i in range(3)]
+    reports, _ = powerapi.decode_json_lines(HWPCReport, lines, "in", 1)
+    assert reports[0].timestamp is reports[1].timestamp is reports[2].timestamp
+
+
+@pytest.mark.parametrize(
+    ("data", "lines", "rest"),
+    [
+        (b"a\nb\nc", [b"a", b"b"], b"c"),
+        (b"a\r\nb\r\n", [b"a", b"b"], b""),
+        (b"a\rb\r\nc\r", [b"a", b"b"], b"c\r"),
+        (b"a\r", [], b"a\r"),
+        (b"\r\n", [b""], b""),
+    ],
+)
+def test_lines_end_as_in_text_files(data: bytes, lines: list[bytes], rest: bytes) -> None:
+    assert split_lines(data) == (lines, rest)
+    # The whole data, the rest read as a last line at the end of the input, as a text file.
+    whole = lines + (split_lines(rest + b"\n")[0] if rest else [])
+    text = io.TextIOWrapper(io.BytesIO(data), newline=None).read().split("\n")
+    if text[-1] == "":
+        text.pop()
+    assert [line.encode() for line in text] == whole
+
+
+# --- CSV input --------------------------------------------------------------------------------
+
+HEADER = "timestamp,sensor,target,socket,cpu,A,B"
+
+
+def reference_csv(paths: list[Path], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What the row-by-row reader makes of the files: every chunk refused by the fast way."""
+    with monkeypatch.context() as patch:
+        patch.setattr(powerapi, "_plain_blocks", lambda lines, layout: None)
+        return comparable(powerapi.read_hwpc_csv(paths))
+
+
+def comparable(items: Any) -> list[Any]:
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, DecodeError):
+            out.append(str(item))
+        else:
+            out.append((item.model_dump(), leaves(item), list(item.groups)))
+    return out
+
+
+def write(path: Path, text: str, newline: str = "\n") -> Path:
+    path.write_bytes(text.replace("\n", newline).encode())
+    return path
+
+
+ROWS = "1000,s,all,0,0,1,2\n1000,s,all,0,1,3,4\n1000,s,c,1,2,5,6\n2000,s,all,0,0,7,8\n"
+
+CSV_CASES = {
+    "plain": f"{HEADER}\n{ROWS}",
+    "no final newline": f"{HEADER}\n1000,s,all,0,0,1,2\n2000,s,all,0,0,7,8",
+    "empty cells": f"{HEADER}\n1000,s,all,0,0,1,\n1000,,all,0,0,1,2\n2000,s,all,0,0,1,2\n",
+    "bad numbers": f"{HEADER}\n1000,s,all,0,0,1,abc\n1000,s,all,0,1,+5,1.5\n"
+    "1000,s,all,0,2,1e3,-0\n",
+    "big and odd numbers": f"{HEADER}\n1000,s,all,0,0,{2**70},007\n1000,s,all,0,1, 5,6 \n",
+    "widths": f"{HEADER}\n1000,s,all,0,0,1\n1000,s,all,0,0,1,2,3\n\n1000,s,all,0,1,1,2\n",
+    "iso timestamps": f"{HEADER}\n2020-01-01T00:00:00.001,s,all,0,0,1,2\n"
+    "1577836800001,s,all,0,1,3,4\n",
+    "bad timestamps": f"{HEADER}\nsoon,s,all,0,0,1,2\n{10**20},s,all,0,0,1,2\n3000,s,all,0,0,1,2\n",
+    "quoted": f'{HEADER}\n1000,"s,1",all,0,0,1,2\n1000,"s\n2",all,0,0,"3",4\n2000,s,all,0,0,1,2\n',
+    "brackets": f"{HEADER}\n1000,s[1],all,0,0,1,2\n1000,s,all,0,0,1],[2\n",
+    "duplicate cpus": f"{HEADER}\n1000,s,all,0,0,1,2\n1000,s,c,0,0,1,2\n1000,s,all,0,0,3,4\n",
+    "unsorted": f"{HEADER}\n2000,s,all,0,0,1,2\n1000,s,all,0,0,3,4\n2000,s,all,0,1,5,6\n",
+    "lone cr": f"{HEADER}\n1000,s,all,0,0,1,2\r1000,s,all,0,1,1,2\n",
+}
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("case", sorted(CSV_CASES))
+def test_csv_fast_way_reads_as_the_row_by_row_way(
+    case: str, newline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "core.csv", CSV_CASES[case], newline)
+    expected = reference_csv([path], monkeypatch)
+    assert comparable(powerapi.read_hwpc_csv([path])) == expected
+    # Chunks that cut ticks, rows and \r\n pairs in two.
+    for size in (7, 40, 64):
+        monkeypatch.setattr(powerapi, "_CSV_CHUNK_CHARS", size)
+        assert comparable(powerapi.read_hwpc_csv([path])) == expected, size
+
+
+def test_csv_errors_keep_their_line_numbers(tmp_path: Path) -> None:
+    path = write(tmp_path / "core.csv", CSV_CASES["empty cells"], "\r\n")
+    errors = [str(i) for i in powerapi.read_hwpc_csv([path]) if isinstance(i, DecodeError)]
+    assert errors == [f"{path}:2: empty value for 'B'", f"{path}:3: empty value for 'sensor'"]
+
+
+def generated_files(directory: Path) -> list[Path]:
+    """Three groups, sensors and targets interleaved as hwpc-sensor writes them."""
+    groups = {"rapl": ["RAPL_ENERGY_PKG"], "msr": ["APERF", "MPERF"], "core": ["X", "Y", "Z"]}
+    paths = []
+    for index, (group, events) in enumerate(groups.items()):
+        rows = [",".join(["timestamp", "sensor", "target", "socket", "cpu", *events])]
+        for tick in range(40):
+            for sensor in ("n1", "n2"):
+                targets = ["all"] if group != "core" else ["all", "c1", "c2"]
+                for target in targets:
+                    for socket in ("0", "1"):
+                        for cpu in range(2):
+                            values = [str(tick * 7 + cpu + i + index) for i in range(len(events))]
+                            row = [str(1000 * tick), sensor, target, socket, str(cpu), *values]
+                            rows.append(",".join(row))
+        paths.append(write(directory / f"{group}.csv", "\n".join(rows) + "\n"))
+    return paths
+
+
+def test_csv_groups_merge_as_row_by_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = generated_files(tmp_path)
+    (tmp_path / "again").mkdir()
+    again = write(tmp_path / "again" / "core.csv", (tmp_path / "core.csv").read_text())
+    for files in (paths, paths[::-1], [*paths, again]):
+        expected = reference_csv(files, monkeypatch)
+        assert len(expected) == 40 * (2 + 2 * 2)
+        for size in (1 << 20, 333, 4096):
+            monkeypatch.setattr(powerapi, "_CSV_CHUNK_CHARS", size)
+            assert comparable(powerapi.read_hwpc_csv(files)) == expected
+
+
+def test_csv_reports_of_a_tick_share_one_timestamp(tmp_path: Path) -> None:
+    reports = list(powerapi.read_hwpc_csv(generated_files(tmp_path)))
+    assert isinstance(reports[0], HWPCReport)
+    assert isinstance(reports[1], HWPCReport)
+    assert reports[0].timestamp is reports[1].timestamp
+
+
+# --- Outputs ----------------------------------------------------------------------------------
+
+
+def power(target: str = "t", **metadata: Any) -> PowerReport:
+    return PowerReport.trusted(
+        timestamp=to_utc(1539260665189),
+        sensor="s",
+        target=target,
+        power=19.25,
+        metadata={"socket": "0", "scope": "cpu", **metadata},
+    )
+
+
+def test_json_lines_encode_as_one_report_at_a_time() -> None:
+    stamp = datetime(2020, 1, 1, tzinfo=UTC)
+    reports: list[Report] = [
+        power(),
+        power(target='quote " and \\ and \n', ratio=0.1, extra={1: [None, 2.5]}),
+        PowerReport.trusted(
+            timestamp=stamp + timedelta(microseconds=5),
+            sensor="s",
+            target="t",
+            power=1,
+            metadata={},
+        ),
+        FormulaReport.trusted(timestamp=stamp, sensor="s", target="f", metadata={"coef": [1.0]}),
+        HWPCReport.trusted(timestamp=stamp, sensor="s", target="all", groups=GROUPS),
+    ]
+    expected = b"".join(powerapi.encode_json(r).encode() + b"\n" for r in reports)
+    assert powerapi.encode_json_lines(reports) == expected
+    assert powerapi.encode_json_lines([]) == b""
+
+
+def test_csv_output_writes_what_the_csv_module_writes(tmp_path: Path) -> None:
+    odd = ["comma, here", 'quote " here', "line\nbreak", "cr\rhere", "plain", ""]
+    reports: list[Report] = [power(target="t", formula=text, ratio=0.5) for text in odd]
+    reports.append(power(target="t", formula=None, ratio=1.0))
+    reports.append(power(target="x,y", formula="f", ratio=0.25))
+    formula = FormulaReport.trusted(
+        timestamp=to_utc(5), sensor="s", target="m", metadata={"a": 'q"uote', "b": [1, 2]}
+    )
+    reports.append(formula)
+    pusher = CsvPusher(CsvPusherConfig(type="csv", directory=tmp_path))
+
+    async def scenario() -> list[tuple[Report, str]]:
+        await pusher.open()
+        refused = await pusher.write(reports)
+        await pusher.close()
+        return refused
+
+    assert run_async(scenario()) == []
+    expected: dict[Path, io.StringIO] = {}
+    for report in reports:
+        path = powerapi.csv_output_path(tmp_path, report)
+        if path not in expected:
+            expected[path] = io.StringIO()
+            header = powerapi.csv_output_header(report)
+            csv.writer(expected[path], lineterminator="\r\n").writerow(header)
+        with path.open(newline="") as handle:
+            header = next(csv.reader(handle))
+        row = powerapi.csv_output_row(report, header)
+        csv.writer(expected[path], lineterminator="\r\n").writerow(row)
+    assert len(expected) == 3
+    for path, text in expected.items():
+        assert path.read_bytes() == text.getvalue().encode()
+
+
+# --- Socket input -----------------------------------------------------------------------------
+
+
+class _Writer:
+    def get_extra_info(self, name: str) -> tuple[str, int]:
+        return ("127.0.0.1", 4000)
+
+
+class _Emitter:
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.reports: list[Report] = []
+        self.rejected: list[tuple[Any, str]] = []
+
+    async def emit(self, batch: list[Report]) -> None:
+        self.reports.extend(batch)
+
+    def reject(self, payload: Any, reason: str) -> None:
+        self.rejected.append((payload, reason))
+
+
+def line(index: int) -> bytes:
+    return json.dumps({"timestamp": index, "sensor": "s", "target": "all"}).encode()
+
+
+@pytest.mark.parametrize("piece", [1, 7, 50, 10_000])
+def test_socket_lines_are_read_whatever_the_chunks(piece: int) -> None:
+    data = (
+        b"\n".join([line(1), b"x" * 300, b"{broken", line(2), b"", b"y" * 120, line(3)])
+        + b"\n"
+        + line(4)
+    )
+    puller = SocketPuller(SocketPullerConfig(type="socket", max_line_bytes=100))
+    emitter = _Emitter()
+
+    async def scenario() -> None:
+        reader = asyncio.StreamReader(limit=100)
+        for start in range(0, len(data), piece):
+            reader.feed_data(data[start : start + piece])
+        reader.feed_eof()
+        await puller._read(reader, _Writer(), emitter)  # type: ignore[arg-type]
+
+    run_async(scenario())
+    assert [r.timestamp for r in emitter.reports] == [to_utc(i) for i in (1, 2, 3, 4)]
+    assert [reason for _, reason in emitter.rejected] == [
+        "socket:127.0.0.1:4000:2: line longer than 100 bytes, skipped",
+        "socket:127.0.0.1:4000:3: not valid JSON: Invalid JSON: key must be a string at line 1 "
+        "column 2",
+        "socket:127.0.0.1:4000:6: line longer than 100 bytes, skipped",
+    ]
+
+
+def test_socket_line_cut_at_shutdown_is_a_dead_letter() -> None:
+    puller = SocketPuller(SocketPullerConfig(type="socket"))
+    emitter = _Emitter()
+
+    async def scenario() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(line(1) + b"\n" + line(2)[:10])
+        emitter.stopping.set()
+        await puller._read(reader, _Writer(), emitter)  # type: ignore[arg-type]
+
+    run_async(scenario())
+    assert [r.timestamp for r in emitter.reports] == [to_utc(1)]
+    assert emitter.rejected == [
+        (line(2)[:10].decode(), "socket:127.0.0.1:4000:2: connection cut at shutdown mid-line")
+    ]
+
+
+# --- Runtime ----------------------------------------------------------------------------------
+
+
+def test_the_collector_settings_come_back_after_a_run() -> None:
+    from wattflow.actors.pipeline import Pipeline
+
+    before = gc.get_threshold()
+    result = run_async(Pipeline([], [], []).run())
+    assert result.ok
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
