@@ -346,23 +346,31 @@ async def retry_with_backoff(
     attempt: Callable[[], Awaitable[T]],
     *,
     retryable: Callable[[BaseException], bool],
-    attempts: int,
+    attempts: int | None = None,
+    give_up_after_s: float | None = None,
     initial_backoff_s: float = 0.1,
     max_backoff_s: float = 5.0,
 ) -> T:
     """Call ``attempt`` until it succeeds, retrying retryable errors with exponential backoff.
 
+    Retries stop after ``attempts`` calls or once ``give_up_after_s`` seconds have passed since
+    the first call, whichever comes first; with neither, they go on until the call succeeds.
+
     Raises:
-        The last error, once ``attempts`` are spent or an error is not retryable.
+        The last error, once the budget is spent or an error is not retryable.
     """
     backoff = initial_backoff_s
-    for number in range(1, attempts + 1):
+    deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
+    number = 0
+    while True:
+        number += 1
         try:
             return await attempt()
         except Exception as error:
-            if number == attempts or not retryable(error):
+            out_of_attempts = attempts is not None and number >= attempts
+            out_of_time = deadline is not None and time.monotonic() + backoff > deadline
+            if out_of_attempts or out_of_time or not retryable(error):
                 raise
-            logger.info("retrying after %r (attempt %d of %d)", error, number, attempts)
+            logger.warning("retrying in %.1f s after: %s (attempt %d)", backoff, error, number)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)
-    raise AssertionError("unreachable")  # pragma: no cover

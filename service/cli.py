@@ -28,7 +28,7 @@ from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher
 from wattflow.actors.registry import Registry
 from wattflow.actors.runtime import QueueConfig
-from wattflow.formats.errors import DecodeError
+from wattflow.formats.errors import WattflowError
 from wattflow.service import config as service_config
 from wattflow.service.config import ConfigError, ServiceConfig, normalise
 
@@ -219,7 +219,7 @@ def run_command(argv: Sequence[str]) -> int:
         _configure_logging(config.verbose)
         pipeline = assemble(config)
         asyncio.run(check(pipeline))
-    except (ConfigError, DecodeError) as error:
+    except WattflowError as error:  # configuration, or an input or output that cannot work
         return _fail(str(error), 2)
     loop = asyncio.new_event_loop()
     try:

@@ -14,6 +14,9 @@ import pytest
 
 T = TypeVar("T")
 
+# Fixtures that start real servers (MongoDB, InfluxDB, VictoriaMetrics) on loopback.
+pytest_plugins = ["tests.servers"]
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "powerapi-2.10.0"
 if not FIXTURES.is_dir():  # a checkout whose shared/ sits inside it

@@ -31,6 +31,12 @@ class PusherConfig(BackendConfig):
         description="Report kind this output writes.",
         json_schema_extra={"flags": ["-m", "--model"]},
     )
+    retry_for_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a batch is retried while the sink is unreachable or failing, "
+        "before it becomes a dead letter. Meanwhile the mailbox fills and the inputs slow down.",
+    )
 
 
 C = TypeVar("C", bound=PusherConfig)
@@ -83,7 +89,6 @@ class PusherActor(Actor):
         queue: QueueConfig,
         ledger: Ledger,
         dead_letters: DeadLetters,
-        write_attempts: int = 5,
     ) -> None:
         super().__init__(f"pusher:{pusher.config.name}")
         self.pusher = pusher
@@ -91,7 +96,6 @@ class PusherActor(Actor):
         self.mailbox: Mailbox[Report] = Mailbox(queue.max_reports, self.name)
         self.ledger = ledger
         self.dead_letters = dead_letters
-        self.write_attempts = write_attempts
         self._opened = False
         self._in_flight: list[Report] = []
 
@@ -105,7 +109,7 @@ class PusherActor(Actor):
                 refused = await retry_with_backoff(
                     lambda: self.pusher.write(batch),
                     retryable=lambda error: getattr(error, "retryable", False),
-                    attempts=self.write_attempts,
+                    give_up_after_s=self.pusher.config.retry_for_s,
                 )
             except PushError as error:
                 self._reject(batch, str(error))

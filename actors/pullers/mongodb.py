@@ -1,0 +1,478 @@
+"""MongoDB input: hwpc-sensor's documents, read once, or followed as the sensor inserts them.
+
+PowerAPI's stream mode consumes its input: it calls ``find_one_and_delete`` for every document,
+so a crash loses the document in hand and nothing else can read the collection. This input
+never deletes or changes a document. It follows the collection through a change stream (or, on a
+server without replica-set features, by polling ``_id``), and keeps its position in a checkpoint
+document beside the input, so a restarted service resumes where it stopped.
+
+Stream mode, step by step:
+
+1. On the first start, a change stream is opened and its resume token saved: from then on no
+   insert can be missed.
+2. The documents already in the collection (the backlog) are read in ``_id`` order.
+3. The change stream is followed from the saved token. Documents inserted while the backlog was
+   read show up in both; the ids read near the end of the backlog are remembered (a bounded
+   number) and skipped once.
+4. After a clean stop, the checkpoint holds the exact position: a restart reads every document
+   once. While running, the checkpoint saved every ``checkpoint_interval_s`` lags one interval
+   behind what was handed on, so that after a crash the reports still inside the formulas are
+   read again rather than lost (a crash gives at-least-once; the MongoDB and InfluxDB outputs
+   write each report once all the same).
+
+A server that goes away is waited for, with backoff, for as long as the service runs; the
+change stream resumes from its token, so an outage loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import orjson
+from bson import ObjectId, json_util
+from pydantic import Field, PositiveInt, model_validator
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import ConfigurationError, InvalidURI, OperationFailure, PyMongoError
+from pymongo.uri_parser import parse_uri
+
+from wattflow.actors.connections import read_secret, redact_uri
+from wattflow.actors.errors import PullError
+from wattflow.actors.pullers import pullers
+from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
+from wattflow.formats import powerapi
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.reports import Report, report_kind
+
+logger = logging.getLogger(__name__)
+
+Document = dict[str, Any]
+
+_NO_CHANGE_STREAMS = {40573, 40415, 136}
+"""Server error codes meaning "no change streams here" (standalone server, or disabled)."""
+
+_AUTHENTICATION_FAILED = {18, 13}
+
+
+class MongoDBPullerConfig(PullerConfig):
+    """Settings of the MongoDB input (``--input mongodb -u URI -d DB -c COLLECTION``)."""
+
+    type: Literal["mongodb"] = "mongodb"
+    uri: str | None = Field(
+        default=None,
+        description="Connection string, e.g. mongodb://127.0.0.1:27017 (or use --uri-file).",
+        json_schema_extra={"flags": ["-u", "--uri"]},
+    )
+    uri_file: Path | None = Field(
+        default=None,
+        description="File holding the connection string, for one with a password in it.",
+    )
+    db: str = Field(
+        min_length=1,
+        description="Database of the collection.",
+        json_schema_extra={"flags": ["-d", "--db"]},
+    )
+    collection: str = Field(
+        min_length=1,
+        description="Collection hwpc-sensor writes to.",
+        json_schema_extra={"flags": ["-c", "--collection"]},
+    )
+    max_batch: PositiveInt = Field(default=1000, description="Documents handed on at once.")
+    checkpoint_collection: str = Field(
+        default="wattflow_checkpoints",
+        min_length=1,
+        description="Collection, in the same database, where stream mode keeps its position.",
+    )
+    checkpoint_interval_s: float = Field(
+        default=5.0, gt=0, description="How often stream mode saves its position."
+    )
+    poll_interval_s: float = Field(
+        default=0.2,
+        gt=0,
+        description="Longest wait for new documents before checking whether to stop.",
+    )
+    server_timeout_s: float = Field(
+        default=5.0, gt=0, description="How long one attempt waits for an unreachable server."
+    )
+    recent_ids: PositiveInt = Field(
+        default=100_000,
+        description="Ids remembered from the end of the backlog, to skip them in the stream.",
+    )
+
+    @model_validator(mode="after")
+    def _one_uri(self) -> Self:
+        if (self.uri is None) == (self.uri_file is None):
+            raise ValueError("give the connection string with exactly one of --uri, --uri-file")
+        return self
+
+    @classmethod
+    def example(cls) -> MongoDBPullerConfig:
+        """hwpc-sensor's collection on a local server."""
+        return cls(
+            type="mongodb", uri="mongodb://127.0.0.1:27017", db="powerapi", collection="hwpc"
+        )
+
+
+def connection_string(uri: str | None, uri_file: Path | None) -> str:
+    """The connection string, from the flag or from its file.
+
+    Raises:
+        PullError: a string pymongo cannot parse; the message shows it without its password.
+    """
+    text = uri if uri is not None else read_secret(uri_file, "--uri-file") if uri_file else ""
+    try:
+        parse_uri(text)
+    except (InvalidURI, ConfigurationError, ValueError) as error:
+        raise PullError(
+            f"not a MongoDB connection string: {redact_uri(text)!r}: {redact_uri(str(error))}"
+        ) from None
+    return text
+
+
+def printable(document: Mapping[str, Any]) -> str:
+    """A document as MongoDB extended JSON, for a dead letter that keeps all of it."""
+    return json_util.dumps(document)
+
+
+class _Position:
+    """Where stream mode stands: the change stream's token and how far the backlog was read."""
+
+    def __init__(self, saved: Mapping[str, Any] | None) -> None:
+        saved = saved or {}
+        self.token: Mapping[str, Any] | None = saved.get("token")
+        self.last_id: Any = saved.get("last_id")
+        self.backlog_done: bool = bool(saved.get("backlog_done", False))
+        self.polling: bool = bool(saved.get("polling", False))
+
+    def snapshot(self) -> Document:
+        return {
+            "token": self.token,
+            "last_id": self.last_id,
+            "backlog_done": self.backlog_done,
+            "polling": self.polling,
+        }
+
+
+@pullers.register("mongodb")
+class MongoDBPuller(Puller[MongoDBPullerConfig]):
+    """Reads documents in batches and hands each batch on before reading more."""
+
+    config_model = MongoDBPullerConfig
+
+    def __init__(self, config: MongoDBPullerConfig, *, stream: bool = False) -> None:
+        super().__init__(config, stream=stream)
+        self.source = f"mongodb {config.db}.{config.collection}"
+        self.skipped_overlap = 0
+        self._recent: set[Any] = set()
+        self._recent_order: deque[Any] = deque()
+        self._pending: deque[tuple[float, Document]] = deque()
+        self._saved_at = 0.0
+        self._down_since: float | None = None
+        self._backoff = 0.1
+
+    async def check(self) -> None:
+        try:
+            report_kind(self.config.model)
+        except ValueError as error:
+            raise PullError(f"input '{self.config.name}': {error}") from None
+        connection_string(self.config.uri, self.config.uri_file)
+
+    def _client(self) -> AsyncMongoClient[Document]:
+        return AsyncMongoClient(
+            connection_string(self.config.uri, self.config.uri_file),
+            tz_aware=True,
+            serverSelectionTimeoutMS=int(self.config.server_timeout_s * 1000),
+            appname="wattflow",
+        )
+
+    async def pull(self, emitter: Emitter) -> None:
+        kind = report_kind(self.config.model)
+        client = self._client()
+        try:
+            collection = client[self.config.db][self.config.collection]
+            if self.stream:
+                await self._follow(client, collection, kind, emitter)
+            else:
+                await self._read_once(collection, kind, emitter)
+        finally:
+            await client.close()
+
+    # --- reading -------------------------------------------------------------------------------
+
+    async def _read_once(
+        self, collection: AsyncCollection[Document], kind: type[Report], emitter: Emitter
+    ) -> None:
+        """Read the collection in ``_id`` order and end; an outage resumes after the last id."""
+        last_id: Any = None
+        done = False
+        while not done and not emitter.stopping.is_set():
+            try:
+                last_id, done = await self._read_backlog(collection, kind, emitter, last_id)
+            except PyMongoError as error:
+                await self._wait_for_server(error, emitter)
+
+    async def _read_backlog(
+        self,
+        collection: AsyncCollection[Document],
+        kind: type[Report],
+        emitter: Emitter,
+        last_id: Any,
+        position: _Position | None = None,
+    ) -> tuple[Any, bool]:
+        """Read documents after ``last_id`` in ``_id`` order; return the last id and whether
+        the end was reached (rather than a stop)."""
+        query = {} if last_id is None else {"_id": {"$gt": last_id}}
+        cursor = collection.find(query).sort("_id", 1).batch_size(self.config.max_batch)
+        try:
+            while not emitter.stopping.is_set():
+                documents = await cursor.to_list(self.config.max_batch)
+                if not documents:
+                    return last_id, True
+                self._back_up()
+                await self._emit(documents, kind, emitter)
+                last_id = documents[-1]["_id"]
+                if position is not None:
+                    position.last_id = last_id
+                    self._remember(documents)
+                    self._note(position)
+            return last_id, False
+        finally:
+            await cursor.close()
+
+    async def _follow(
+        self,
+        client: AsyncMongoClient[Document],
+        collection: AsyncCollection[Document],
+        kind: type[Report],
+        emitter: Emitter,
+    ) -> None:
+        checkpoints = client[self.config.db][self.config.checkpoint_collection]
+        position = await self._load_checkpoint(checkpoints, emitter)
+        if position is None:  # stopped while the server was down
+            return
+        while not emitter.stopping.is_set():
+            try:
+                if position.token is None and not position.polling:
+                    await self._open_stream(collection, position)
+                    await self._save(checkpoints, position.snapshot())
+                if not position.backlog_done:
+                    _, position.backlog_done = await self._read_backlog(
+                        collection, kind, emitter, position.last_id, position
+                    )
+                    self._note(position)
+                    continue
+                if position.polling:
+                    await self._poll(collection, kind, emitter, position, checkpoints)
+                else:
+                    await self._follow_changes(collection, kind, emitter, position, checkpoints)
+            except OperationFailure as error:
+                if error.code in _AUTHENTICATION_FAILED:
+                    raise PullError(f"{self.source}: {redact_uri(str(error))}") from None
+                await self._wait_for_server(error, emitter)
+            except PyMongoError as error:
+                await self._wait_for_server(error, emitter)
+        # A clean stop: everything read has been handed on, so the exact position is saved.
+        await self._save_at_exit(checkpoints, position)
+
+    async def _open_stream(
+        self, collection: AsyncCollection[Document], position: _Position
+    ) -> None:
+        """Take the change stream's current token, or fall back to polling without one."""
+        try:
+            async with await collection.watch() as changes:
+                position.token = changes.resume_token
+        except OperationFailure as error:
+            if error.code not in _NO_CHANGE_STREAMS:
+                raise
+            logger.warning(
+                "%s: the server has no change streams (%s); polling by _id instead, which "
+                "assumes ids grow in insertion order",
+                self.source,
+                error.details.get("errmsg") if error.details else error,
+            )
+            position.polling = True
+
+    async def _follow_changes(
+        self,
+        collection: AsyncCollection[Document],
+        kind: type[Report],
+        emitter: Emitter,
+        position: _Position,
+        checkpoints: AsyncCollection[Document],
+    ) -> None:
+        inserts = [{"$match": {"operationType": "insert"}}]
+        wait_ms = int(self.config.poll_interval_s * 1000)
+        async with await collection.watch(
+            inserts,
+            resume_after=position.token,
+            max_await_time_ms=wait_ms,
+            batch_size=self.config.max_batch,
+        ) as changes:
+            self._back_up()
+            while not emitter.stopping.is_set():
+                documents: list[Document] = []
+                while len(documents) < self.config.max_batch:
+                    change = await changes.try_next()
+                    if change is None:
+                        break
+                    document = change.get("fullDocument")
+                    if document is not None and not self._seen_in_backlog(document):
+                        documents.append(document)
+                if documents:
+                    await self._emit(documents, kind, emitter)
+                elif self._recent:
+                    # Caught up: every document the backlog read is behind us in the stream.
+                    self._forget_backlog()
+                position.token = changes.resume_token
+                self._note(position)
+                await self._save_due(checkpoints)
+
+    async def _poll(
+        self,
+        collection: AsyncCollection[Document],
+        kind: type[Report],
+        emitter: Emitter,
+        position: _Position,
+        checkpoints: AsyncCollection[Document],
+    ) -> None:
+        while not emitter.stopping.is_set():
+            position.last_id, _ = await self._read_backlog(
+                collection, kind, emitter, position.last_id, position
+            )
+            self._forget_backlog()
+            await self._save_due(checkpoints)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
+
+    async def _emit(self, documents: list[Document], kind: type[Report], emitter: Emitter) -> None:
+        reports: list[Report] = []
+        for document in documents:
+            try:
+                reports.append(powerapi.from_mongodb(kind, document, self.source))
+            except DecodeError as error:
+                emitter.reject(printable(document), str(error))
+        await emitter.emit(reports)
+
+    # --- the overlap between backlog and stream -----------------------------------------------
+
+    def _remember(self, documents: list[Document]) -> None:
+        for document in documents:
+            identifier = _hashable(document["_id"])
+            self._recent.add(identifier)
+            self._recent_order.append(identifier)
+        while len(self._recent_order) > self.config.recent_ids:
+            self._recent.discard(self._recent_order.popleft())
+
+    def _seen_in_backlog(self, document: Document) -> bool:
+        identifier = _hashable(document.get("_id"))
+        if identifier in self._recent:
+            self._recent.discard(identifier)
+            self.skipped_overlap += 1
+            return True
+        return False
+
+    def _forget_backlog(self) -> None:
+        self._recent.clear()
+        self._recent_order.clear()
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    @property
+    def _checkpoint_id(self) -> str:
+        return f"{self.config.name}:{self.config.db}.{self.config.collection}"
+
+    async def _load_checkpoint(
+        self, checkpoints: AsyncCollection[Document], emitter: Emitter
+    ) -> _Position | None:
+        while not emitter.stopping.is_set():
+            try:
+                saved = await checkpoints.find_one({"_id": self._checkpoint_id})
+            except OperationFailure as error:
+                if error.code in _AUTHENTICATION_FAILED:
+                    raise PullError(f"{self.source}: {redact_uri(str(error))}") from None
+                await self._wait_for_server(error, emitter)
+            except PyMongoError as error:
+                await self._wait_for_server(error, emitter)
+            else:
+                self._back_up()
+                if saved is not None:
+                    logger.info("%s: resuming from checkpoint %s", self.source, self._checkpoint_id)
+                return _Position(saved)
+        return None
+
+    def _note(self, position: _Position) -> None:
+        """Record the position reached once its documents were handed on."""
+        self._pending.append((time.monotonic(), position.snapshot()))
+
+    async def _save_due(self, checkpoints: AsyncCollection[Document]) -> None:
+        """Save, once an interval, the newest position at least one interval old."""
+        now = time.monotonic()
+        interval = self.config.checkpoint_interval_s
+        if now - self._saved_at < interval:
+            return
+        due: Document | None = None
+        while self._pending and self._pending[0][0] <= now - interval:
+            due = self._pending.popleft()[1]
+        self._saved_at = now
+        if due is not None:
+            await self._save(checkpoints, due)
+
+    async def _save(self, checkpoints: AsyncCollection[Document], snapshot: Document) -> None:
+        document = {**snapshot, "collection": self.config.collection, "saved": datetime.now(UTC)}
+        await checkpoints.replace_one({"_id": self._checkpoint_id}, document, upsert=True)
+
+    async def _save_at_exit(
+        self, checkpoints: AsyncCollection[Document], position: _Position
+    ) -> None:
+        try:
+            await self._save(checkpoints, position.snapshot())
+        except PyMongoError as error:
+            logger.warning(
+                "%s: could not save the checkpoint at exit (%s); the next start re-reads "
+                "up to %.0f s of documents",
+                self.source,
+                redact_uri(str(error)),
+                2 * self.config.checkpoint_interval_s,
+            )
+
+    # --- outages -------------------------------------------------------------------------------
+
+    async def _wait_for_server(self, error: PyMongoError, emitter: Emitter) -> None:
+        """Log the outage once, then wait a little longer each time, until stopped."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+            self._backoff = 0.1
+            logger.warning(
+                "%s: server unavailable (%s); retrying until it is back",
+                self.source,
+                redact_uri(str(error)).split(", Timeout:")[0],
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(emitter.stopping.wait(), self._backoff)
+        self._backoff = min(self._backoff * 2, 5.0)
+
+    def _back_up(self) -> None:
+        if self._down_since is not None:
+            logger.warning(
+                "%s: server back after %.1f s", self.source, time.monotonic() - self._down_since
+            )
+            self._down_since = None
+
+
+def _hashable(identifier: Any) -> Any:
+    """An ``_id`` usable in a set (ObjectIds are; a document ``_id`` is not)."""
+    if (
+        isinstance(identifier, ObjectId | str | int | float | bytes | datetime)
+        or identifier is None
+    ):
+        return identifier
+    return orjson.dumps(identifier, default=str)

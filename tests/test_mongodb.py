@@ -1,0 +1,402 @@
+"""The MongoDB input and output against a real MongoDB-wire server (SecantusDB) on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bson import ObjectId
+from pymongo import MongoClient
+
+from wattflow.actors.pushers.mongodb import MongoDBPusher, MongoDBPusherConfig, document_id
+from wattflow.formats import jsonl, powerapi
+from wattflow.formats.reports import HWPCReport, PowerReport, Report
+
+from .conftest import run_async, wattflow
+from .servers import ServerProcess, free_port, mongodb_command, mongodb_uri, wait_until
+from .test_smartwatts import reports_of, workload
+
+
+def hwpc_sensor_document(report: HWPCReport) -> dict[str, Any]:
+    """A report as hwpc-sensor's MongoDB output stores it: a BSON date and double counters."""
+    document = powerapi.to_mongodb(report)
+    document["groups"] = {
+        group: {
+            socket: {
+                cpu: {event: float(value) for event, value in events.items()}
+                for cpu, events in cpus.items()
+            }
+            for socket, cpus in sockets.items()
+        }
+        for group, sockets in report.groups.items()
+    }
+    return document
+
+
+def fixture_documents(fixtures: Path) -> list[dict[str, Any]]:
+    """PowerAPI's recorded hwpc-sensor reports, as the sensor would have put them in MongoDB."""
+    raw = json.loads((fixtures / "hwpc_rapl_2_socket.json").read_text())["reports"]
+    documents = []
+    for record in raw:
+        report = powerapi.decode_document(HWPCReport, record, "fixture", None)
+        document = hwpc_sensor_document(report)  # type: ignore[arg-type]
+        documents.append(document)
+    # In time order, as wattflow reads PowerAPI's recordings (they are slightly out of order),
+    # with ids that grow in that order, as the sensor's inserts make them.
+    documents.sort(key=lambda document: document["timestamp"])
+    return [{"_id": ObjectId(), **document} for document in documents]
+
+
+def client_of(server: ServerProcess) -> MongoClient[dict[str, Any]]:
+    return MongoClient(mongodb_uri(server), tz_aware=True, serverSelectionTimeoutMS=5000)
+
+
+def identity(document: dict[str, Any]) -> tuple[Any, ...]:
+    metadata = document.get("metadata", {})
+    stamp = document["timestamp"]
+    millis = int(stamp.timestamp() * 1000) if isinstance(stamp, datetime) else stamp
+    return (
+        millis,
+        document["sensor"],
+        document["target"],
+        metadata.get("scope"),
+        metadata.get("socket"),
+    )
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def power_reports(count: int) -> list[PowerReport]:
+    start = datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000
+    return [
+        PowerReport(
+            timestamp=start + 1000 * (index // 4),
+            sensor="node-1",
+            target=f"c{index % 4}",
+            power=1.5 * index,
+            metadata={"scope": "cpu", "socket": "0", "formula": "f", "ratio": 0.25},
+        )
+        for index in range(count)
+    ]
+
+
+def write_with_pusher(pusher: MongoDBPusher, batches: list[list[Report]]) -> list[Any]:
+    async def go() -> list[Any]:
+        await pusher.check()
+        await pusher.open()
+        refused: list[Any] = []
+        for batch in batches:
+            refused += await pusher.write(batch)
+        await pusher.close()
+        return refused
+
+    return run_async(go())
+
+
+def test_the_output_writes_powerapis_documents_once_with_an_index(
+    mongodb_server: ServerProcess,
+) -> None:
+    config = MongoDBPusherConfig(
+        uri=mongodb_uri(mongodb_server), db="powerapi", collection="power", batch_size=7
+    )
+    reports: list[Report] = list(power_reports(40))
+    # The second write is a retry of the same batch, as after a timeout: nothing is added.
+    refused = write_with_pusher(MongoDBPusher(config), [reports, reports[10:30]])
+    assert refused == []
+    collection = client_of(mongodb_server)["powerapi"]["power"]
+    documents = list(collection.find().sort("_id", 1))
+    assert len(documents) == 40
+    first = documents[0]
+    assert list(first) == ["_id", "timestamp", "sensor", "target", "metadata", "power"]
+    assert first["timestamp"] == datetime(2026, 1, 1, tzinfo=UTC)
+    assert first["metadata"] == {"scope": "cpu", "socket": "0", "formula": "f", "ratio": 0.25}
+    assert sorted(d["power"] for d in documents) == sorted(1.5 * i for i in range(40))
+    assert first["_id"].generation_time == datetime(2026, 1, 1, tzinfo=UTC)
+    indexes = collection.index_information()
+    assert [("sensor", 1), ("target", 1), ("timestamp", 1)] in [i["key"] for i in indexes.values()]
+
+
+def test_report_ids_tell_apart_everything_that_identifies_a_report() -> None:
+    base = power_reports(1)[0]
+    variants = [
+        base.model_copy(update={"target": "other"}),
+        base.model_copy(update={"sensor": "node-2"}),
+        base.model_copy(update={"metadata": {**base.metadata, "socket": "1"}}),
+        base.model_copy(update={"metadata": {**base.metadata, "scope": "dram"}}),
+        base.model_copy(update={"timestamp": base.timestamp.replace(microsecond=1000)}),
+    ]
+    ids = {document_id(report) for report in [base, *variants]}
+    assert len(ids) == 6
+    # What a formula recomputes after a restart (its model, the ratio) is not identity.
+    same = base.model_copy(update={"power": 3.0, "metadata": {**base.metadata, "ratio": 0.5}})
+    assert document_id(same) == document_id(base)
+
+
+def test_the_output_waits_for_a_server_that_is_down_at_start(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess(
+        mongodb_command(port, tmp_path / "db"), port, tmp_path / "log", "mongodb"
+    )
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text("".join(powerapi.encode_json(r) + "\n" for r in reports_of(workload(6))))
+    reference = tmp_path / "reference.jsonl"
+    assert run_rapl("--input", "jsonl", "--files", str(source), out=reference).returncode == 0
+    expected = len(lines_of(reference))
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattflow.service",
+            "run",
+            "--disable-smartwatts-formula",
+            "--input",
+            "jsonl",
+            "--files",
+            str(source),
+            "--output",
+            "mongodb",
+            "-u",
+            f"mongodb://127.0.0.1:{port}/",
+            "-d",
+            "powerapi",
+            "-c",
+            "power",
+            "--server-timeout-s",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2)
+        assert service.poll() is None, service.communicate()
+        server.start()
+        _, stderr = service.communicate(timeout=60)
+        assert service.returncode == 0, stderr
+        assert "retrying" in stderr
+        assert expected >= 5
+        assert client_of(server)["powerapi"]["power"].count_documents({}) == expected
+    finally:
+        service.kill()
+        server.stop(kill=True)
+
+
+# --- input ------------------------------------------------------------------------------------
+
+
+def run_rapl(*input_flags: str, out: Path) -> subprocess.CompletedProcess[str]:
+    return wattflow(
+        "run", *input_flags, "--disable-smartwatts-formula",
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+
+
+def test_the_input_reads_hwpc_sensor_documents_and_leaves_them(
+    fixtures: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    documents = fixture_documents(fixtures)
+    collection = client_of(mongodb_server)["powerapi"]["hwpc"]
+    collection.insert_many(documents)
+    recorded = tmp_path / "hwpc.jsonl"
+    recorded.write_text(
+        "".join(
+            powerapi.encode_json(report) + "\n"
+            for report in jsonl.read_reports_document(
+                HWPCReport, fixtures / "hwpc_rapl_2_socket.json"
+            )
+            if isinstance(report, HWPCReport)
+        )
+    )
+    from_file = run_rapl("--input", "jsonl", "--files", str(recorded), out=tmp_path / "a.jsonl")
+    assert from_file.returncode == 0, from_file.stderr
+    from_mongodb = run_rapl(
+        "--input", "mongodb", "-u", mongodb_uri(mongodb_server), "-d", "powerapi", "-c", "hwpc",
+        out=tmp_path / "b.jsonl",
+    )  # fmt: skip
+    assert from_mongodb.returncode == 0, from_mongodb.stderr
+    expected = (tmp_path / "a.jsonl").read_text().splitlines()
+    assert len(expected) >= 4
+    assert sorted((tmp_path / "b.jsonl").read_text().splitlines()) == sorted(expected)
+    assert collection.count_documents({}) == len(documents), "the input is never consumed"
+
+
+def test_a_bad_document_is_a_dead_letter_and_the_rest_goes_through(
+    fixtures: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    documents = fixture_documents(fixtures)
+    documents[1]["groups"] = "not a table of groups"
+    client_of(mongodb_server)["powerapi"]["hwpc"].insert_many(documents)
+    letters = tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--input", "mongodb", "-u", mongodb_uri(mongodb_server), "-d", "powerapi",
+        "-c", "hwpc", "--disable-smartwatts-formula", "--output", "jsonl",
+        "--file", str(tmp_path / "out.jsonl"), "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    letters_read = [json.loads(line) for line in letters.read_text().splitlines()]
+    [letter] = [one for one in letters_read if "puller" in one["actor"]]
+    assert str(documents[1]["_id"]) in letter["reason"]
+    assert "groups" in letter["reason"]
+    assert json.loads(letter["payload"])["_id"] == {"$oid": str(documents[1]["_id"])}
+
+
+class Service:
+    """``wattflow run`` in stream mode, its log in a file (a pipe could fill and stall it)."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        self.log = log
+        with log.open("ab") as handle:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "wattflow.service", "run", "-s", *args],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ),
+            )
+
+    def stop(self) -> str:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+        text = self.log.read_text()
+        assert self.process.returncode == 0, text
+        return text
+
+
+def insert_slowly(server: ServerProcess, documents: list[dict[str, Any]], per_batch: int) -> None:
+    collection = client_of(server)["powerapi"]["hwpc"]
+    for start in range(0, len(documents), per_batch):
+        collection.insert_many(documents[start : start + per_batch])
+        time.sleep(0.05)
+
+
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_lines(path: Path, count: int, service: Service) -> None:
+    def enough() -> bool:
+        assert service.process.poll() is None, service.log.read_text()
+        return len(lines_of(path)) >= count
+
+    wait_until(enough, 60, f"{count} reports in {path.name}")
+
+
+def hwpc_documents(ticks: int) -> list[dict[str, Any]]:
+    return [hwpc_sensor_document(report) for report in reports_of(workload(ticks))]
+
+
+def test_stream_mode_follows_new_documents_and_resumes_after_a_restart(
+    mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    documents = hwpc_documents(30)  # 4 documents per tick: the global one and 3 targets
+    reference = tmp_path / "reference.jsonl"
+    recorded = tmp_path / "hwpc.jsonl"
+    recorded.write_text("".join(powerapi.encode_json(r) + "\n" for r in reports_of(workload(30))))
+    assert run_rapl("--input", "jsonl", "--files", str(recorded), out=reference).returncode == 0
+    expected = Counter(identity_of_line(line) for line in lines_of(reference))
+    per_tick = len(expected) // 29  # the first tick only starts the interval
+    flags = [
+        "--input", "mongodb", "-u", mongodb_uri(mongodb_server), "-d", "powerapi", "-c", "hwpc",
+        "--disable-smartwatts-formula", "--checkpoint-interval-s", "0.2", "--output", "jsonl",
+    ]  # fmt: skip
+    insert_slowly(mongodb_server, documents[:40], 40)  # a backlog of 10 ticks
+    first = Service(tmp_path / "first.log", *flags, "--file", str(tmp_path / "first.jsonl"))
+    insert_slowly(mongodb_server, documents[40:80], 8)
+    wait_for_lines(tmp_path / "first.jsonl", 19 * per_tick, first)
+    first.stop()
+
+    insert_slowly(mongodb_server, documents[80:], 8)  # inserted while the service is down
+    second = Service(tmp_path / "second.log", *flags, "--file", str(tmp_path / "second.jsonl"))
+    wait_for_lines(tmp_path / "second.jsonl", 9 * per_tick, second)
+    log = second.stop()
+    assert "resuming from checkpoint" in log
+
+    written = Counter(
+        identity_of_line(line)
+        for line in lines_of(tmp_path / "first.jsonl") + lines_of(tmp_path / "second.jsonl")
+    )
+    assert max(written.values()) == 1, "a report was written twice"
+    # Each run's first tick only starts its interval, so the tick after the restart is the
+    # only one missing, and nothing else is.
+    restart_tick = min(
+        key[0] for key in Counter(map(identity_of_line, lines_of(tmp_path / "second.jsonl")))
+    )
+    missing = set(expected) - set(written)
+    assert {key[0] for key in missing} == {restart_tick - 1000}
+    assert set(written) <= set(expected)
+    assert client_of(mongodb_server)["powerapi"]["hwpc"].count_documents({}) == len(documents)
+
+
+def identity_of_line(document: dict[str, Any]) -> tuple[Any, ...]:
+    metadata = document.get("metadata", {})
+    millis = powerapi.decode_json(PowerReport, json.dumps(document), "x", None).timestamp
+    return (
+        int(millis.timestamp() * 1000),
+        document["sensor"],
+        document["target"],
+        metadata.get("scope"),
+        metadata.get("socket"),
+    )
+
+
+def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(tmp_path: Path) -> None:
+    """hwpc-sensor documents in, RAPL and SmartWatts through, MongoDB out; the server dies."""
+    port = free_port()
+    server = ServerProcess(
+        mongodb_command(port, tmp_path / "db"), port, tmp_path / "mongodb.log", "mongodb"
+    )
+    server.start()
+    ticks = 40
+    recorded = tmp_path / "hwpc.jsonl"
+    recorded.write_text(
+        "".join(powerapi.encode_json(r) + "\n" for r in reports_of(workload(ticks)))
+    )
+    reference = tmp_path / "reference.jsonl"
+    done = wattflow(
+        "run", "--input", "jsonl", "--files", str(recorded), "--learn-min-samples-required", "5",
+        "--output", "jsonl", "--file", str(reference),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    expected = Counter(identity_of_line(line) for line in lines_of(reference))
+    assert len(expected) > 4 * ticks, "SmartWatts' per-target reports are part of the test"
+    documents = hwpc_documents(ticks)
+    uri = mongodb_uri(server)
+    try:
+        insert_slowly(server, documents[:40], 40)
+        service = Service(
+            tmp_path / "service.log",
+            "--input", "mongodb", "-u", uri, "-d", "powerapi", "-c", "hwpc",
+            "--server-timeout-s", "1", "--learn-min-samples-required", "5",
+            "--output", "mongodb", "-u", uri, "-d", "powerapi", "-c", "power",
+            "--server-timeout-s", "1", "--retry-for-s", "120",
+        )  # fmt: skip
+        insert_slowly(server, documents[40:80], 8)
+        power = client_of(server)["powerapi"]["power"]
+        wait_until(lambda: power.count_documents({}) > 0, 60, "the first power reports")
+        server.stop(kill=True)
+        time.sleep(1.0)
+        server.start()
+        insert_slowly(server, documents[80:], 8)
+        wait_until(
+            lambda: power.count_documents({}) >= len(expected) - 30, 90, "the last power reports"
+        )
+        log = service.stop()
+    finally:
+        server.stop()
+    server.start()
+    try:
+        written = Counter(identity(d) for d in client_of(server)["powerapi"]["power"].find())
+    finally:
+        server.stop()
+    assert "server unavailable" in log
+    assert max(written.values()) == 1
+    assert set(written) == set(expected)
