@@ -12,12 +12,16 @@ class SecretFileError(WattflowError):
     """A secret file that cannot be used; the message names the file, never its content."""
 
 
-_CREDENTIALS_IN_URI = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<credentials>[^@/]*@)", re.I)
+_CREDENTIALS = re.compile(r"(?P<start>^|[\s'\"/(,])[^\s'\"/(,@]+@")
 
 
-def redact_uri(uri: str) -> str:
-    """``uri`` with any ``user:password@`` replaced, so that logs and errors never show a secret."""
-    return _CREDENTIALS_IN_URI.sub(r"\g<scheme>***@", uri)
+def redact_uri(text: str) -> str:
+    """``text`` with every ``user:password@`` replaced by ``***@``.
+
+    It applies to any text that may hold a connection string (an error from a driver, a
+    malformed string), not only to well-formed URIs, so that logs never show a secret.
+    """
+    return _CREDENTIALS.sub(r"\g<start>***@", text)
 
 
 def read_secret(path: Path, what: str) -> str:

@@ -400,3 +400,51 @@ def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(tmp_path: Pa
     assert "server unavailable" in log
     assert max(written.values()) == 1
     assert set(written) == set(expected)
+
+
+def test_a_connection_string_from_the_environment_never_shows_its_password(
+    tmp_path: Path,
+) -> None:
+    port = free_port()  # nothing listens there: the input waits, and says so in the log
+    secret_uri = f"mongodb://wattflow:s3cr3t-pw@127.0.0.1:{port}/"
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattflow.service",
+            "run",
+            "-s",
+            "--input",
+            "mongodb",
+            "-d",
+            "powerapi",
+            "-c",
+            "hwpc",
+            "--server-timeout-s",
+            "0.3",
+            "--output",
+            "jsonl",
+            "--file",
+            str(tmp_path / "out.jsonl"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "POWERAPI_INPUT_PULLER_MONGODB_URI": secret_uri},
+    )
+    time.sleep(3)
+    service.send_signal(signal.SIGTERM)
+    _, stderr = service.communicate(timeout=30)
+    assert "server unavailable" in stderr
+    assert "s3cr3t-pw" not in stderr
+    assert "wattflow" not in stderr.split("server unavailable")[1].split("\n")[0]
+
+    uri_file = tmp_path / "uri"
+    uri_file.write_text(secret_uri.replace("mongodb://", "mongodb:/") + "\n")  # a typo
+    bad = wattflow(
+        "run", "--input", "mongodb", "--uri-file", str(uri_file), "-d", "p", "-c", "h",
+        "--output", "jsonl", "--file", str(tmp_path / "out.jsonl"),
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "not a MongoDB connection string" in bad.stderr
+    assert "s3cr3t-pw" not in bad.stderr
