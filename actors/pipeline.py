@@ -73,6 +73,8 @@ class _Emitter:
 
     async def emit(self, batch: list[Report]) -> None:
         if batch:
+            if self._pipeline.passed_through:
+                await self._pipeline.pass_through(batch)
             await self._pipeline.router.mailbox.put(batch)
             self._pipeline.ledger.entered += len(batch)
 
@@ -152,6 +154,13 @@ class Pipeline:
         )
         self.pullers = [PullerActor(p, _Emitter(self, f"puller:{p.config.name}")) for p in pullers]
         self._pushers_by_kind: dict[str, list[PusherActor]] = {}
+        self.passed_through = {
+            puller.config.model
+            for puller in pullers
+            if any(actor.pusher.accepts(puller.config.model) for actor in self.pushers)
+        }
+        """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
+        to a GPUReport output), besides what the formulas make of them."""
 
     def _pushers_for(self, kind: str) -> list[PusherActor]:
         found = self._pushers_by_kind.get(kind)
@@ -183,6 +192,18 @@ class Pipeline:
                 batch = [report for report in reports if report.kind in accepted]
             self.ledger.dispatched += len(batch)
             await actor.mailbox.put(batch)
+
+    async def pass_through(self, batch: list[Report]) -> None:
+        """Hand input reports to the outputs that take their kind, as they are.
+
+        This is how a sampler's reports are recorded (``--input nvml --output mongodb --model
+        GPUReport``) while the formulas turn the same reports into power.
+        """
+        for kind in {report.kind for report in batch} & self.passed_through:
+            reports = [report for report in batch if report.kind == kind]
+            for actor in self._pushers_for(kind):
+                self.ledger.dispatched += len(reports)
+                await actor.mailbox.put(reports)
 
     async def _formula_done(self) -> None:
         self._formulas_running -= 1

@@ -392,3 +392,22 @@ def test_an_unknown_command_is_a_usage_error(args: list[str], message: str) -> N
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_output_of_the_inputs_kind_records_the_input_beside_the_formulas(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text("".join(rapl_line(index) + "\n" for index in range(6)))
+    power, archive = tmp_path / "power.jsonl", tmp_path / "hwpc-copy.jsonl"
+    done = wattflow(
+        "run", "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--file", str(power),
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(archive),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(power.read_text().splitlines()) == 5
+    copied = [json.loads(line) for line in archive.read_text().splitlines()]
+    originals = [json.loads(rapl_line(index)) for index in range(6)]
+    assert [c["groups"] for c in copied] == [o["groups"] for o in originals]
+    assert [c["timestamp"] for c in copied] == [o["timestamp"] for o in originals]
