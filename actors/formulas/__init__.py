@@ -7,6 +7,6 @@ from wattflow.actors.registry import Registry
 
 formulas: Registry[type[Formula[Any]]] = Registry("formula")
 
-from wattflow.actors.formulas import gpu, rapl, smartwatts  # noqa: E402 - register themselves
+from wattflow.actors.formulas import gpu, node, rapl, smartwatts  # noqa: E402 - register themselves
 
-__all__ = ["formulas", "gpu", "rapl", "smartwatts"]
+__all__ = ["formulas", "gpu", "node", "rapl", "smartwatts"]

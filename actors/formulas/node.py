@@ -1,0 +1,335 @@
+"""Node formula: an external power meter's reading of the whole node, against the estimates.
+
+A wattmeter sees everything the node draws: CPUs, memory, GPUs, and what no sensor covers (fans,
+disks, NICs, power-supply losses). This formula lines the meter up with the other readings of
+the same node (the same ``sensor`` name) and reports, per interval:
+
+- ``node``: the meter's power (the sum of the channels chosen with ``--node-channels``, all by
+  default), with the cpu, dram and gpu figures and the rest in its metadata;
+- ``rest``: meter − (cpu + dram + gpu), what the other sensors do not see. It can be negative
+  when the estimates exceed the meter, which says the estimates are off, so it is not clamped;
+- with ``--node-shares``, for every target that has cpu, dram or gpu PowerReports, its
+  estimated power and its share of node power (``ratio``), scope ``node``.
+
+Alignment. The readings come at their own rates and clocks, so each source is held as
+piecewise-constant power over its intervals (a meter reading or a RAPL delta stands for the time
+since the previous one) and averaged over the node's intervals, which are hwpc-sensor's ticks
+when RAPL readings come in, else the GPU sampler's, else the meter's. An interval is reported
+``--node-lateness-ms`` of real time after its end is known (or at shutdown), with the sources
+that cover it by then; a meter whose clock is off is set right with the meter input's clock
+offset.
+
+cpu and dram come from the RAPL counters (all sockets), gpu from the NVML energy counter or
+power (all devices): the same measurements the other formulas share among their targets.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import ClassVar
+
+from pydantic import Field
+
+from wattflow.actors.formulas import formulas
+from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
+from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J, rapl_groups
+from wattflow.formats.reports import GPUReport, HWPCReport, MeterReport, PowerReport, Report
+
+FORMULA_NAME = "node"
+SOURCES = ("meter", "cpu", "dram", "gpu")
+_DOMAIN_SCOPE = {"RAPL_ENERGY_PKG": "cpu", "RAPL_ENERGY_DRAM": "dram"}
+_SHARED_SCOPES = frozenset({"cpu", "dram", "gpu"})
+_NOT_A_TARGET = frozenset({"rapl", "global"})
+
+
+class NodeConfig(FormulaConfig):
+    """Settings of the node formula."""
+
+    node_channels: list[str] = Field(
+        default_factory=list,
+        description="Meter channels (d{device}c{channel}) that make up the node; all if empty.",
+    )
+    node_lateness_ms: int = Field(
+        default=2000,
+        ge=0,
+        description="How long (real time) the node formula waits for late sources.",
+    )
+    node_shares: bool = Field(
+        default=False,
+        description="Also report each target's estimated power and share of node power.",
+    )
+
+
+@dataclass
+class _Series:
+    """Power of one source as (end time in ms, watts over the interval that ends there)."""
+
+    ends: list[int] = field(default_factory=list)
+    watts: list[float] = field(default_factory=list)
+    first_start: int | None = None
+
+    def add(self, start: int, end: int, watts: float) -> None:
+        if self.first_start is None:
+            self.first_start = start
+        if self.ends and end <= self.ends[-1]:
+            return  # late or repeated: the interval is already covered
+        self.ends.append(end)
+        self.watts.append(watts)
+
+    @property
+    def covered_until(self) -> int | None:
+        return self.ends[-1] if self.ends else None
+
+    def mean(self, start: int, end: int) -> float | None:
+        """Time-weighted mean power over (start, end], or None where the series has a gap."""
+        if self.first_start is None or not self.ends or start < self.first_start:
+            return None
+        if end > self.ends[-1]:
+            return None
+        total = 0.0
+        position = start
+        index = bisect_right(self.ends, start)
+        while position < end and index < len(self.ends):
+            segment_end = min(self.ends[index], end)
+            total += self.watts[index] * (segment_end - position)
+            position = segment_end
+            index += 1
+        return total / (end - start) if end > start else None
+
+    def forget_before(self, time_ms: int) -> None:
+        """Drop intervals that end before ``time_ms``: memory stays bounded on long runs."""
+        cut = bisect_right(self.ends, time_ms) - 1
+        if cut > 0:
+            self.first_start = self.ends[cut - 1]
+            del self.ends[:cut]
+            del self.watts[:cut]
+
+
+def _millis(timestamp: datetime) -> int:
+    return int(timestamp.timestamp() * 1000)
+
+
+@formulas.register(FORMULA_NAME)
+class NodeFormula(Formula[NodeConfig]):
+    """One instance per node (sensor name), holding each source's recent power."""
+
+    name: ClassVar[str] = FORMULA_NAME
+    inputs: ClassVar[frozenset[str]] = frozenset(
+        {MeterReport.kind, HWPCReport.kind, GPUReport.kind, PowerReport.kind}
+    )
+    config_model: ClassVar[type[FormulaConfig]] = NodeConfig
+
+    def __init__(self, config: NodeConfig, key: Hashable) -> None:
+        super().__init__(config, key)
+        self.series = {source: _Series() for source in SOURCES}
+        self.previous: dict[str, tuple[int, dict[str, float]]] = {}
+        self.anchor_ends: list[int] = []
+        self.anchor_seen: list[float] = []
+        self.anchor_source: str | None = None
+        self.last_anchor: int | None = None
+        self.targets: dict[int, dict[str, float]] = defaultdict(dict)
+        self.template: Report | None = None
+
+    @classmethod
+    def dispatch_key(cls, report: Report) -> Hashable | None:
+        if isinstance(report, MeterReport | GPUReport):
+            return report.sensor
+        if isinstance(report, HWPCReport) and report.target in GLOBAL_TARGETS:
+            return report.sensor if rapl_groups(report) else None
+        if isinstance(report, PowerReport):
+            scope = report.metadata.get("scope")
+            if scope in _SHARED_SCOPES and report.target not in _NOT_A_TARGET:
+                return report.sensor
+        return None
+
+    def process(self, reports: list[Report], out: Output) -> None:
+        for report in reports:
+            if isinstance(report, MeterReport):
+                self._meter(report, out)
+            elif isinstance(report, HWPCReport):
+                self._rapl(report, out)
+            elif isinstance(report, GPUReport):
+                self._gpu(report, out)
+            elif isinstance(report, PowerReport):
+                self._target(report, out)
+        self._report_ready(out, flushing=False)
+
+    def flush(self, out: Output) -> None:
+        self._report_ready(out, flushing=True)
+
+    # --- sources -------------------------------------------------------------------------------
+
+    def _meter(self, report: MeterReport, out: Output) -> None:
+        wanted = self.config.node_channels
+        channels = {k: v for k, v in report.channels.items() if not wanted or k in wanted}
+        missing = [channel for channel in wanted if channel not in report.channels]
+        if missing or not channels:
+            reason = f"missing channels {missing}" if missing else "no channels"
+            out.reject(report, f"meter reading {reason}")
+            return
+        self._interval("meter", report, {"meter": sum(channels.values()) / 1000.0}, out)
+
+    def _rapl(self, report: HWPCReport, out: Output) -> None:
+        energy: dict[str, float] = defaultdict(float)
+        for group in rapl_groups(report):
+            for cpus in report.groups[group].values():
+                for events in cpus.values():
+                    for event, value in events.items():
+                        scope = _DOMAIN_SCOPE.get(event)
+                        if scope is not None:
+                            energy[scope] += float(value) * RAPL_UNIT_J
+                    break  # RAPL is per socket: every cpu of a socket repeats it
+        self._interval("rapl", report, dict(energy), out, deltas=True)
+
+    def _gpu(self, report: GPUReport, out: Output) -> None:
+        energy_j = 0.0
+        power_w = 0.0
+        counters = True
+        for device in report.devices.values():
+            if device.total_energy is None:
+                counters = False
+            else:
+                energy_j += device.total_energy / 1000.0
+            if device.power is not None:
+                power_w += device.power / 1000.0
+        if counters and report.devices:
+            self._counter_interval("gpu", report, energy_j, out)
+        elif report.devices:
+            self._interval("gpu", report, {"gpu": power_w}, out)
+
+    def _target(self, report: PowerReport, out: Output) -> None:
+        if not self.config.node_shares:
+            out.absorb()
+            return
+        totals = self.targets[_millis(report.timestamp)]
+        totals[report.target] = totals.get(report.target, 0.0) + report.power
+        out.absorb()
+
+    def _interval(
+        self,
+        name: str,
+        report: Report,
+        values: dict[str, float],
+        out: Output,
+        *,
+        deltas: bool = False,
+    ) -> None:
+        """Record ``values`` (watts, or energy in J when ``deltas``) for the interval ending at
+        the report, which starts at the previous report of the same source."""
+        end = _millis(report.timestamp)
+        previous = self.previous.get(name)
+        self.previous[name] = (end, values)
+        if previous is None:
+            self.template = self.template or report
+            out.absorb()
+            return
+        start = previous[0]
+        if end <= start:
+            out.reject(report, f"{name} reading at {report.timestamp.isoformat()} is not new")
+            return
+        seconds = (end - start) / 1000.0
+        for source, value in values.items():
+            self.series[source].add(start, end, value / seconds if deltas else value)
+        self._anchor(name, previous[0], end)
+        self.template = report
+        out.absorb()
+
+    def _counter_interval(self, name: str, report: Report, energy_j: float, out: Output) -> None:
+        end = _millis(report.timestamp)
+        previous = self.previous.get(name)
+        self.previous[name] = (end, {name: energy_j})
+        if previous is None or end <= previous[0] or energy_j < previous[1][name]:
+            out.absorb()
+            return
+        seconds = (end - previous[0]) / 1000.0
+        self.series[name].add(previous[0], end, (energy_j - previous[1][name]) / seconds)
+        self._anchor(name, previous[0], end)
+        out.absorb()
+
+    def _anchor(self, name: str, start: int, end: int) -> None:
+        """Intervals follow hwpc-sensor's ticks if any come, else the GPU's, else the meter's."""
+        rank = {"rapl": 0, "gpu": 1, "meter": 2}
+        if self.anchor_source is None or rank[name] < rank[self.anchor_source]:
+            self.anchor_source = name
+            self.anchor_ends = [start, end]
+            self.anchor_seen = [time.monotonic()] * 2
+            return
+        if name == self.anchor_source and (not self.anchor_ends or end > self.anchor_ends[-1]):
+            self.anchor_ends.append(end)
+            self.anchor_seen.append(time.monotonic())
+
+    # --- output --------------------------------------------------------------------------------
+
+    def _report_ready(self, out: Output, *, flushing: bool) -> None:
+        """Report each interval once it has waited the lateness, or at shutdown.
+
+        Sources arrive at their own pace (a meter's logger may send once a minute, a replay
+        reads one file before the next), so an interval waits ``--node-lateness-ms`` of real
+        time after its end is known before the sources that covered it by then are averaged.
+        """
+        ready_before = time.monotonic() - self.config.node_lateness_ms / 1000.0
+        while len(self.anchor_ends) >= 2 and (flushing or self.anchor_seen[1] <= ready_before):
+            start, end = self.anchor_ends[0], self.anchor_ends[1]
+            active = [s for s in SOURCES if self.series[s].covered_until is not None]
+            if "meter" in active:
+                self._emit(start, end, active, out)
+            self.anchor_ends.pop(0)
+            self.anchor_seen.pop(0)
+        if self.anchor_ends:
+            for source in SOURCES:
+                self.series[source].forget_before(self.anchor_ends[0])
+
+    def _emit(self, start: int, end: int, active: list[str], out: Output) -> None:
+        means = {source: self.series[source].mean(start, end) for source in active}
+        meter = means.get("meter")
+        targets = self.targets.pop(end, {})
+        for stale in [t for t in self.targets if t < end]:
+            del self.targets[stale]
+        if meter is None:
+            return  # the meter has a gap here: there is no node figure to report
+        parts = {source: means.get(source) for source in ("cpu", "dram", "gpu")}
+        known = {k: v for k, v in parts.items() if v is not None}
+        rest = meter - sum(known.values())
+        timestamp = _from_millis(end, self.template)
+        sensor = str(self.key)
+        base = {"scope": "node", "formula": FORMULA_NAME}
+        out.emit(
+            PowerReport(
+                timestamp=timestamp,
+                sensor=sensor,
+                target="node",
+                power=meter,
+                metadata={**base, "ratio": 1.0, **{k: round(v, 6) for k, v in known.items()}},
+            )
+        )
+        out.emit(
+            PowerReport(
+                timestamp=timestamp,
+                sensor=sensor,
+                target="rest",
+                power=rest,
+                metadata={**base, "ratio": rest / meter if meter else 0.0},
+            )
+        )
+        if self.config.node_shares:
+            for target, power in sorted(targets.items()):
+                out.emit(
+                    PowerReport(
+                        timestamp=timestamp,
+                        sensor=sensor,
+                        target=target,
+                        power=power,
+                        metadata={**base, "ratio": power / meter if meter else 0.0},
+                    )
+                )
+
+
+def _from_millis(millis: int, template: Report | None) -> datetime:
+    assert template is not None
+    reference = template.timestamp
+    return reference + timedelta(milliseconds=millis - _millis(reference))

@@ -1,0 +1,252 @@
+"""External power meters: readings per channel, from files that grow or from a TCP line socket.
+
+Wattmeters and PDUs come with their own loggers, which write CSV or JSON lines, or can send
+them to a socket. This input takes both, line by line, and makes MeterReports (target ``all``,
+the node named by ``--sensor``, which must be the name hwpc-sensor and the NVML sampler use for
+the same node so the node formula can line them up).
+
+A line is one reading, in mW per channel named ``d{device}c{channel}``:
+
+- CSV: a header ``timestamp,d0c0,d0c1,…`` (first line of a file or of a connection), then rows;
+- JSON: ``{"timestamp": …, "channels": {"d0c0": 1234.5}}``, or the channels at the top level,
+  or a whole MeterReport in PowerAPI's JSON layout (its ``sensor`` then wins).
+
+Timestamps are Unix milliseconds or ISO 8601 (naive means UTC), as in the other reports.
+``--clock-offset-ms`` is added to them, for a logger whose clock is off from the node's: the
+node formula matches readings by time, so a meter that runs 2 s late would otherwise be
+compared with the wrong ticks. Over ZeroMQ, meters send MeterReports to ``--input zeromq
+--model MeterReport`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import socket
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import orjson
+from pydantic import Field, PositiveInt, model_validator
+
+from wattflow.actors.errors import PullError, PullUnavailable
+from wattflow.actors.pullers import pullers
+from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
+from wattflow.actors.pullers.files import FileList
+from wattflow.formats.reports import MeterReport, Report, to_utc
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = re.compile(r"^d\d+c\d+$")
+
+
+class MeterPullerConfig(PullerConfig):
+    """Settings of the power-meter input (``--input meter --files F`` or ``--port P``)."""
+
+    type: Literal["meter"] = "meter"
+    model: str = Field(
+        default="MeterReport",
+        description="Report kind the input holds.",
+        json_schema_extra={"flags": ["-m", "--model"]},
+    )
+    files: FileList = Field(
+        default_factory=list,
+        description="Meter logs to read (CSV or JSON lines), comma-separated.",
+        json_schema_extra={"flags": ["-f", "--files"]},
+    )
+    host: str = Field(default="127.0.0.1", description="Address to listen on for meter lines.")
+    port: int | None = Field(
+        default=None, ge=0, le=65535, description="TCP port to listen on for meter lines."
+    )
+    sensor: str = Field(
+        default_factory=socket.gethostname,
+        description="Name of the node the meter measures (hwpc-sensor's sensor name).",
+    )
+    clock_offset_ms: int = Field(
+        default=0, description="Added to the meter's timestamps to match the node's clock."
+    )
+    follow: bool = Field(
+        default=False, description="Keep reading the files as they grow (implied by --stream)."
+    )
+    poll_interval_s: float = Field(
+        default=0.2, gt=0, description="How often a followed file is checked for new lines."
+    )
+    max_batch: PositiveInt = Field(default=500, description="Readings handed on at once.")
+
+    @model_validator(mode="after")
+    def _a_source(self) -> Self:
+        if not self.files and self.port is None:
+            raise ValueError("give the meter's --files, or a --port to listen on")
+        if self.model != MeterReport.kind:
+            raise ValueError(f"the meter input makes MeterReports, not {self.model}")
+        return self
+
+    @classmethod
+    def example(cls) -> MeterPullerConfig:
+        """A wattmeter's CSV log."""
+        return cls(type="meter", files=[Path("meter.csv")], sensor="node-1")
+
+
+class LineDecoder:
+    """Turns one source's lines into MeterReports, remembering its CSV header."""
+
+    def __init__(self, config: MeterPullerConfig, source: str) -> None:
+        self.config = config
+        self.source = source
+        self.header: list[str] | None = None
+        self.offset = timedelta(milliseconds=config.clock_offset_ms)
+
+    def decode(self, line: str) -> MeterReport | None:
+        """The line's reading, or None for a header or an empty line.
+
+        Raises:
+            ValueError: saying what is wrong with the line.
+        """
+        text = line.strip()
+        if not text:
+            return None
+        if text.startswith("{"):
+            return self._json(text)
+        cells = [cell.strip() for cell in text.split(",")]
+        if cells[0] == "timestamp":
+            bad = [name for name in cells[1:] if not CHANNEL.match(name)]
+            if bad:
+                raise ValueError(f"CSV header names {bad}, not channels d<device>c<channel>")
+            self.header = cells
+            return None
+        if self.header is None:
+            raise ValueError("CSV row before the header 'timestamp,d0c0,…'")
+        if len(cells) != len(self.header):
+            raise ValueError(f"{len(cells)} cells where the header has {len(self.header)}")
+        channels = {
+            name: float(value) for name, value in zip(self.header[1:], cells[1:], strict=True)
+        }
+        return self._report(cells[0], channels, self.config.sensor)
+
+    def _json(self, text: str) -> MeterReport:
+        try:
+            document = orjson.loads(text)
+        except orjson.JSONDecodeError as error:
+            raise ValueError(f"not valid JSON: {error}") from None
+        if not isinstance(document, dict) or "timestamp" not in document:
+            raise ValueError("a JSON reading needs a 'timestamp'")
+        channels = document.get("channels")
+        if channels is None:
+            channels = {k: v for k, v in document.items() if CHANNEL.match(k)}
+        if not isinstance(channels, dict) or not channels:
+            raise ValueError("no channels d<device>c<channel> in the reading")
+        for name, value in channels.items():
+            if (
+                not CHANNEL.match(str(name))
+                or isinstance(value, bool)
+                or not isinstance(value, int | float)
+            ):
+                raise ValueError(f"channel {name!r}: {value!r} is not a reading in mW")
+        sensor = str(document.get("sensor") or self.config.sensor)
+        return self._report(document["timestamp"], channels, sensor)
+
+    def _report(self, timestamp: Any, channels: dict[str, Any], sensor: str) -> MeterReport:
+        moment: datetime = to_utc(timestamp) + self.offset
+        return MeterReport(
+            timestamp=moment,
+            sensor=sensor,
+            target="all",
+            channels={name: float(value) for name, value in channels.items()},
+        )
+
+
+@pullers.register("meter")
+class MeterPuller(Puller[MeterPullerConfig]):
+    """Reads every file and every connection at once, each with its own header."""
+
+    config_model = MeterPullerConfig
+    bound_port: int | None = None
+
+    async def check(self) -> None:
+        for path in self.config.files:
+            if not path.is_file() and not (self.stream or self.config.follow):
+                raise PullError(f"input '{self.config.name}': {path}: no such file")
+
+    async def pull(self, emitter: Emitter) -> None:
+        tasks = [asyncio.create_task(self._read_file(path, emitter)) for path in self.config.files]
+        if self.config.port is not None:
+            tasks.append(asyncio.create_task(self._listen(emitter)))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _handle_lines(
+        self, lines: list[str], decoder: LineDecoder, first: int, emitter: Emitter
+    ) -> None:
+        batch: list[Report] = []
+        for number, line in enumerate(lines, start=first):
+            try:
+                report = decoder.decode(line)
+            except (ValueError, TypeError) as error:
+                emitter.reject(line, f"{decoder.source}:{number}: {error}")
+                continue
+            if report is not None:
+                batch.append(report)
+            if len(batch) >= self.config.max_batch:
+                await emitter.emit(batch)
+                batch = []
+        await emitter.emit(batch)
+
+    async def _read_file(self, path: Path, emitter: Emitter) -> None:
+        following = self.stream or self.config.follow
+        while not await asyncio.to_thread(path.exists):
+            if emitter.stopping.is_set():
+                return
+            await asyncio.sleep(self.config.poll_interval_s)
+        decoder = LineDecoder(self.config, str(path))
+        number = 1
+        partial = ""
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            while True:
+                chunk = await asyncio.to_thread(handle.read, 1 << 20)
+                if chunk:
+                    lines = (partial + chunk).split("\n")
+                    partial = lines.pop()
+                    await self._handle_lines(lines, decoder, number, emitter)
+                    number += len(lines)
+                    continue
+                if not following or emitter.stopping.is_set():
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
+        if partial.strip():
+            await self._handle_lines([partial], decoder, number, emitter)
+
+    async def _listen(self, emitter: Emitter) -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peer = "meter:{}:{}".format(*writer.get_extra_info("peername")[:2])
+            decoder = LineDecoder(self.config, peer)
+            number = 0
+            try:
+                while not emitter.stopping.is_set():
+                    line = await reader.readline()
+                    if not line:
+                        break
+                    number += 1
+                    text = line.decode("utf-8", "replace")
+                    await self._handle_lines([text], decoder, number, emitter)
+            except (ConnectionError, ValueError) as error:  # ValueError: a line over the limit
+                logger.info("%s closed: %s", peer, error)
+            finally:
+                writer.close()
+
+        try:
+            server = await asyncio.start_server(serve, self.config.host, self.config.port)
+        except OSError as error:
+            raise PullUnavailable(
+                f"cannot listen on {self.config.host}:{self.config.port}: {error.strerror}"
+            ) from error
+        self.bound_port = server.sockets[0].getsockname()[1]
+        logger.info("listening for meter readings on %s:%s", self.config.host, self.bound_port)
+        async with server:
+            await emitter.stopping.wait()

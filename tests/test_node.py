@@ -1,0 +1,202 @@
+"""External meters and the node formula: meter − (cpu + dram + gpu) = the rest of the node."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wattflow.formats import powerapi
+from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport
+
+from .conftest import wattflow
+from .servers import free_port, wait_until
+
+START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+CPU_W_PER_SOCKET, DRAM_W, GPU_W, METER_W = 20.0, 5.0, 100.0, 200.0
+REST_W = METER_W - 2 * CPU_W_PER_SOCKET - 2 * DRAM_W - GPU_W  # 50 W
+
+
+def millis(seconds: float) -> int:
+    return int((START + timedelta(seconds=seconds)).timestamp() * 1000)
+
+
+def rapl(second: int) -> HWPCReport:
+    """hwpc-sensor's global report: a second of RAPL energy on two sockets."""
+    per_socket = {
+        str(s): {
+            str(4 * s): {
+                "RAPL_ENERGY_PKG": CPU_W_PER_SOCKET * 2**32,
+                "RAPL_ENERGY_DRAM": DRAM_W * 2**32,
+            }
+        }
+        for s in range(2)
+    }
+    return HWPCReport(
+        timestamp=START + timedelta(seconds=second),
+        sensor="node-1",
+        target="all",
+        groups={"rapl": per_socket},
+    )
+
+
+def gpu(half_second: int) -> GPUReport:
+    """The NVML sampler every half second: an energy counter rising at GPU_W."""
+    return GPUReport(
+        timestamp=START + timedelta(seconds=half_second / 2),
+        sensor="node-1",
+        target="all",
+        devices={"0": GPUDevice(total_energy=GPU_W * 1000 * half_second / 2)},
+    )
+
+
+def write_jsonl(path: Path, reports: list[Any]) -> Path:
+    path.write_text("".join(powerapi.encode_json(r) + "\n" for r in reports))
+    return path
+
+
+def meter_csv(path: Path, seconds: int, offset_ms: int = 0) -> Path:
+    """A wattmeter log every quarter second, two channels adding up to METER_W."""
+    rows = ["timestamp,d0c0,d0c1"]
+    for quarter in range(4 * seconds + 1):
+        stamp = millis(quarter / 4) - offset_ms
+        rows.append(f"{stamp},{METER_W * 1000 * 0.75},{METER_W * 1000 * 0.25}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def node_reports(out: Path) -> dict[str, list[dict[str, Any]]]:
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for line in out.read_text().splitlines():
+        report = json.loads(line)
+        if report["metadata"].get("scope") == "node":
+            by_target.setdefault(report["target"], []).append(report)
+    return by_target
+
+
+def test_the_rest_of_the_node_is_the_meter_minus_cpu_dram_and_gpu(tmp_path: Path) -> None:
+    seconds = 6
+    hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(seconds + 1)])
+    nvml = write_jsonl(tmp_path / "gpu.jsonl", [gpu(h) for h in range(2 * seconds + 1)])
+    # The logger's clock runs 3 s behind the node's; --clock-offset-ms puts it right.
+    meter = meter_csv(tmp_path / "meter.csv", seconds, offset_ms=3000)
+    out = tmp_path / "power.jsonl"
+    done = wattflow(
+        "run", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--files", str(hwpc),
+        "--input", "jsonl", "--model", "GPUReport", "--files", str(nvml),
+        "--input", "meter", "--files", str(meter), "--sensor", "node-1",
+        "--clock-offset-ms", "3000",
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reports = node_reports(out)
+    assert len(reports["node"]) == seconds
+    assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * seconds)
+    assert [r["power"] for r in reports["rest"]] == pytest.approx([REST_W] * seconds)
+    first = reports["node"][0]["metadata"]
+    assert first["cpu"] == pytest.approx(2 * CPU_W_PER_SOCKET)
+    assert first["dram"] == pytest.approx(2 * DRAM_W)
+    assert first["gpu"] == pytest.approx(GPU_W)
+    assert reports["rest"][0]["metadata"]["ratio"] == pytest.approx(REST_W / METER_W)
+
+
+def test_each_targets_share_of_node_power_when_asked(tmp_path: Path) -> None:
+    seconds = 3
+    hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(seconds + 1)])
+    targets = [
+        PowerReport(
+            timestamp=START + timedelta(seconds=s),
+            sensor="node-1",
+            target=name,
+            power=watts,
+            metadata={"scope": scope, "socket": "0"},
+        )
+        for s in range(1, seconds + 1)
+        for name, watts, scope in (("web", 10.0, "cpu"), ("web", 2.0, "dram"), ("db", 30.0, "cpu"))
+    ]
+    estimates = write_jsonl(tmp_path / "targets.jsonl", targets)
+    meter = meter_csv(tmp_path / "meter.csv", seconds)
+    out = tmp_path / "power.jsonl"
+    done = wattflow(
+        "run", "--disable-smartwatts-formula", "--disable-rapl-formula", "--node-shares",
+        "--input", "jsonl", "--files", str(hwpc),
+        "--input", "jsonl", "--model", "PowerReport", "--files", str(estimates),
+        "--input", "meter", "--files", str(meter), "--sensor", "node-1",
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reports = node_reports(out)
+    assert [r["power"] for r in reports["web"]] == pytest.approx([12.0] * seconds)
+    assert [r["metadata"]["ratio"] for r in reports["db"]] == pytest.approx([0.15] * seconds)
+    assert [r["power"] for r in reports["rest"]] == pytest.approx([METER_W - 50.0] * seconds)
+
+
+def test_a_meter_on_a_tcp_socket_and_its_bad_lines(tmp_path: Path) -> None:
+    port = free_port()
+    out, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
+    hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(4)])
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattflow.service",
+            "run",
+            "-s",
+            "--disable-smartwatts-formula",
+            "--input",
+            "jsonl",
+            "--files",
+            str(hwpc),
+            "--input",
+            "meter",
+            "--port",
+            str(port),
+            "--sensor",
+            "node-1",
+            "--output",
+            "jsonl",
+            "--file",
+            str(out),
+            "--dead-letters",
+            str(letters),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def connected() -> socket.socket | None:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=1)
+        except OSError:
+            assert service.poll() is None, service.communicate()
+            return None
+
+    wait_until(lambda: connected() is not None, 30, "the meter socket")
+    with socket.create_connection(("127.0.0.1", port)) as meter:
+        lines = [
+            json.dumps({"timestamp": millis(q / 4), "d0c0": METER_W * 1000}) for q in range(13)
+        ]
+        lines.insert(3, '{"timestamp": 5, "d0c0": "lots"}')
+        lines.insert(5, "not a reading")
+        meter.sendall(("\n".join(lines) + "\n").encode())
+        time.sleep(1.5)
+    service.send_signal(signal.SIGTERM)
+    _, stderr = service.communicate(timeout=30)
+    assert service.returncode == 0, stderr
+    reports = node_reports(out)
+    assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * 3)
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert len(reasons) == 2
+    assert "'lots' is not a reading in mW" in reasons[0]
+    assert "CSV row before the header" in reasons[1]
+    assert reasons[0].startswith("meter:127.0.0.1:")
