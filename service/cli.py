@@ -261,10 +261,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser(
         "demo", add_help=False, help="replay a bundled recording through the formulas"
     )
+    commands.add_parser(
+        "sensor",
+        add_help=False,
+        help="sample a sensor and send its reports to outputs: `wattflow sensor nvml --output …`",
+    )
+    commands.add_parser(
+        "check",
+        add_help=False,
+        help="say whether RAPL, NVML and the given inputs and outputs work on this machine",
+    )
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command == "run":
         return run_command(rest)
+    if args.command == "sensor":
+        return sensor_command(rest)
+    if args.command == "check":
+        return _check(rest)
     return _demo(rest)
+
+
+def sensor_command(argv: Sequence[str]) -> int:
+    """``wattflow sensor nvml [its flags] --output TYPE …``: the sampler alone, no formula.
+
+    It is ``wattflow run --input nvml`` with the formulas off and every output writing the
+    sampler's reports (``--model GPUReport`` unless an output names another kind).
+    """
+    if not argv or argv[0].startswith("-"):
+        return _fail("sensor: name the sensor to run, e.g. `wattflow sensor nvml --output …`", 2)
+    kind, rest = argv[0], list(argv[1:])
+    if kind != "nvml":
+        return _fail(f"sensor: unknown sensor {kind!r}; known: nvml", 2)
+    head, groups = _split_groups(rest)
+    tokens = ["--input", kind, *head]
+    for group, backend, flags in groups:
+        named = any(flag in ("-m", "--model") or flag.startswith("--model=") for flag in flags)
+        extra = [] if group != "output" or named else ["--model", "GPUReport"]
+        tokens += [f"--{group}", backend, *extra, *flags]
+    disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
+    return run_command([*tokens, *disable])
+
+
+def _check(argv: Sequence[str]) -> int:
+    from wattflow.service.check import check_command
+
+    try:
+        return check_command(argv)
+    except WattflowError as error:
+        return _fail(str(error), 2)
 
 
 def _demo(argv: Sequence[str]) -> int:

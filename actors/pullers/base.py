@@ -57,6 +57,14 @@ class Puller(ABC, Generic[C]):
         self.config = config
         self.stream = stream
 
+    async def probe(self) -> str:
+        """Contact the server or file behind this backend; return what was found.
+
+        ``wattflow check`` calls it. It raises an error saying why the backend cannot work;
+        a backend with nothing to contact says so.
+        """
+        return "nothing to contact before it runs"
+
     async def check(self) -> None:
         """Raise an error that says why the input cannot be read, before the pipeline starts."""
 

@@ -60,6 +60,14 @@ class Pusher(ABC, Generic[C]):
         """Whether this output writes reports of ``kind``."""
         return kind == self.config.model
 
+    async def probe(self) -> str:
+        """Contact the server or file behind this backend; return what was found.
+
+        ``wattflow check`` calls it. It raises an error saying why the backend cannot work;
+        a backend with nothing to contact says so.
+        """
+        return "nothing to contact before it runs"
+
     async def check(self) -> None:
         """Raise an error that says why the sink cannot be written, before the pipeline starts."""
 

@@ -123,6 +123,22 @@ class MongoDBPusher(Pusher[MongoDBPusherConfig]):
         self._indexed = False
         self.duplicates = 0
 
+    async def probe(self) -> str:
+        """Ping the server and say what it is."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            connection_string(self.config.uri, self.config.uri_file),
+            serverSelectionTimeoutMS=int(self.config.server_timeout_s * 1000),
+        )
+        try:
+            hello = await client.admin.command("hello")
+            count = await client[self.config.db][self.config.collection].estimated_document_count()
+        except PyMongoError as error:
+            raise PushError(redact_uri(str(error)).split(", Timeout:")[0]) from None
+        finally:
+            await client.close()
+        replica = f"replica set {hello['setName']}" if hello.get("setName") else "standalone"
+        return f"{replica}; {self.config.db}.{self.config.collection} holds {count} documents"
+
     async def check(self) -> None:
         try:
             report_kind(self.config.model)

@@ -1,0 +1,175 @@
+"""``wattflow check``: one screen saying what works on this machine, and why not where it doesn't.
+
+Each line is a thing the service may need: RAPL through powercap and through perf (what
+hwpc-sensor reads), NVML (what the GPU sampler reads), and every input and output given on
+the command line, contacted as the service would. A line that fails says the reason a user can
+act on (a permission, a missing driver, a refused connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from wattflow.formats.errors import WattflowError
+
+POWERCAP = Path("/sys/class/powercap")
+POWER_PMU = Path("/sys/bus/event_source/devices/power")
+PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+
+
+@dataclass
+class Finding:
+    """One line of the screen."""
+
+    what: str
+    works: bool
+    detail: str
+
+
+def rapl_powercap(root: Path = POWERCAP) -> Finding:
+    """RAPL through the powercap sysfs interface (``energy_uj`` per domain)."""
+    what = "RAPL via powercap"
+    if not root.is_dir():
+        return Finding(what, False, f"{root} does not exist (no powercap driver, or not Linux)")
+    zones = sorted(p for p in root.glob("intel-rapl:*") if (p / "energy_uj").exists())
+    if not zones:
+        return Finding(what, False, f"no RAPL zones under {root} (not an Intel or AMD CPU?)")
+    readable, refused = [], []
+    for zone in zones:
+        name = (zone / "name").read_text().strip() if (zone / "name").exists() else zone.name
+        try:
+            (zone / "energy_uj").read_text()
+            readable.append(name)
+        except PermissionError:
+            refused.append(name)
+    if not readable:
+        return Finding(
+            what,
+            False,
+            f"{len(refused)} zones, none readable: energy_uj is root-only since "
+            "Linux 5.10; run as root or grant read access",
+        )
+    return Finding(what, True, f"{len(readable)} zones readable: {', '.join(readable)}")
+
+
+def rapl_perf(pmu: Path = POWER_PMU) -> Finding:
+    """RAPL through perf events (the ``power`` PMU), which hwpc-sensor uses."""
+    what = "RAPL via perf"
+    if not (pmu / "type").exists():
+        return Finding(what, False, f"no perf power PMU ({pmu} missing): no RAPL in this kernel")
+    pmu_type = int((pmu / "type").read_text())
+    events = sorted(e.name for e in (pmu / "events").glob("energy-*") if "." not in e.name)
+    if not events:
+        return Finding(what, False, "the power PMU lists no energy events")
+    config_text = (pmu / "events" / events[0]).read_text().strip()
+    config = int(config_text.split("=")[1], 0) if "=" in config_text else 0
+    opened = _perf_event_open(pmu_type, config)
+    if isinstance(opened, str):
+        return Finding(what, False, f"{events[0]}: perf_event_open failed: {opened}")
+    return Finding(what, True, f"events {', '.join(events)}")
+
+
+def _perf_event_open(pmu_type: int, config: int) -> int | str:
+    """Open (and close) a system-wide counter on cpu 0; return the fd, or why it failed."""
+    number = PERF_EVENT_OPEN.get(platform.machine())
+    if number is None:
+        return f"unsupported architecture {platform.machine()}"
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    attr = (ctypes.c_uint8 * 128)()
+    ctypes.memmove(attr, ctypes.byref(ctypes.c_uint32(pmu_type)), 4)
+    ctypes.memmove(ctypes.addressof(attr) + 4, ctypes.byref(ctypes.c_uint32(128)), 4)
+    ctypes.memmove(ctypes.addressof(attr) + 8, ctypes.byref(ctypes.c_uint64(config)), 8)
+    fd = libc.syscall(number, attr, -1, 0, -1, 0)
+    if fd < 0:
+        error = ctypes.get_errno()
+        paranoid = Path("/proc/sys/kernel/perf_event_paranoid")
+        hint = (
+            f" (perf_event_paranoid is {paranoid.read_text().strip()})" if paranoid.exists() else ""
+        )
+        return f"{os.strerror(error)}{hint}"
+    os.close(fd)
+    return int(fd)
+
+
+def nvml() -> Finding:
+    """NVML through nvidia-ml-py, as the GPU sampler loads it."""
+    what = "NVML (GPUs)"
+    try:
+        import pynvml
+    except ImportError:
+        return Finding(what, False, "nvidia-ml-py is not installed")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return Finding(what, False, f"{error} (is the NVIDIA driver installed and loaded?)")
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        names = [
+            str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(count)
+        ]
+    except pynvml.NVMLError as error:
+        return Finding(what, False, str(error))
+    finally:
+        pynvml.nvmlShutdown()
+    if count == 0:
+        return Finding(what, False, f"driver {driver}, but no GPU")
+    return Finding(what, True, f"driver {driver}; {count} GPU(s): {', '.join(names)}")
+
+
+async def backends(argv: Sequence[str]) -> list[Finding]:
+    """Contact every input and output the command line names."""
+    from wattflow.actors.pullers import pullers
+    from wattflow.actors.pushers import pushers
+    from wattflow.service.cli import load_run_config
+
+    config = load_run_config(argv)
+    found = []
+    for role, registry, configs in (
+        ("input", pullers, config.inputs),
+        ("output", pushers, config.outputs),
+    ):
+        for name, settings in configs.items():
+            backend = registry.get(settings.type)(settings)
+            what = f"{role} {name} ({settings.type})"
+            try:
+                await backend.check()
+                detail = await asyncio.wait_for(backend.probe(), 30)
+            except (WattflowError, OSError, TimeoutError) as error:
+                found.append(Finding(what, False, str(error) or type(error).__name__))
+            else:
+                found.append(Finding(what, True, detail))
+    return found
+
+
+def check_command(argv: Sequence[str], console: Console | None = None) -> int:
+    """Print the screen; exit 0 when every configured input and output works, else 1.
+
+    RAPL and NVML lines are information (a GPU-less node has no NVML), so they do not change
+    the exit code; a server that cannot be reached does.
+    """
+    console = console or Console()
+    machine = [rapl_powercap(), rapl_perf(), nvml()]
+    configured = asyncio.run(backends(argv)) if argv else []
+    table = Table(title=f"wattflow check on {platform.node()}", show_lines=False)
+    table.add_column("")
+    table.add_column("what")
+    table.add_column("details")
+    for finding in machine + configured:
+        mark = "[green]ok[/green]" if finding.works else "[red]no[/red]"
+        table.add_row(mark, finding.what, finding.detail)
+    console.print(table)
+    if not argv:
+        console.print("Give the service's --input/--output flags to check its servers too.")
+    return 0 if all(f.works for f in configured) else 1

@@ -1,0 +1,55 @@
+"""``wattflow check``: what works on this machine, and why not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wattflow.service.check import rapl_perf, rapl_powercap
+
+from .conftest import wattflow
+from .servers import ServerProcess, free_port, mongodb_uri
+
+
+def test_powercap_zones_are_listed_from_sysfs(tmp_path: Path) -> None:
+    for index, name in enumerate(["package-0", "package-1"]):
+        zone = tmp_path / f"intel-rapl:{index}"
+        zone.mkdir()
+        (zone / "name").write_text(name + "\n")
+        (zone / "energy_uj").write_text("123456\n")
+    found = rapl_powercap(tmp_path)
+    assert found.works
+    assert found.detail == "2 zones readable: package-0, package-1"
+    missing = rapl_powercap(tmp_path / "nowhere")
+    assert not missing.works
+    assert "does not exist" in missing.detail
+    assert not rapl_perf(tmp_path / "no-pmu").works
+
+
+def test_check_contacts_every_configured_server(mongodb_server: ServerProcess) -> None:
+    dead_port = free_port()
+    done = wattflow(
+        "check",
+        "--input", "mongodb", "-u", mongodb_uri(mongodb_server), "-d", "powerapi", "-c", "hwpc",
+        "--output", "mongodb", "-u", f"mongodb://127.0.0.1:{dead_port}/", "-d", "p", "-c", "w",
+        "--server-timeout-s", "0.5",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    reachable = next(line for line in lines if "input puller_mongodb" in line)
+    assert "ok" in reachable
+    assert "replica set" in done.stdout
+    unreachable = next(line for line in lines if "output pusher_mongodb" in line)
+    assert " no " in unreachable
+    assert str(dead_port) in done.stdout
+    for what in ("RAPL via powercap", "RAPL via perf", "NVML"):
+        assert what in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_check_without_servers_reports_the_machine_and_exits_0() -> None:
+    done = wattflow("check")
+    assert done.returncode == 0, done.stderr
+    assert "NVML" in done.stdout
+    bad = wattflow("check", "--output", "nowhere")
+    assert bad.returncode == 2
+    assert "unknown output 'nowhere'" in bad.stderr
