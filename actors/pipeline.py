@@ -146,6 +146,7 @@ class Pipeline:
         for formula_actor in self.formulas:
             formula_actor.on_done = self._formula_done
         self._formulas_running = len(self.formulas)
+        self._wire_second_stage()
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
@@ -192,6 +193,43 @@ class Pipeline:
                 batch = [report for report in reports if report.kind in accepted]
             self.ledger.dispatched += len(batch)
             await actor.mailbox.put(batch)
+
+    def _wire_second_stage(self) -> None:
+        """Let formulas that read the others' output (the node formula's shares) get it.
+
+        Their mailbox then has several producers, the router and each other formula, and
+        closes once all of them are done, so the drain still goes front to back.
+        """
+        second = [
+            actor for actor in self.formulas if actor.formula.takes_formula_output(actor.config)
+        ]
+        if not second:
+            return
+        first = [actor for actor in self.formulas if actor not in second]
+        for actor in second:
+            actor.mailbox.expect_producers(1 + len(first))
+
+        for actor in first:
+
+            async def dispatch(reports: list[Report]) -> None:
+                for taker in second:
+                    pairs = [
+                        (key, report)
+                        for report in reports
+                        if (key := taker.formula.dispatch_key(report)) is not None
+                    ]
+                    if pairs:
+                        self.ledger.routed += len(pairs)
+                        await taker.mailbox.put(pairs)
+                await self._dispatch(reports)
+
+            async def done() -> None:
+                for taker in second:
+                    await taker.mailbox.close()
+                await self._formula_done()
+
+            actor.dispatch = dispatch
+            actor.on_done = done
 
     async def pass_through(self, batch: list[Report]) -> None:
         """Hand input reports to the outputs that take their kind, as they are.

@@ -69,6 +69,7 @@ class Mailbox(Generic[T]):
         self._batches: deque[list[T]] = deque()
         self._size = 0
         self._closed = False
+        self._producers = 1
         self._changed = asyncio.Condition()
         self.high_water = 0
 
@@ -117,9 +118,19 @@ class Mailbox(Generic[T]):
             self._changed.notify_all()
             return taken
 
+    def expect_producers(self, count: int) -> None:
+        """Stay open until ``close`` has been called ``count`` times, once by each producer."""
+        self._producers = count
+
     async def close(self) -> None:
-        """Stop taking batches; readers still get what is queued, then ``None``."""
+        """Stop taking batches; readers still get what is queued, then ``None``.
+
+        With several producers (:meth:`expect_producers`), the last one to close closes it.
+        """
         async with self._changed:
+            self._producers -= 1
+            if self._producers > 0:
+                return
             self._closed = True
             self._changed.notify_all()
 

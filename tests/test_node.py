@@ -200,3 +200,43 @@ def test_a_meter_on_a_tcp_socket_and_its_bad_lines(tmp_path: Path) -> None:
     assert "'lots' is not a reading in mW" in reasons[0]
     assert "CSV row before the header" in reasons[1]
     assert reasons[0].startswith("meter:127.0.0.1:")
+
+
+def test_shares_of_the_targets_smartwatts_estimates_in_one_service(tmp_path: Path) -> None:
+    from .test_smartwatts import START as SW_START
+    from .test_smartwatts import reports_of, workload
+
+    ticks = 16
+    hwpc = write_jsonl(tmp_path / "hwpc.jsonl", reports_of(workload(ticks)))
+    rows = ["timestamp,d0c0"]
+    for quarter in range(4 * ticks):
+        moment = SW_START + timedelta(seconds=quarter / 4)
+        rows.append(f"{int(moment.timestamp() * 1000)},{METER_W * 1000}")
+    meter = tmp_path / "meter.csv"
+    meter.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "power.jsonl"
+    done = wattflow(
+        "run", "--node-shares", "--learn-min-samples-required", "5",
+        "--input", "jsonl", "--files", str(hwpc),
+        "--input", "meter", "--files", str(meter), "--sensor", "node",
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    estimated: dict[tuple[str, str], float] = {}
+    for report in written:
+        if report["metadata"].get("scope") in ("cpu", "dram") and report["target"] in (
+            "web", "db", "batch",
+        ):  # fmt: skip
+            key = (report["timestamp"], report["target"])
+            estimated[key] = estimated.get(key, 0.0) + report["power"]
+    shares = {
+        (r["timestamp"], r["target"]): r
+        for r in written
+        if r["metadata"].get("scope") == "node" and r["target"] in ("web", "db", "batch")
+    }
+    assert len(estimated) >= 3 * 8, "SmartWatts estimated the targets"
+    assert set(shares) == set(estimated)
+    for key, report in shares.items():
+        assert report["power"] == pytest.approx(estimated[key])
+        assert report["metadata"]["ratio"] == pytest.approx(estimated[key] / METER_W)

@@ -61,6 +61,12 @@ class Formula(ABC, Generic[C]):
         self.key = key
 
     @classmethod
+    def takes_formula_output(cls, config: FormulaConfig) -> bool:
+        """Whether this formula also reads what the other formulas produce (the node formula
+        sharing node power among the targets the CPU and GPU formulas estimated)."""
+        return False
+
+    @classmethod
     @abstractmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
         """The instance a report belongs to; ``None`` when it holds nothing for this formula."""

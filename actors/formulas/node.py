@@ -8,8 +8,9 @@ the same node (the same ``sensor`` name) and reports, per interval:
   default), with the cpu, dram and gpu figures and the rest in its metadata;
 - ``rest``: meter − (cpu + dram + gpu), what the other sensors do not see. It can be negative
   when the estimates exceed the meter, which says the estimates are off, so it is not clamped;
-- with ``--node-shares``, for every target that has cpu, dram or gpu PowerReports, its
-  estimated power and its share of node power (``ratio``), scope ``node``.
+- with ``--node-shares``, for every target that has cpu, dram or gpu PowerReports (from the
+  service's other formulas, or from an input), its estimated power and its share of node
+  power (``ratio``), scope ``node``.
 
 Alignment. The readings come at their own rates and clocks, so each source is held as
 piecewise-constant power over its intervals (a meter reading or a RAPL delta stands for the time
@@ -134,6 +135,10 @@ class NodeFormula(Formula[NodeConfig]):
         self.last_anchor: int | None = None
         self.targets: dict[int, dict[str, float]] = defaultdict(dict)
         self.template: Report | None = None
+
+    @classmethod
+    def takes_formula_output(cls, config: FormulaConfig) -> bool:
+        return isinstance(config, NodeConfig) and config.node_shares
 
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
