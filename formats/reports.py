@@ -220,10 +220,13 @@ class GPUDevice(BaseModel):
     temperature: float | None = Field(default=None, description="In °C.")
     pci_tx: float | None = Field(default=None, description="In KB/s.")
     pci_rx: float | None = Field(default=None, description="In KB/s.")
-    samples: dict[GPUSampleKind, list[tuple[int, float]]] = Field(
-        default_factory=dict, description="Driver sample buffers: [t_us, value] pairs."
+    samples: dict[GPUSampleKind, list[tuple[int, float]]] | None = Field(
+        default=None, description="Driver sample buffers: [t_us, value] pairs."
     )
-    processes: list[GPUProcess] = Field(default_factory=list)
+    processes: list[GPUProcess] | None = Field(
+        default=None,
+        description="Per-process utilisation; absent where the device cannot tell (MIG).",
+    )
 
 
 class GPUReport(Report):

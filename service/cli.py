@@ -69,7 +69,9 @@ def _add_model_flags(
         description = field.description or ""
         if field.default not in (None, "", PydanticUndefined) and field.annotation is not bool:
             description += f" Default: {field.default}."
-        parser.add_argument(*flag_names(prefix + name, field), help=description, **kwargs)
+        # argparse formats help with %: a literal one ("utilisation (%)") must be doubled.
+        help_text = description.replace("%", "%%")
+        parser.add_argument(*flag_names(prefix + name, field), help=help_text, **kwargs)
         added.add(name)
     return added
 

@@ -15,7 +15,7 @@ import pytest
 T = TypeVar("T")
 
 # Fixtures that start real servers (MongoDB, InfluxDB, VictoriaMetrics) on loopback.
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.servers", "tests.servers_influx"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "powerapi-2.10.0"

@@ -147,7 +147,7 @@ class GpuFormula(Formula[GpuConfig]):
             and device.total_energy >= previous_energy
         ):
             return (device.total_energy - previous_energy) / 1000.0 / interval_s
-        samples = device.samples.get("TOTAL_POWER", [])
+        samples = (device.samples or {}).get("TOTAL_POWER", [])
         if samples:
             return sum(value for _, value in samples) / len(samples) / 1000.0
         if device.power is not None:
@@ -162,7 +162,7 @@ class GpuFormula(Formula[GpuConfig]):
         state.lowest_seen_w = (
             power_w if state.lowest_seen_w is None else min(state.lowest_seen_w, power_w)
         )
-        busy = max((p.sm_util for p in device.processes), default=0.0)
+        busy = max((p.sm_util for p in device.processes or ()), default=0.0)
         utilisation = device.util_gpu if device.util_gpu is not None else busy
         if utilisation <= self.config.gpu_idle_util and busy <= self.config.gpu_idle_util:
             state.idle_readings.append(power_w)
@@ -175,7 +175,7 @@ class GpuFormula(Formula[GpuConfig]):
     def _shares(self, device: GPUDevice) -> dict[str, float]:
         """SM utilisation per target, processes grouped as configured."""
         shares: dict[str, float] = {}
-        for process in device.processes:
+        for process in device.processes or ():
             if process.sm_util <= 0:
                 continue
             if self.config.gpu_targets == "cgroup" and process.cgroup:

@@ -1,0 +1,110 @@
+"""CPU cost of the NVML sampler: % of one core per GPU while it samples at 10 Hz.
+
+Runs ``wattflow run --input nvml --interval-ms 100 --output jsonl --model GPUReport`` for
+``--seconds`` after its first report (start-up is not counted), and reads the child's CPU time
+(user + system, all threads) from ``/proc/<pid>/stat`` at both ends. The GPU formula is disabled
+unless ``--with-formula`` is given, so the figure is what recording GPUReports costs.
+
+With a real NVIDIA driver on the machine it samples the real GPUs; otherwise it builds the C
+stand-in of the tests (gcc needed) and samples ``--fake-gpus`` simulated ones. The stand-in
+answers in microseconds; a real driver's calls take longer (tens of µs each), so the figure
+over the stand-in is the sampler's own share, a lower bound. Run from the repository root:
+
+    python benchmarks/nvml_overhead.py --seconds 20 --fake-gpus 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.nvml_fake import (  # noqa: E402 - after the path that makes `tests` importable
+    build_fake_nvml,
+    nvml_environment,
+    read_reports,
+    sampler_command,
+    write_scenario,
+)
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (every thread), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured sampling time")
+    parser.add_argument("--fake-gpus", type=int, default=1, help="GPUs the stand-in simulates")
+    parser.add_argument("--processes", type=int, default=4, help="processes per simulated GPU")
+    parser.add_argument("--interval-ms", type=int, default=100)
+    parser.add_argument("--with-formula", action="store_true", help="keep the GPU formula on")
+    parser.add_argument(
+        "--fake", action="store_true", help="use the stand-in even where a driver is installed"
+    )
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        real = bool(ctypes.util.find_library("nvidia-ml")) and not args.fake
+        if real:
+            environment = dict(os.environ)
+            what = "the real NVIDIA driver"
+        else:
+            library = build_fake_nvml(directory / "lib")
+            lines = [f"devices={args.fake_gpus}"]
+            for gpu in range(args.fake_gpus):
+                lines.append(f"d{gpu}.power=0:100000,500:250000")
+                lines += [f"d{gpu}.proc={1000 + p}:{10 + p}:5" for p in range(args.processes)]
+            scenario = write_scenario(directory / "scenario.txt", lines)
+            environment = nvml_environment(library, scenario)
+            what = f"the C stand-in ({args.fake_gpus} GPUs, {args.processes} processes each)"
+        output = directory / "gpu.jsonl"
+        flags = ["--interval-ms", str(args.interval_ms)]
+        if not args.with_formula:
+            flags.append("--disable-gpu-formula")
+        process = subprocess.Popen(
+            [*sampler_command(output, *flags)],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            while not read_reports(output):
+                if process.poll() is not None:
+                    raise SystemExit(f"the sampler stopped:\n{process.communicate()[1][-3000:]}")
+                time.sleep(0.05)
+            first_reports = len(read_reports(output))
+            wall_0, cpu_0 = time.monotonic(), cpu_seconds(process.pid)
+            time.sleep(args.seconds)
+            wall_1, cpu_1 = time.monotonic(), cpu_seconds(process.pid)
+            reports = read_reports(output)
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=60)
+        gpus = len(reports[-1]["devices"])
+        ticks = len(reports) - first_reports
+        share = (cpu_1 - cpu_0) / (wall_1 - wall_0)
+        print(f"sampled {what}: {gpus} GPUs every {args.interval_ms} ms")
+        expected = args.seconds * 1000 / args.interval_ms
+        print(f"ticks in {wall_1 - wall_0:.1f} s: {ticks} (expected {expected:.0f})")
+        print(f"CPU: {share * 100:.2f} % of one core; {share * 100 / gpus:.2f} % per GPU")
+        print(f"per tick: {(cpu_1 - cpu_0) / max(ticks, 1) * 1000:.2f} ms CPU")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,536 @@
+/*
+ * A stand-in for libnvidia-ml.so.1, so the NVML sampler is tested through the real
+ * nvidia-ml-py binding on machines without an NVIDIA GPU.
+ *
+ * Only the entry points the sampler reaches are exported, with NVML's C signatures and struct
+ * layouts (those pynvml declares with ctypes). Their answers come from a scenario file named by
+ * the environment variable FAKE_NVML_SCENARIO, read at nvmlInit: one `key=value` per line,
+ * `#` starts a comment.
+ *
+ *   devices=2                       number of GPUs (default 0: "no GPU")
+ *   init_error=DRIVER_NOT_LOADED    nvmlInit fails with this NVML error
+ *                                   (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, NO_PERMISSION, UNKNOWN)
+ *   power_sample_ms=20              period of the TOTAL_POWER sample buffer
+ *   util_sample_ms=50               period of the utilisation and per-process sample buffers
+ *   buffer_samples=100              samples each buffer keeps
+ *   dN.power=0:100000,500:250000    power curve of device N: piecewise constant steps
+ *                                   (offset ms within the period : mW)
+ *   dN.period_ms=1000               period of that curve, in ms of Unix time (default 1000)
+ *   dN.util_gpu=70  dN.util_mem=30  utilisation in %
+ *   dN.clock_sm= dN.clock_mem= dN.app_clock_sm= dN.app_clock_mem=   MHz
+ *   dN.power_limit=300000 (mW)  dN.pstate=0  dN.temperature=45 (C)
+ *   dN.pcie_tx=1000 dN.pcie_rx=2000 (KB/s)
+ *   dN.unsupported=energy,pcie,...  calls answering NVML_ERROR_NOT_SUPPORTED; names:
+ *       power_instant power_average power_usage energy utilization clock app_clock
+ *       power_limit power_state temperature pcie samples_power samples_util samples_mem
+ *       processes
+ *   dN.proc=1234:60:10              a process (pid:sm%:mem%) sampled every util_sample_ms;
+ *                                   repeat the key for more processes
+ *
+ * The curve is a function of absolute time (CLOCK_REALTIME, like NVML's CPU timestamps), so a
+ * test can compute the expected value of any sample from its timestamp. The energy counter is
+ * the exact integral of the curve since nvmlInit, so power and energy agree. Sample buffers hold
+ * the samples on a fixed grid of absolute time and return only those newer than the timestamp
+ * passed in, oldest first, as the driver does.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int nvmlReturn_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+enum { NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 };
+enum { NVML_TOTAL_POWER_SAMPLES = 0, NVML_GPU_UTILIZATION_SAMPLES = 1,
+       NVML_MEMORY_UTILIZATION_SAMPLES = 2 };
+enum { NVML_PCIE_UTIL_TX_BYTES = 0, NVML_PCIE_UTIL_RX_BYTES = 1 };
+enum { NVML_FI_DEV_POWER_AVERAGE = 185, NVML_FI_DEV_POWER_INSTANT = 186 };
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned long long timeStamp;
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    uint32_t fieldId;
+    uint32_t scopeId;
+    int64_t timestamp;
+    int64_t latencyUsec;
+    unsigned int valueType;
+    unsigned int nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define MAX_DEVICES 16
+#define MAX_STEPS 64
+#define MAX_PROCS 16
+
+enum {
+    U_POWER_INSTANT = 1 << 0, U_POWER_AVERAGE = 1 << 1, U_POWER_USAGE = 1 << 2,
+    U_ENERGY = 1 << 3, U_UTILIZATION = 1 << 4, U_CLOCK = 1 << 5, U_APP_CLOCK = 1 << 6,
+    U_POWER_LIMIT = 1 << 7, U_POWER_STATE = 1 << 8, U_TEMPERATURE = 1 << 9, U_PCIE = 1 << 10,
+    U_SAMPLES_POWER = 1 << 11, U_SAMPLES_UTIL = 1 << 12, U_SAMPLES_MEM = 1 << 13,
+    U_PROCESSES = 1 << 14,
+};
+
+static const struct { const char *name; unsigned bit; } UNSUPPORTED_NAMES[] = {
+    {"power_instant", U_POWER_INSTANT}, {"power_average", U_POWER_AVERAGE},
+    {"power_usage", U_POWER_USAGE}, {"energy", U_ENERGY}, {"utilization", U_UTILIZATION},
+    {"clock", U_CLOCK}, {"app_clock", U_APP_CLOCK}, {"power_limit", U_POWER_LIMIT},
+    {"power_state", U_POWER_STATE}, {"temperature", U_TEMPERATURE}, {"pcie", U_PCIE},
+    {"samples_power", U_SAMPLES_POWER}, {"samples_util", U_SAMPLES_UTIL},
+    {"samples_mem", U_SAMPLES_MEM}, {"processes", U_PROCESSES},
+};
+
+typedef struct { unsigned int pid, sm, mem; } fake_proc;
+
+/* The opaque nvmlDevice_t handles point at these. */
+struct fake_device {
+    unsigned index;
+    unsigned long long period_us;
+    int steps;
+    unsigned long long step_at_us[MAX_STEPS]; /* offsets within the period, ascending */
+    unsigned int step_mw[MAX_STEPS];
+    unsigned int util_gpu, util_mem;
+    unsigned int clock_sm, clock_mem, app_clock_sm, app_clock_mem;
+    unsigned int power_limit, pstate, temperature, pcie_tx, pcie_rx;
+    unsigned unsupported;
+    int procs;
+    fake_proc proc[MAX_PROCS];
+    /* "now" of the last size query: the fill call that follows answers for the same moment,
+     * so a sample grid point passing between the two calls cannot truncate the answer. */
+    unsigned long long sizing_now_us[4];
+};
+typedef struct fake_device *nvmlDevice_t;
+
+static struct fake_device devices[MAX_DEVICES];
+static unsigned device_count;
+static int initialised;
+static unsigned long long init_us;
+static unsigned long long power_sample_us = 20000, util_sample_us = 50000;
+static unsigned long long buffer_samples = 100;
+
+static unsigned long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+/* Power in mW at absolute time t (µs). */
+static unsigned int power_at(const struct fake_device *d, unsigned long long t) {
+    unsigned long long offset = t % d->period_us;
+    unsigned int mw = d->step_mw[0];
+    for (int i = 0; i < d->steps && d->step_at_us[i] <= offset; i++) mw = d->step_mw[i];
+    return mw;
+}
+
+/* Integral of the curve from absolute time 0 to t, in mW·µs (exact, 128-bit). */
+static unsigned __int128 energy_to(const struct fake_device *d, unsigned long long t) {
+    unsigned __int128 per_period = 0, partial = 0;
+    unsigned long long offset = t % d->period_us;
+    for (int i = 0; i < d->steps; i++) {
+        unsigned long long start = d->step_at_us[i];
+        unsigned long long end = i + 1 < d->steps ? d->step_at_us[i + 1] : d->period_us;
+        per_period += (unsigned __int128)d->step_mw[i] * (end - start);
+        if (offset > start)
+            partial += (unsigned __int128)d->step_mw[i] * ((offset < end ? offset : end) - start);
+    }
+    return per_period * (t / d->period_us) + partial;
+}
+
+/* Energy in mJ since nvmlInit. */
+static unsigned long long energy_mj(const struct fake_device *d, unsigned long long t) {
+    return (unsigned long long)((energy_to(d, t) - energy_to(d, init_us)) / 1000000U);
+}
+
+/* Average power over the second before t, as drivers report it for POWER_AVERAGE. */
+static unsigned int power_average(const struct fake_device *d, unsigned long long t) {
+    return (unsigned int)((energy_to(d, t) - energy_to(d, t - 1000000ULL)) / 1000000U);
+}
+
+static int parse_error(const char *name) {
+    if (!strcmp(name, "LIBRARY_NOT_FOUND")) return NVML_ERROR_LIBRARY_NOT_FOUND;
+    if (!strcmp(name, "DRIVER_NOT_LOADED")) return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (!strcmp(name, "NO_PERMISSION")) return NVML_ERROR_NO_PERMISSION;
+    return NVML_ERROR_UNKNOWN;
+}
+
+static void parse_power(struct fake_device *d, char *value) {
+    d->steps = 0;
+    for (char *item = strtok(value, ","); item && d->steps < MAX_STEPS; item = strtok(NULL, ",")) {
+        unsigned long long at_ms = 0;
+        unsigned int mw = 0;
+        if (sscanf(item, "%llu:%u", &at_ms, &mw) == 2) {
+            d->step_at_us[d->steps] = at_ms * 1000ULL;
+            d->step_mw[d->steps] = mw;
+            d->steps++;
+        }
+    }
+}
+
+static void parse_unsupported(struct fake_device *d, char *value) {
+    for (char *item = strtok(value, ","); item; item = strtok(NULL, ",")) {
+        for (size_t i = 0; i < sizeof UNSUPPORTED_NAMES / sizeof UNSUPPORTED_NAMES[0]; i++)
+            if (!strcmp(item, UNSUPPORTED_NAMES[i].name)) d->unsupported |= UNSUPPORTED_NAMES[i].bit;
+    }
+}
+
+static void device_key(struct fake_device *d, const char *key, char *value) {
+    unsigned long v = strtoul(value, NULL, 10);
+    if (!strcmp(key, "power")) parse_power(d, value);
+    else if (!strcmp(key, "period_ms")) d->period_us = v ? v * 1000ULL : 1000000ULL;
+    else if (!strcmp(key, "util_gpu")) d->util_gpu = (unsigned)v;
+    else if (!strcmp(key, "util_mem")) d->util_mem = (unsigned)v;
+    else if (!strcmp(key, "clock_sm")) d->clock_sm = (unsigned)v;
+    else if (!strcmp(key, "clock_mem")) d->clock_mem = (unsigned)v;
+    else if (!strcmp(key, "app_clock_sm")) d->app_clock_sm = (unsigned)v;
+    else if (!strcmp(key, "app_clock_mem")) d->app_clock_mem = (unsigned)v;
+    else if (!strcmp(key, "power_limit")) d->power_limit = (unsigned)v;
+    else if (!strcmp(key, "pstate")) d->pstate = (unsigned)v;
+    else if (!strcmp(key, "temperature")) d->temperature = (unsigned)v;
+    else if (!strcmp(key, "pcie_tx")) d->pcie_tx = (unsigned)v;
+    else if (!strcmp(key, "pcie_rx")) d->pcie_rx = (unsigned)v;
+    else if (!strcmp(key, "unsupported")) parse_unsupported(d, value);
+    else if (!strcmp(key, "proc") && d->procs < MAX_PROCS) {
+        fake_proc *p = &d->proc[d->procs];
+        if (sscanf(value, "%u:%u:%u", &p->pid, &p->sm, &p->mem) == 3) d->procs++;
+    }
+}
+
+static void defaults(void) {
+    memset(devices, 0, sizeof devices);
+    for (unsigned i = 0; i < MAX_DEVICES; i++) {
+        struct fake_device *d = &devices[i];
+        d->index = i;
+        d->period_us = 1000000ULL;
+        d->steps = 1;
+        d->step_mw[0] = 100000;
+        d->util_gpu = 50;
+        d->util_mem = 20;
+        d->clock_sm = 1410;
+        d->clock_mem = 1215;
+        d->app_clock_sm = 1410;
+        d->app_clock_mem = 1215;
+        d->power_limit = 300000;
+        d->temperature = 40;
+        d->pcie_tx = 1000;
+        d->pcie_rx = 2000;
+    }
+    device_count = 0;
+    power_sample_us = 20000;
+    util_sample_us = 50000;
+    buffer_samples = 100;
+}
+
+/* Read the scenario; return an NVML error to fail nvmlInit with, or NVML_SUCCESS. */
+static nvmlReturn_t load_scenario(void) {
+    defaults();
+    const char *path = getenv("FAKE_NVML_SCENARIO");
+    if (!path) return NVML_SUCCESS;
+    FILE *file = fopen(path, "r");
+    if (!file) return NVML_ERROR_UNKNOWN;
+    nvmlReturn_t result = NVML_SUCCESS;
+    char line[4096];
+    while (fgets(line, sizeof line, file)) {
+        line[strcspn(line, "\r\n#")] = 0;
+        char *eq = strchr(line, '=');
+        if (!eq) continue;
+        *eq = 0;
+        char *key = line, *value = eq + 1;
+        unsigned long v = strtoul(value, NULL, 10);
+        unsigned index = 0;
+        int used = 0;
+        if (!strcmp(key, "devices")) device_count = v < MAX_DEVICES ? (unsigned)v : MAX_DEVICES;
+        else if (!strcmp(key, "init_error")) result = parse_error(value);
+        else if (!strcmp(key, "power_sample_ms")) power_sample_us = v ? v * 1000ULL : 20000ULL;
+        else if (!strcmp(key, "util_sample_ms")) util_sample_us = v ? v * 1000ULL : 50000ULL;
+        else if (!strcmp(key, "buffer_samples")) buffer_samples = v ? v : 100;
+        else if (sscanf(key, "d%u.%n", &index, &used) == 1 && used && index < MAX_DEVICES)
+            device_key(&devices[index], key + used, value);
+    }
+    fclose(file);
+    return result;
+}
+
+/* ---- exported NVML entry points ---- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    nvmlReturn_t result = load_scenario();
+    if (result != NVML_SUCCESS) return result;
+    if (!initialised) init_us = now_us();
+    initialised++;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    initialised--;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = device_count;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (index >= device_count || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = device->index;
+    return NVML_SUCCESS;
+}
+
+/* The checks every device query starts with. */
+#define DEVICE_CALL(device, out, bit)                                      \
+    do {                                                                   \
+        if (!initialised) return NVML_ERROR_UNINITIALIZED;                 \
+        if (!(device) || !(out)) return NVML_ERROR_INVALID_ARGUMENT;       \
+        if ((device)->unsupported & (bit)) return NVML_ERROR_NOT_SUPPORTED; \
+    } while (0)
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    DEVICE_CALL(device, power, U_POWER_USAGE);
+    *power = power_average(device, now_us());
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
+    DEVICE_CALL(device, energy, U_ENERGY);
+    *energy = energy_mj(device, now_us());
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
+    DEVICE_CALL(device, values, 0);
+    unsigned long long now = now_us();
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (int64_t)now;
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.ullVal = 0;
+        if (v->fieldId == NVML_FI_DEV_POWER_INSTANT && !(device->unsupported & U_POWER_INSTANT)) {
+            v->value.uiVal = power_at(device, now);
+            v->nvmlReturn = NVML_SUCCESS;
+        } else if (v->fieldId == NVML_FI_DEV_POWER_AVERAGE &&
+                   !(device->unsupported & U_POWER_AVERAGE)) {
+            v->value.uiVal = power_average(device, now);
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    DEVICE_CALL(device, utilization, U_UTILIZATION);
+    utilization->gpu = device->util_gpu;
+    utilization->memory = device->util_mem;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t clock_of(unsigned int type, unsigned int sm, unsigned int mem,
+                             unsigned int *clock) {
+    if (type == NVML_CLOCK_SM) *clock = sm;
+    else if (type == NVML_CLOCK_MEM) *clock = mem;
+    else return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock) {
+    DEVICE_CALL(device, clock, U_CLOCK);
+    return clock_of(type, device->clock_sm, device->clock_mem, clock);
+}
+
+nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, unsigned int type,
+                                            unsigned int *clock) {
+    DEVICE_CALL(device, clock, U_APP_CLOCK);
+    return clock_of(type, device->app_clock_sm, device->app_clock_mem, clock);
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    DEVICE_CALL(device, limit, U_POWER_LIMIT);
+    *limit = device->power_limit;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, unsigned int *pstate) {
+    DEVICE_CALL(device, pstate, U_POWER_STATE);
+    *pstate = device->pstate;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensor,
+                                      unsigned int *temperature) {
+    DEVICE_CALL(device, temperature, U_TEMPERATURE);
+    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *temperature = device->temperature;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned int counter,
+                                         unsigned int *value) {
+    DEVICE_CALL(device, value, U_PCIE);
+    if (counter == NVML_PCIE_UTIL_TX_BYTES) *value = device->pcie_tx;
+    else if (counter == NVML_PCIE_UTIL_RX_BYTES) *value = device->pcie_rx;
+    else return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+/* Timestamps of the grid points newer than `after` still held in a buffer at `now`:
+ * the first one and how many. */
+static unsigned long long grid_window(unsigned long long period, unsigned long long after,
+                                      unsigned long long now, unsigned long long *first) {
+    unsigned long long newest = now - now % period;
+    unsigned long long oldest = newest - (buffer_samples - 1) * period;
+    unsigned long long start = after / period * period + period; /* first grid point > after */
+    if (start < oldest) start = oldest;
+    *first = start;
+    return start > newest ? 0 : (newest - start) / period + 1;
+}
+
+/* The size query remembers its moment; the fill call right after answers for that moment. */
+static unsigned long long moment(struct fake_device *device, int slot, int sizing) {
+    if (sizing) return device->sizing_now_us[slot] = now_us();
+    unsigned long long at = device->sizing_now_us[slot];
+    device->sizing_now_us[slot] = 0;
+    return at ? at : now_us();
+}
+
+nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
+                                  unsigned long long lastSeenTimeStamp,
+                                  unsigned int *sampleValType, unsigned int *sampleCount,
+                                  nvmlSample_t *samples) {
+    static const unsigned bits[] = {U_SAMPLES_POWER, U_SAMPLES_UTIL, U_SAMPLES_MEM};
+    if (type > NVML_MEMORY_UTILIZATION_SAMPLES) return NVML_ERROR_NOT_SUPPORTED;
+    DEVICE_CALL(device, sampleCount, bits[type]);
+    if (!sampleValType) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long period = type == NVML_TOTAL_POWER_SAMPLES ? power_sample_us : util_sample_us;
+    unsigned long long now = moment(device, (int)type, samples == NULL);
+    unsigned long long first;
+    unsigned long long available = grid_window(period, lastSeenTimeStamp, now, &first);
+    *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    if (available == 0) {
+        device->sizing_now_us[type] = 0;
+        *sampleCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!samples) {
+        *sampleCount = (unsigned int)available;
+        return NVML_SUCCESS;
+    }
+    unsigned int n = *sampleCount < available ? *sampleCount : (unsigned int)available;
+    for (unsigned int i = 0; i < n; i++) {
+        unsigned long long t = first + i * period;
+        samples[i].timeStamp = t;
+        samples[i].sampleValue.ullVal = 0;
+        if (type == NVML_TOTAL_POWER_SAMPLES) samples[i].sampleValue.uiVal = power_at(device, t);
+        else if (type == NVML_GPU_UTILIZATION_SAMPLES) samples[i].sampleValue.uiVal = device->util_gpu;
+        else samples[i].sampleValue.uiVal = device->util_mem;
+    }
+    *sampleCount = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    DEVICE_CALL(device, processSamplesCount, U_PROCESSES);
+    unsigned long long now = moment(device, 3, utilization == NULL);
+    unsigned long long first;
+    unsigned long long points = device->procs ? grid_window(util_sample_us, lastSeenTimeStamp,
+                                                            now, &first) : 0;
+    unsigned long long available = points * (unsigned long long)device->procs;
+    if (available == 0) {
+        device->sizing_now_us[3] = 0;
+        *processSamplesCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *processSamplesCount < available) {
+        *processSamplesCount = (unsigned int)available;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int n = 0;
+    for (unsigned long long i = 0; i < points; i++) {
+        for (int p = 0; p < device->procs; p++, n++) {
+            utilization[n].pid = device->proc[p].pid;
+            utilization[n].timeStamp = first + i * util_sample_us;
+            utilization[n].smUtil = device->proc[p].sm;
+            utilization[n].memUtil = device->proc[p].mem;
+            utilization[n].encUtil = 0;
+            utilization[n].decUtil = 0;
+        }
+    }
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,356 @@
+"""The NVML sampler through the real ``nvidia-ml-py`` binding, over the C stand-in library.
+
+Each scenario runs ``wattflow run --input nvml … --output jsonl --model GPUReport`` as a user
+would, with the stand-in first on ``LD_LIBRARY_PATH``. The stand-in's power curves are functions
+of absolute time, so every reading and sample can be checked against the value it must have at
+its own timestamp; nothing here depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.nvml_fake import (
+    SamplerRun,
+    build_fake_nvml,
+    nvml_environment,
+    run_sampler,
+    write_scenario,
+)
+
+PERIOD_US = 1_000_000
+STEPS = ((0, 100_000), (250_000, 250_000), (750_000, 100_000))
+"""Device 0's power curve: (offset in the second, µs → mW). Its edges sit halfway between the
+100 ms ticks, so a reading taken just after its tick began sees the same step as the tick's
+timestamp."""
+
+MISSING_PID = 4_194_305
+"""One past the largest pid_max Linux allows: no process has it, so it has no cgroup."""
+
+REPORTS = 15
+
+
+def power_at(t_us: int) -> int:
+    """Device 0's power in mW at absolute time ``t_us``."""
+    offset = t_us % PERIOD_US
+    return [mw for start, mw in STEPS if start <= offset][-1]
+
+
+def energy_to(t_us: int) -> int:
+    """Integral of device 0's curve from time 0 to ``t_us``, in mW·µs."""
+    bounds = [start for start, _ in STEPS[1:]] + [PERIOD_US]
+    per_period = sum(mw * (end - start) for (start, mw), end in zip(STEPS, bounds, strict=True))
+    offset = t_us % PERIOD_US
+    partial = sum(
+        mw * (min(offset, end) - start)
+        for (start, mw), end in zip(STEPS, bounds, strict=True)
+        if offset > start
+    )
+    return per_period * (t_us // PERIOD_US) + partial
+
+
+def micros(report: dict[str, Any]) -> int:
+    """A report's timestamp in Unix µs, computed exactly."""
+    stamp = datetime.fromisoformat(report["timestamp"]).replace(tzinfo=UTC)
+    delta = stamp - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def own_cgroup() -> str:
+    """This process's cgroup as /proc/self/cgroup states it: the v2 line, else the first."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    unified = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    return unified[0] if unified else lines[0].split(":", 2)[2]
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the stand-in as ``libnvidia-ml.so.1``, for ``LD_LIBRARY_PATH``."""
+    return build_fake_nvml(tmp_path_factory.mktemp("fake-nvml"))
+
+
+@pytest.fixture(scope="module")
+def run(fake_nvml: Path, tmp_path_factory: pytest.TempPathFactory) -> SamplerRun:
+    """Three GPUs sampled at 10 Hz for 15 ticks: a full one with a known power curve, one
+    without energy counter, PCIe, clocks, temperature or power samples, and one that only
+    has the legacy power call."""
+    directory = tmp_path_factory.mktemp("nvml-run")
+    scenario = write_scenario(
+        directory / "scenario.txt",
+        [
+            "devices=3",
+            "power_sample_ms=20",
+            "util_sample_ms=50",
+            "d0.power=" + ",".join(f"{start // 1000}:{mw}" for start, mw in STEPS),
+            "d0.util_gpu=70",
+            "d0.util_mem=30",
+            f"d0.proc={os.getpid()}:60:10",
+            f"d0.proc={MISSING_PID}:20:5",
+            "d1.power=0:150000",
+            "d1.unsupported=power_instant,energy,pcie,app_clock,temperature,samples_power,"
+            "processes",
+            "d2.power=0:80000",
+            "d2.unsupported=power_instant,power_average",
+            "d2.proc=4194306:150:10",
+        ],
+    )
+    return run_sampler(
+        nvml_environment(fake_nvml, scenario),
+        directory / "gpu.jsonl",
+        "--interval-ms",
+        "100",
+        reports=REPORTS,
+    )
+
+
+def test_sampler_runs_and_stops_cleanly(run: SamplerRun) -> None:
+    code, stderr, reports = run
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    assert len(reports) >= REPORTS
+    assert {r["target"] for r in reports} == {"all"}
+    assert all(set(r["devices"]) == {"0", "1", "2"} for r in reports)
+    stamps = [micros(r) for r in reports]
+    assert stamps == sorted(set(stamps))
+
+
+def test_instant_power_follows_the_curve(run: SamplerRun) -> None:
+    reports = run.reports
+    checked = 0
+    for report in reports:
+        t = micros(report)
+        device = report["devices"]["0"]
+        assert device["power_averaged"] is False
+        assert device["power"] in {100_000.0, 250_000.0}
+        # A reading taken just before an edge may see the next step; skip those.
+        if all(not 0 <= (edge - t % PERIOD_US) % PERIOD_US < 20_000 for edge, _ in STEPS):
+            assert device["power"] == power_at(t), report["timestamp"]
+            checked += 1
+    assert checked >= REPORTS // 2
+
+
+def test_energy_counter_is_the_integral_of_power(run: SamplerRun) -> None:
+    reports = run.reports
+    energies = [r["devices"]["0"]["total_energy"] for r in reports]
+    assert energies == sorted(energies)
+    first, last = reports[0], reports[-1]
+    measured_mj = energies[-1] - energies[0]
+    expected_mj = (energy_to(micros(last)) - energy_to(micros(first))) / 1e6
+    assert measured_mj == pytest.approx(expected_mj, rel=0.03)
+
+
+def test_averaged_and_legacy_power_are_labelled(run: SamplerRun) -> None:
+    reports = run.reports
+    for report in reports:
+        averaged, legacy = report["devices"]["1"], report["devices"]["2"]
+        assert averaged["power"] == 150_000.0
+        assert averaged["power_averaged"] is True
+        assert legacy["power"] == 80_000.0
+        assert "power_averaged" not in legacy
+
+
+def test_unsupported_readings_are_left_out_not_zeroed(run: SamplerRun) -> None:
+    reports = run.reports
+    unsupported = {"total_energy", "pci_tx", "pci_rx", "app_clock_gpu", "app_clock_mem"}
+    unsupported.add("temperature")
+    for report in reports:
+        full, partial = report["devices"]["0"], report["devices"]["1"]
+        assert unsupported <= set(full)
+        assert not unsupported & set(partial)
+        assert partial["clock_gpu"] == full["clock_gpu"] == 1410.0
+        assert "TOTAL_POWER" not in partial.get("samples", {})
+        assert not partial.get("processes")
+    assert any("GPU_UTILIZATION" in r["devices"]["1"].get("samples", {}) for r in reports)
+
+
+@pytest.mark.parametrize(
+    ("device", "kind", "period_us"),
+    [
+        ("0", "TOTAL_POWER", 20_000),
+        ("0", "GPU_UTILIZATION", 50_000),
+        ("0", "MEMORY_UTILIZATION", 50_000),
+        ("1", "GPU_UTILIZATION", 50_000),
+        ("2", "TOTAL_POWER", 20_000),
+    ],
+)
+def test_samples_are_neither_missed_nor_repeated(
+    run: SamplerRun, device: str, kind: str, period_us: int
+) -> None:
+    reports = run.reports
+    samples = [s for r in reports for s in r["devices"][device].get("samples", {}).get(kind, [])]
+    times = [t for t, _ in samples]
+    # Every grid point of the driver's buffer between the first and the last, once, in order.
+    assert times == list(range(times[0], times[-1] + 1, period_us))
+    assert (times[-1] - times[0]) // period_us + 1 >= (REPORTS - 2) * 100_000 // period_us
+    if (device, kind) == ("0", "TOTAL_POWER"):
+        assert all(value == power_at(t) for t, value in samples)
+        assert {value for _, value in samples} == {100_000.0, 250_000.0}
+    if kind == "GPU_UTILIZATION" and device == "0":
+        assert {value for _, value in samples} == {70.0}
+
+
+def test_processes_carry_their_cgroup(run: SamplerRun) -> None:
+    reports = run.reports
+    with_processes = [r["devices"]["0"]["processes"] for r in reports]
+    assert all(with_processes)
+    for processes in with_processes:
+        by_pid = {p["pid"]: p for p in processes}
+        assert set(by_pid) == {os.getpid(), MISSING_PID}
+        me = by_pid[os.getpid()]
+        assert (me["sm_util"], me["mem_util"], me["cgroup"]) == (60.0, 10.0, own_cgroup())
+        assert by_pid[MISSING_PID]["sm_util"] == 20.0
+        assert "cgroup" not in by_pid[MISSING_PID]
+    # An impossible utilisation (150 %) is not passed on as a process reading.
+    assert all(not r["devices"]["2"].get("processes") for r in reports)
+
+
+def test_selected_devices_sensor_name_and_cgroup_layouts(fake_nvml: Path, tmp_path: Path) -> None:
+    """``--devices`` picks GPUs; ``--cgroup-root`` reads a v1-only and a hybrid layout."""
+    root = tmp_path / "proc"
+    (root / "111").mkdir(parents=True)
+    (root / "111" / "cgroup").write_text("4:memory:/docker/abc\n1:cpu:/docker/abc-cpu\n")
+    (root / "222").mkdir()
+    (root / "222" / "cgroup").write_text("1:cpu:/legacy\n0::/system.slice/job.scope\n")
+    scenario = write_scenario(
+        tmp_path / "scenario.txt",
+        ["devices=3", "d0.proc=111:40:0", "d1.proc=333:10:0", "d2.proc=222:25:5"],
+    )
+    code, stderr, reports = run_sampler(
+        nvml_environment(fake_nvml, scenario),
+        tmp_path / "gpu.jsonl",
+        "--devices",
+        "0,2",
+        "--interval-ms",
+        "50",
+        "--sensor",
+        "gpu-node-7",
+        "--cgroup-root",
+        str(root),
+        reports=3,
+    )
+    assert code == 0, stderr
+    assert {r["sensor"] for r in reports} == {"gpu-node-7"}
+    assert all(set(r["devices"]) == {"0", "2"} for r in reports)
+    cgroups = {
+        p["pid"]: p["cgroup"]
+        for r in reports
+        for d in r["devices"].values()
+        for p in d["processes"]
+    }
+    assert cgroups == {111: "/docker/abc", 222: "/system.slice/job.scope"}
+
+
+def _one_line_error(result_code: int, stderr: str) -> str:
+    assert result_code == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_no_library_is_one_clear_line(tmp_path: Path) -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("a real libnvidia-ml is installed: the loader finds it without any path")
+    from tests.conftest import wattflow
+
+    empty = tmp_path / "no-nvml"
+    empty.mkdir()
+    result = wattflow(
+        "run", "--input", "nvml", "--output", "jsonl", "--model", "GPUReport", "--file",
+        str(tmp_path / "gpu.jsonl"),
+        env=nvml_environment(empty, None),
+    )  # fmt: skip
+    line = _one_line_error(result.returncode, result.stderr)
+    assert "no NVIDIA driver found (libnvidia-ml.so.1 not loadable)" in line
+    assert not (tmp_path / "gpu.jsonl").exists() or not (tmp_path / "gpu.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    ("settings", "flags", "expected"),
+    [
+        (["init_error=DRIVER_NOT_LOADED"], [], "NVIDIA kernel driver is not loaded"),
+        (["init_error=NO_PERMISSION"], [], "no permission to open the NVIDIA devices"),
+        (["devices=0"], [], "no NVIDIA GPU found"),
+        (["devices=2"], ["--devices", "0,5"], "no GPU with index 5; this node has 2"),
+    ],
+)
+def test_unusable_nvml_is_one_clear_line(
+    fake_nvml: Path, tmp_path: Path, settings: list[str], flags: list[str], expected: str
+) -> None:
+    from tests.conftest import wattflow
+
+    scenario = write_scenario(tmp_path / "scenario.txt", settings)
+    result = wattflow(
+        "run", "--input", "nvml", *flags, "--output", "jsonl", "--model", "GPUReport",
+        "--file", str(tmp_path / "gpu.jsonl"),
+        env=nvml_environment(fake_nvml, scenario),
+    )  # fmt: skip
+    line = _one_line_error(result.returncode, result.stderr)
+    assert expected in line
+    assert line.startswith("wattflow: error: NVML:")
+
+
+STALL_SCRIPT = """
+import asyncio, json
+
+from wattflow.actors.pullers.nvml import NvmlPuller, NvmlPullerConfig
+
+
+class StallingPipeline:
+    '''A pipeline whose mailbox is full once for 350 ms, then asks the sampler to stop.'''
+
+    def __init__(self):
+        self.stopping = asyncio.Event()
+        self.reports = []
+        self.rejected = []
+
+    async def emit(self, batch):
+        self.reports.extend(batch)
+        if len(self.reports) == 2:
+            await asyncio.sleep(0.35)
+        if len(self.reports) == 6:
+            self.stopping.set()
+
+    def reject(self, payload, reason):
+        self.rejected.append(reason)
+
+
+async def main():
+    puller = NvmlPuller(NvmlPullerConfig(interval_ms=100))
+    pipeline = StallingPipeline()
+    await asyncio.wait_for(puller.pull(pipeline), 30)
+    print(json.dumps({"ticks": puller.ticks, "skipped": puller.skipped_ticks,
+                      "reports": len(pipeline.reports), "rejected": pipeline.rejected}))
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_stall_skips_ticks_instead_of_catching_up(fake_nvml: Path, tmp_path: Path) -> None:
+    """After a 350 ms stall at 10 Hz the sampler skips the missed ticks (counting them), stops
+    as soon as the pipeline asks, and dead-letters an impossible reading."""
+    scenario = write_scenario(tmp_path / "scenario.txt", ["devices=1", "d0.proc=77:150:0"])
+    result = subprocess.run(
+        [sys.executable, "-c", STALL_SCRIPT],
+        env=nvml_environment(fake_nvml, scenario),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["ticks"] == outcome["reports"] == 6
+    assert outcome["skipped"] >= 2
+    assert outcome["rejected"]
+    assert all("impossible utilisation for pid 77" in reason for reason in outcome["rejected"])
