@@ -162,6 +162,9 @@ class Pipeline:
         }
         """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
         to a GPUReport output), besides what the formulas make of them."""
+        if self.passed_through:
+            # The pullers feed the outputs too: those close after the pullers are done as well.
+            self._formulas_running += 1
 
     def _pushers_for(self, kind: str) -> list[PusherActor]:
         found = self._pushers_by_kind.get(kind)
@@ -270,11 +273,13 @@ class Pipeline:
         for formula in self.formulas:
             supervisor.start(formula)
         supervisor.start(self.router)
-        if not self.formulas:
+        if not self.formulas and not self.passed_through:
             await self._formula_done_without_formulas()
         for puller in self.pullers:
             supervisor.start(puller, restart=False)
         await supervisor.wait([p.name for p in self.pullers])
+        if self.passed_through:
+            await self._formula_done()
         await self.router.mailbox.close()
         await supervisor.wait()
         self.dead_letters.close()

@@ -16,12 +16,14 @@ from typing import Any
 from bson import ObjectId
 from pymongo import MongoClient
 
+from wattflow.actors.pushers.influxdb import query
 from wattflow.actors.pushers.mongodb import MongoDBPusher, MongoDBPusherConfig, document_id
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.reports import HWPCReport, PowerReport, Report
 
 from .conftest import run_async, wattflow
 from .servers import ServerProcess, free_port, mongodb_command, mongodb_uri, wait_until
+from .servers_influx import influx_uri
 from .test_smartwatts import reports_of, workload
 
 
@@ -348,8 +350,11 @@ def identity_of_line(document: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(tmp_path: Path) -> None:
-    """hwpc-sensor documents in, RAPL and SmartWatts through, MongoDB out; the server dies."""
+def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(
+    tmp_path: Path, influxdb_server: ServerProcess
+) -> None:
+    """hwpc-sensor documents in, RAPL and SmartWatts through, MongoDB and InfluxDB out; the
+    MongoDB server dies mid-stream and comes back."""
     port = free_port()
     server = ServerProcess(
         mongodb_command(port, tmp_path / "db"), port, tmp_path / "mongodb.log", "mongodb"
@@ -378,6 +383,7 @@ def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(tmp_path: Pa
             "--server-timeout-s", "1", "--learn-min-samples-required", "5",
             "--output", "mongodb", "-u", uri, "-d", "powerapi", "-c", "power",
             "--server-timeout-s", "1", "--retry-for-s", "120",
+            "--output", "influxdb", "--uri", influx_uri(influxdb_server), "--db", "power",
         )  # fmt: skip
         insert_slowly(server, documents[40:80], 8)
         power = client_of(server)["powerapi"]["power"]
@@ -400,6 +406,11 @@ def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(tmp_path: Pa
     assert "server unavailable" in log
     assert max(written.values()) == 1
     assert set(written) == set(expected)
+    points = query(influx_uri(influxdb_server), "power", "SELECT * FROM power_consumption")
+    in_influx = Counter(
+        (row["time"], row["sensor"], row["target"], row["scope"], row["socket"]) for row in points
+    )
+    assert set(in_influx) == set(expected)
 
 
 def test_a_connection_string_from_the_environment_never_shows_its_password(

@@ -7,6 +7,6 @@ from wattflow.actors.registry import Registry
 
 pullers: Registry[type[Puller[Any]]] = Registry("input")
 
-from wattflow.actors.pullers import csv, jsonl, meter, mongodb, nvml, socket  # noqa: E402, F401 - they register themselves
+from wattflow.actors.pullers import csv, jsonl, meter, mongodb, nvml, socket, zeromq  # noqa: E402, F401 - they register themselves
 
 __all__ = ["pullers"]

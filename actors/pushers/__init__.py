@@ -7,6 +7,6 @@ from wattflow.actors.registry import Registry
 
 pushers: Registry[type[Pusher[Any]]] = Registry("output")
 
-from wattflow.actors.pushers import csv, influxdb, influxdb2, jsonl, mongodb, table  # noqa: E402, F401 - they register themselves
+from wattflow.actors.pushers import csv, influxdb, influxdb2, jsonl, mongodb, table, zeromq  # noqa: E402, F401 - they register themselves
 
 __all__ = ["pushers"]
