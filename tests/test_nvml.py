@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from tests.nvml_fake import (
     run_sampler,
     write_scenario,
 )
+from tests.servers import wait_until
 
 PERIOD_US = 1_000_000
 STEPS = ((0, 100_000), (250_000, 250_000), (750_000, 100_000))
@@ -354,3 +356,58 @@ def test_a_stall_skips_ticks_instead_of_catching_up(fake_nvml: Path, tmp_path: P
     assert outcome["skipped"] >= 2
     assert outcome["rejected"]
     assert all("impossible utilisation for pid 77" in reason for reason in outcome["rejected"])
+
+
+def _run_until(command: list[str], environment: dict[str, str], output: Path, count: int) -> str:
+    process = subprocess.Popen(
+        command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_until(
+            lambda: len(output.read_text().splitlines()) >= count if output.exists() else False,
+            60,
+            f"{count} lines in {output.name}",
+        )
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    return stderr
+
+
+def test_sensor_command_records_and_the_gpu_formula_splits_3_to_1(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """The sampler alone with `wattflow sensor nvml`, then through the GPU formula: two
+    processes at 60 % and 20 % SM share the power above idle 3:1."""
+    scenario = write_scenario(
+        tmp_path / "scenario.txt",
+        ["devices=1", "d0.power=0:250000", "d0.util_gpu=80", "d0.proc=4242:60:5",
+         "d0.proc=4343:20:5"],
+    )  # fmt: skip
+    environment = nvml_environment(fake_nvml, scenario)
+    recorded = tmp_path / "gpu.jsonl"
+    wattflow_command = [sys.executable, "-m", "wattflow.service"]
+    _run_until(
+        [*wattflow_command, "sensor", "nvml", "--interval-ms", "50",
+         "--output", "jsonl", "--file", str(recorded)],
+        environment, recorded, 5,
+    )  # fmt: skip
+    assert all(json.loads(line)["devices"]["0"]["power"] == 250000.0
+               for line in recorded.read_text().splitlines())  # fmt: skip
+    power = tmp_path / "power.jsonl"
+    _run_until(
+        [*wattflow_command, "run", "--input", "nvml", "--interval-ms", "50",
+         "--gpu-idle-power", "50", "--output", "jsonl", "--file", str(power)],
+        environment, power, 12,
+    )  # fmt: skip
+    by_target: dict[str, list[float]] = {}
+    for line in power.read_text().splitlines():
+        report = json.loads(line)
+        by_target.setdefault(report["target"], []).append(report["power"])
+    assert by_target["pid:4242"][-1] == pytest.approx(150.0, rel=0.02)
+    assert by_target["pid:4343"][-1] == pytest.approx(50.0, rel=0.02)
+    assert by_target["gpu0"][-1] == pytest.approx(50.0, rel=0.02)
