@@ -145,8 +145,11 @@ def start_influxd(work: Path) -> tuple[subprocess.Popen[bytes], int] | None:
     return process, http
 
 
-def stream_consumption(python: Path, uri: str, client: MongoClient[Any], name: str) -> float:
-    """Seconds SmartWatts' stream mode takes to consume (delete) every document of a copy."""
+def stream_consumption(
+    python: Path, uri: str, client: MongoClient[Any], name: str, window_s: float
+) -> float:
+    """Documents per second SmartWatts' stream mode consumes (deletes) from a copy, measured
+    over at most ``window_s`` seconds (it is slow enough that a whole copy can take hours)."""
     copy = f"{name}_consumed"
     client["bench"][copy].drop()
     client["bench"][name].aggregate([{"$match": {}}, {"$out": copy}])
@@ -160,13 +163,20 @@ def stream_consumption(python: Path, uri: str, client: MongoClient[Any], name: s
         env=ENV,
         start_new_session=True,
     )
+    total = client["bench"][copy].count_documents({})
+    time.sleep(10)  # its start-up, left out as for the other runs
+    before = client["bench"][copy].count_documents({})
     started = time.perf_counter()
     try:
-        while client["bench"][copy].count_documents({}) > 0:
+        left = before
+        while left > 0 and time.perf_counter() - started < window_s:
             if process.poll() is not None:
                 raise SystemExit("SmartWatts' stream mode ended before consuming its input")
-            time.sleep(0.2)
-        return time.perf_counter() - started
+            time.sleep(0.5)
+            left = client["bench"][copy].count_documents({})
+        elapsed = time.perf_counter() - started
+        assert total >= before
+        return (before - left) / elapsed
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
@@ -177,6 +187,9 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=300)
     parser.add_argument("--containers", default="10,25,50,100")
     parser.add_argument("--no-stream", action="store_true", help="skip SmartWatts' stream mode")
+    parser.add_argument(
+        "--stream-window", type=float, default=30.0, help="seconds to time SmartWatts' -s mode"
+    )
     parser.add_argument("--venv", type=Path, default=SMARTWATTS_VENV)
     args = parser.parse_args()
     python = smartwatts_python(args.venv)
@@ -250,7 +263,7 @@ def main() -> None:
                 influx_rate = reports / max(influx_wall - startup["wattflow"], 1e-9)
             stream_rate = float("nan")
             if not args.no_stream:
-                stream_rate = reports / stream_consumption(python, uri, client, name)
+                stream_rate = stream_consumption(python, uri, client, name, args.stream_window)
             sw_out = client["bench"][f"{name}_sw"].count_documents({})
             wf_out = client["bench"][f"{name}_wf"].count_documents({})
             print(

@@ -273,7 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_help=False,
         help="say whether RAPL, NVML and the given inputs and outputs work on this machine",
     )
+    commands.add_parser("runs", add_help=False, help="import, list, show and mark measurement runs")
+    commands.add_parser(
+        "export", add_help=False, help="write runs as gpu-dir, Extra-P, ROSS or HPCToolkit"
+    )
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command in ("runs", "export"):
+        return _runs(args.command, rest)
     if args.command == "run":
         return run_command(rest)
     if args.command == "sensor":
@@ -302,6 +308,16 @@ def sensor_command(argv: Sequence[str]) -> int:
         tokens += [f"--{group}", backend, *extra, *flags]
     disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
     return run_command([*tokens, *disable])
+
+
+def _runs(command: str, argv: Sequence[str]) -> int:
+    from wattflow.service.runs_cli import export_command, runs_command
+
+    _configure_logging(verbose=False, quiet=True)
+    try:
+        return runs_command(argv) if command == "runs" else export_command(argv)
+    except (WattflowError, ValueError, OSError) as error:  # a bad run, store or output path
+        return _fail(str(error), 2)
 
 
 def _check(argv: Sequence[str]) -> int:

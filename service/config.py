@@ -57,6 +57,15 @@ class ServiceConfig(BaseModel):
     formulas: dict[str, FormulaConfig] = Field(
         default_factory=dict, description="Enabled formulas and their settings."
     )
+    run: str | None = Field(
+        default=None,
+        description="Record a measurement run: experiment/benchmark/settings/repetition.",
+    )
+    store: str | None = Field(
+        default=None,
+        description="Run store for --run: sqlite:///path or mongodb://host/db (default: runs.db "
+        "in the user's data directory).",
+    )
     dead_letters: Path | None = Field(
         default=None, description="JSON Lines file that keeps every dead letter."
     )

@@ -22,12 +22,17 @@ def assemble(config: ServiceConfig) -> Pipeline:
     """
     if not config.inputs:
         raise ConfigError("input: no input given (e.g. --input csv --files a.csv,b.csv)")
-    if not config.outputs:
+    if not config.outputs and config.run is None:
         raise ConfigError("output: no output given (e.g. --output csv --directory out)")
     puller_objects: list[Any] = [
         pullers.get(c.type)(c, stream=config.stream) for c in config.inputs.values()
     ]
     pusher_objects: list[Any] = [pushers.get(c.type)(c) for c in config.outputs.values()]
+    if config.run is not None:
+        from wattflow.service.recording import RunRecorder, RunRecorderConfig
+
+        recorder = RunRecorderConfig(name="run_store", run=config.run, store=config.store)
+        pusher_objects.append(RunRecorder(recorder))
     formula_list = [(formulas.get(name), c) for name, c in config.formulas.items()]
     return Pipeline(
         puller_objects,

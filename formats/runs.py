@@ -1,0 +1,173 @@
+"""Measurement runs, and what every exporter computes from one: energy per target, phase and domain.
+
+A run is one measured execution of a benchmark: its experiment, benchmark, settings (clock or
+power limits, as text), repetition, free parameters (numbers, for Extra-P's models), system
+info, time window and event markers. Its reports are the ones whose timestamps fall in the
+window; the store hands them out in time order, one at a time, so an exporter's memory does not
+grow with the run's length.
+
+:func:`summarise` folds a run's PowerReports into energy per (target, phase, domain): a report's
+power holds from the previous report of the same series (target, scope, socket or device) to
+its own timestamp. Phases come from the run's events: ``train_begin``/``train_end`` open and
+close phase ``train``, ``epoch_begin``/``epoch_end`` phase ``epoch``, and so on; a report
+belongs to the innermost phase open at its timestamp, or to no phase (``""``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from wattflow.formats.reports import EventReport, PowerReport, Report
+
+DOMAINS = ("cpu", "dram", "gpu", "node")
+"""Energy domains exporters report, from PowerReports' ``scope``."""
+
+
+class Run(BaseModel):
+    """One measured execution: what it was, when, and under which settings."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(description="Unique in its store.")
+    experiment: str
+    benchmark: str
+    settings: str = Field(description="E.g. '877MHz,1065MHz' or '250W'.")
+    repetition: int = Field(ge=0)
+    parameters: dict[str, float] = Field(
+        default_factory=dict, description="Free parameters (name → number), for Extra-P."
+    )
+    system: dict[str, Any] = Field(default_factory=dict, description="System info.")
+    start: datetime
+    end: datetime
+    events: list[EventReport] = Field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        """Length of the window in seconds."""
+        return (self.end - self.start).total_seconds()
+
+
+ReportStream = Callable[[Run], Iterator[Report]]
+"""A run's reports inside its window, in time order, streamed from the store."""
+
+
+def phases_of(events: Iterable[EventReport]) -> list[tuple[datetime, datetime, str]]:
+    """(start, end, name) of each phase the events mark, innermost last when they nest."""
+    open_phases: dict[str, list[datetime]] = {}
+    found: list[tuple[datetime, datetime, str]] = []
+    for event in sorted(events, key=lambda e: e.timestamp):
+        name, _, edge = event.event.rpartition("_")
+        if name == "experiment":
+            continue
+        if edge == "begin":
+            open_phases.setdefault(name, []).append(event.timestamp)
+        elif edge == "end" and open_phases.get(name):
+            found.append((open_phases[name].pop(), event.timestamp, name))
+    found.sort(key=lambda phase: (phase[0], -(phase[1] - phase[0]).total_seconds()))
+    return found
+
+
+def phase_at(phases: list[tuple[datetime, datetime, str]], moment: datetime) -> str:
+    """The innermost phase open at ``moment`` (the latest-starting one), or ``""``."""
+    current = ""
+    for start, end, name in phases:
+        if start > moment:
+            break
+        if start <= moment <= end:
+            current = name
+    return current
+
+
+@dataclass
+class RunSummary:
+    """What a run's reports add up to."""
+
+    run: Run
+    energy_j: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    """(target, phase, domain) → energy in J; phase "" is outside every phase."""
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    covered_s: float = 0.0
+    """Time inside at least one phase (nested phases counted once)."""
+    reports: int = 0
+
+    def targets(self) -> list[str]:
+        """Targets with energy, sorted."""
+        return sorted({target for target, _, _ in self.energy_j})
+
+    def phases(self) -> list[str]:
+        """Phases with energy, sorted ("" first when some energy is outside every phase)."""
+        return sorted({phase for _, phase, _ in self.energy_j})
+
+    def energy(self, target: str, domain: str | None = None, phase: str | None = None) -> float:
+        """Energy in J of a target, over one domain or all, one phase or the whole run."""
+        return sum(
+            joules
+            for (name, p, d), joules in self.energy_j.items()
+            if name == target and (domain is None or d == domain) and (phase is None or p == phase)
+        )
+
+    def duration_s(self, phase: str | None = None) -> float:
+        """The run's length, or the time spent in ``phase`` (outside every phase for "")."""
+        if phase is None:
+            return self.run.duration_s
+        if phase == "":
+            return max(self.run.duration_s - self.covered_s, 0.0)
+        return self.phase_seconds.get(phase, 0.0)
+
+    def mean_power_w(
+        self, target: str, domain: str | None = None, phase: str | None = None
+    ) -> float:
+        """Energy over duration: the target's mean power in the run or the phase."""
+        seconds = self.duration_s(phase)
+        return self.energy(target, domain, phase) / seconds if seconds > 0 else 0.0
+
+
+def summarise(
+    run: Run, reports: Iterable[Report], on_report: Callable[[], None] | None = None
+) -> RunSummary:
+    """Fold a run's reports (time order) into energy per target, phase and domain."""
+    summary = RunSummary(run)
+    phases = phases_of(run.events)
+    for start, end, name in phases:
+        summary.phase_seconds[name] = (
+            summary.phase_seconds.get(name, 0.0) + (end - start).total_seconds()
+        )
+    reach: datetime | None = None
+    for start, end, _ in phases:  # sorted by start: the union's length
+        if reach is None or start > reach:
+            summary.covered_s += (end - start).total_seconds()
+            reach = end
+        elif end > reach:
+            summary.covered_s += (end - reach).total_seconds()
+            reach = end
+    previous: dict[tuple[str, str, str, str], datetime] = {}
+    for report in reports:
+        summary.reports += 1
+        if on_report is not None:
+            on_report()
+        if not isinstance(report, PowerReport):
+            continue
+        domain = str(report.metadata.get("scope", ""))
+        if domain not in DOMAINS or report.target in ("rapl", "global"):
+            continue
+        series = (
+            report.target,
+            domain,
+            str(report.metadata.get("socket", "")),
+            str(report.metadata.get("device", "")),
+        )
+        last = previous.get(series)
+        previous[series] = report.timestamp
+        if last is None:
+            continue
+        seconds = (report.timestamp - last).total_seconds()
+        if seconds <= 0:
+            continue
+        key = (report.target, phase_at(phases, report.timestamp), domain)
+        summary.energy_j[key] = summary.energy_j.get(key, 0.0) + report.power * seconds
+    return summary

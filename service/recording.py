@@ -1,0 +1,206 @@
+"""Recording runs: live from the service (``--run``), and from programs (a small Python API).
+
+The service records a run by adding one more output, which stores every report the pipeline
+carries except hwpc-sensor's raw counters (the formulas' PowerReports, and the GPU, meter and
+event reports), and stretches the run's window as they come.
+
+Programs mark what they are doing with events, which is what the exporters turn into phases::
+
+    from wattflow.service.recording import record
+
+    with record("clock-limit", "bert", settings="877MHz,1065MHz", repetition=0,
+                parameters={"batch": 32}) as run:
+        run.mark("train_begin")
+        for epoch in range(3):
+            run.mark("epoch_begin", epoch)
+            ...
+            run.mark("epoch_end", epoch)
+        run.mark("train_end")
+
+and :class:`TrainingCallback` does the same from a training loop's hooks (its method names are
+those of Keras' callbacks, so it can be mixed into one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import ClassVar, Literal
+
+from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.formats.reports import EventName, EventReport, Report
+from wattflow.formats.runs import Run
+from wattflow.service.runs import RunStore, StoreError, open_store, parse_run_id, run_id
+from wattflow.service.runs_cli import system_info
+
+NOT_RECORDED = frozenset({"HWPCReport"})
+"""hwpc-sensor's per-cpu counters: large, and what the formulas turn into the power recorded."""
+
+
+class RunRecorderConfig(PusherConfig):
+    """The output ``--run`` adds; not chosen with ``--output``."""
+
+    type: Literal["run-store"] = "run-store"
+    run: str
+    store: str | None = None
+
+
+class RunRecorder(Pusher[RunRecorderConfig]):
+    """Stores the pipeline's reports in a run, widening its window to cover them."""
+
+    config_model: ClassVar[type[PusherConfig]] = RunRecorderConfig
+
+    def __init__(self, config: RunRecorderConfig) -> None:
+        super().__init__(config)
+        self.experiment, self.benchmark, self.settings, self.repetition = parse_run_id(config.run)
+        self.store: RunStore | None = None
+        self.run: Run | None = None
+
+    def accepts(self, kind: str) -> bool:
+        return kind not in NOT_RECORDED
+
+    async def check(self) -> None:
+        open_store(self.config.store).close()
+
+    async def open(self) -> None:
+        self.store = await asyncio.to_thread(open_store, self.config.store)
+        identifier = run_id(self.experiment, self.benchmark, self.settings, self.repetition)
+        now = datetime.now(UTC)
+        try:
+            existing = self.store.get(identifier)
+            self.run = existing.model_copy(update={"end": max(existing.end, now)})
+        except StoreError:  # a new run
+            self.run = Run(
+                id=identifier,
+                experiment=self.experiment,
+                benchmark=self.benchmark,
+                settings=self.settings,
+                repetition=self.repetition,
+                system=system_info(),
+                start=now,
+                end=now,
+            )
+        await asyncio.to_thread(self.store.save_run, self.run)
+
+    async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        assert self.store is not None, "open() first"
+        assert self.run is not None, "open() first"
+        await asyncio.to_thread(self.store.add_reports, self.run.id, batch)
+        first = min(report.timestamp for report in batch)
+        last = max(report.timestamp for report in batch)
+        if first < self.run.start or last > self.run.end:
+            self.run = self.run.model_copy(
+                update={"start": min(first, self.run.start), "end": max(last, self.run.end)}
+            )
+            await asyncio.to_thread(self.store.save_run, self.run)
+        return []
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+            self.store = None
+
+
+class Recording:
+    """A run being recorded by a program: ``mark`` adds events to it."""
+
+    def __init__(self, store: RunStore, run: Run) -> None:
+        self.store = store
+        self.run = run
+
+    def mark(self, event: EventName, data: object | None = None) -> None:
+        """Record an event now (``data``: an epoch or batch number, say)."""
+        now = datetime.now(UTC)
+        report = EventReport(
+            timestamp=now,
+            sensor=platform.node(),
+            target="all",
+            event=event,
+            data=None if data is None else str(data),
+        )
+        self.store.add_reports(self.run.id, [report])
+        if now > self.run.end:
+            self.run = self.run.model_copy(update={"end": now})
+            self.store.save_run(self.run)
+
+
+@contextmanager
+def record(
+    experiment: str,
+    benchmark: str,
+    *,
+    settings: str,
+    repetition: int,
+    parameters: dict[str, float] | None = None,
+    store: str | None = None,
+) -> Iterator[Recording]:
+    """Record a run around a block: ``experiment_begin`` before it, ``experiment_end`` after.
+
+    The service (``wattflow run --run …`` with the same run and store) or an import fills the
+    run with reports; the window spans at least the block.
+    """
+    opened = open_store(store)
+    identifier = run_id(experiment, benchmark, settings, repetition)
+    now = datetime.now(UTC)
+    try:
+        run = opened.get(identifier)
+        run = run.model_copy(
+            update={
+                "parameters": {**run.parameters, **(parameters or {})},
+                "start": min(run.start, now),
+            }
+        )
+    except StoreError:
+        run = Run(
+            id=identifier,
+            experiment=experiment,
+            benchmark=benchmark,
+            settings=settings,
+            repetition=repetition,
+            parameters=parameters or {},
+            system=system_info(),
+            start=now,
+            end=now,
+        )
+    opened.save_run(run)
+    recording = Recording(opened, run)
+    recording.mark("experiment_begin")
+    try:
+        yield recording
+    finally:
+        recording.mark("experiment_end")
+        opened.close()
+
+
+class TrainingCallback:
+    """Marks a training loop's train, epoch and batch boundaries in a run.
+
+    Call the hooks from any loop, or mix it into a Keras callback: the names are Keras'.
+    """
+
+    def __init__(self, recording: Recording, *, batches: bool = False) -> None:
+        self.recording = recording
+        self.batches = batches
+
+    def on_train_begin(self, logs: object = None) -> None:
+        self.recording.mark("train_begin")
+
+    def on_train_end(self, logs: object = None) -> None:
+        self.recording.mark("train_end")
+
+    def on_epoch_begin(self, epoch: int, logs: object = None) -> None:
+        self.recording.mark("epoch_begin", epoch)
+
+    def on_epoch_end(self, epoch: int, logs: object = None) -> None:
+        self.recording.mark("epoch_end", epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
+        if self.batches:
+            self.recording.mark("batch_begin", batch)
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        if self.batches:
+            self.recording.mark("batch_end", batch)

@@ -1,0 +1,278 @@
+"""``wattflow runs …`` and ``wattflow export …``: recording, browsing and exporting runs."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn, cast, get_args
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from rich.table import Table
+
+from wattflow.actors.exporters import exporters
+from wattflow.formats import powerapi
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.reports import EventName, EventReport, Report, report_kind
+from wattflow.formats.runs import Run
+from wattflow.service.runs import RunStore, StoreError, open_store, run_id
+
+EVENT_NAMES = list(get_args(EventName))
+
+KIND_BY_PAYLOAD = (
+    ("power", "PowerReport"),
+    ("groups", "HWPCReport"),
+    ("devices", "GPUReport"),
+    ("channels", "MeterReport"),
+    ("event", "EventReport"),
+    ("usage", "ProcfsReport"),
+)
+"""A JSON report's kind, told by its payload's key (PowerAPI's JSON layout names no kind)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise StoreError(f"{self.prog}: {message}")
+
+
+def system_info() -> dict[str, Any]:
+    """What is known of this machine, in the keys of the GPU measurement directory spec."""
+    return {
+        "platform": platform.platform(),
+        "os_release": platform.release(),
+        "os_version": platform.version(),
+        "machine": platform.machine(),
+        "python_version": platform.python_version(),
+        "node": platform.node(),
+    }
+
+
+def read_json_lines(path: Path, model: str | None) -> Iterator[Report]:
+    """Reports from a JSON Lines file, each line's kind told by ``model`` or by its payload."""
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                document = orjson.loads(line)
+            except orjson.JSONDecodeError as error:
+                raise DecodeError(str(path), number, f"not valid JSON: {error}") from None
+            kind = model or next(
+                (name for key, name in KIND_BY_PAYLOAD if key in document), "FormulaReport"
+            )
+            yield powerapi.decode_document(report_kind(kind), document, str(path), number)
+
+
+def read_file(path: Path, model: str | None) -> Iterator[Report]:
+    """Reports from a recorded file: JSON Lines, or PowerAPI's CSV (PowerReport.csv)."""
+    if not path.is_file():
+        raise StoreError(f"{path}: no such file")
+    if path.suffix.lower() == ".csv":
+        for item in powerapi.read_power_csv(path):
+            if isinstance(item, DecodeError):
+                raise item
+            yield item
+        return
+    yield from read_json_lines(path, model)
+
+
+def import_files(
+    store: RunStore,
+    files: Sequence[Path],
+    *,
+    experiment: str,
+    benchmark: str,
+    settings: str,
+    repetition: int,
+    parameters: dict[str, float],
+    model: str | None = None,
+) -> tuple[Run, int]:
+    """Put recorded reports into a run; its window spans them (or its experiment events)."""
+    identifier = run_id(experiment, benchmark, settings, repetition)
+    try:
+        existing: Run | None = store.get(identifier)
+    except StoreError:
+        existing = None
+    first: datetime | None = existing.start if existing else None
+    last: datetime | None = existing.end if existing else None
+    begin = end = None
+    count = 0
+
+    def watched(reports: Iterator[Report]) -> Iterator[Report]:
+        nonlocal first, last, begin, end, count
+        for report in reports:
+            count += 1
+            first = report.timestamp if first is None else min(first, report.timestamp)
+            last = report.timestamp if last is None else max(last, report.timestamp)
+            if isinstance(report, EventReport) and report.event == "experiment_begin":
+                begin = report.timestamp
+            if isinstance(report, EventReport) and report.event == "experiment_end":
+                end = report.timestamp
+            yield report
+
+    for path in files:
+        store.add_reports(identifier, watched(read_file(path, model)))
+    if first is None or last is None:
+        raise StoreError("no reports in " + ", ".join(map(str, files)))
+    run = Run(
+        id=identifier,
+        experiment=experiment,
+        benchmark=benchmark,
+        settings=settings,
+        repetition=repetition,
+        parameters={**(existing.parameters if existing else {}), **parameters},
+        system=existing.system if existing else system_info(),
+        start=begin or first,
+        end=end or last,
+    )
+    store.save_run(run)
+    return run, count
+
+
+def _parameters(pairs: Sequence[str]) -> dict[str, float]:
+    found = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            found[name.strip()] = float(value)
+        except ValueError:
+            raise StoreError(f"--param {pair!r}: write NAME=NUMBER") from None
+        if not name.strip():
+            raise StoreError(f"--param {pair!r}: the name is empty")
+    return found
+
+
+def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
+    """``wattflow runs import|list|show|mark``."""
+    console = console or Console()
+    parser = _Parser(prog="wattflow runs")
+    parser.add_argument("--store", help="sqlite:///path or mongodb://host/db (default: "
+                        "runs.db in the user's data directory)")  # fmt: skip
+    commands = parser.add_subparsers(dest="action", required=True)
+    importing = commands.add_parser("import", help="put recorded reports into a run")
+    importing.add_argument("files", nargs="+", type=Path)
+    importing.add_argument("--store", dest="store_", default=None)
+    importing.add_argument("--experiment", required=True)
+    importing.add_argument("--benchmark", required=True)
+    importing.add_argument("--settings", required=True)
+    importing.add_argument("--repetition", type=int, required=True)
+    importing.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    importing.add_argument("--model", default=None, help="report kind of every line")
+    listing = commands.add_parser("list", help="the runs in the store")
+    listing.add_argument("--store", dest="store_", default=None)
+    listing.add_argument("--experiment")
+    listing.add_argument("--benchmark")
+    showing = commands.add_parser("show", help="one run in detail")
+    showing.add_argument("run", help="experiment/benchmark/settings/repetition")
+    showing.add_argument("--store", dest="store_", default=None)
+    marking = commands.add_parser("mark", help="record an event in a run, now")
+    marking.add_argument("event", choices=EVENT_NAMES)
+    marking.add_argument("data", nargs="?")
+    marking.add_argument("--store", dest="store_", default=None)
+    marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
+                         "latest run)")  # fmt: skip
+    args = parser.parse_args(argv)
+    with open_store(args.store_ or args.store) as store:
+        if args.action == "import":
+            run, count = import_files(
+                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
+                settings=args.settings, repetition=args.repetition,
+                parameters=_parameters(args.param), model=args.model,
+            )  # fmt: skip
+            console.print(f"imported {count} reports into {run.id} ({run.start} – {run.end})")
+        elif args.action == "list":
+            header = ("run", "parameters", "start (UTC)", "duration s", "reports")
+            rows = [
+                (
+                    run.id,
+                    ", ".join(f"{k}={v:g}" for k, v in run.parameters.items()),
+                    run.start.strftime("%Y-%m-%d %H:%M:%S"),
+                    f"{run.duration_s:.1f}",
+                    str(store.count(run)),
+                )
+                for run in store.runs(args.experiment, args.benchmark)
+            ]
+            if console.is_terminal:
+                table = Table(*header)
+                for row in rows:
+                    table.add_row(*row)
+                console.print(table)
+            else:  # for scripts: one run per line, tab-separated
+                for row in (header, *rows):
+                    print("\t".join(row))
+        elif args.action == "show":
+            show(store, store.get(args.run), console)
+        else:
+            mark(store, args.event, args.data, args.run)
+            console.print(f"marked {args.event}")
+    return 0
+
+
+def show(store: RunStore, run: Run, console: Console) -> None:
+    """A run's description, events and reports by kind."""
+    console.print(f"[bold]{run.id}[/bold]")
+    console.print(
+        f"window: {run.start.isoformat()} – {run.end.isoformat()} ({run.duration_s:.1f} s)"
+    )
+    console.print(f"parameters: {run.parameters or '-'}")
+    kinds = Counter(report.kind for report in store.reports(run))
+    console.print("reports: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
+    for event in run.events:
+        console.print(f"  {event.timestamp.isoformat()}  {event.event}  {event.data or ''}")
+    console.print(f"system: {orjson.dumps(run.system).decode()}")
+
+
+def mark(store: RunStore, event: str, data: str | None, identifier: str | None) -> Run:
+    """Record an event now in a run (the latest one by default), widening its window."""
+    if identifier is not None:
+        run = store.get(identifier)
+    else:
+        runs = store.runs()
+        if not runs:
+            raise StoreError("no run in the store to mark; give --run or start one")
+        run = max(runs, key=lambda r: r.start)
+    now = datetime.now(UTC)
+    report = EventReport(
+        timestamp=now, sensor=platform.node(), target="all", event=cast(EventName, event), data=data
+    )
+    store.add_reports(run.id, [report])
+    if now > run.end or now < run.start:
+        run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
+        store.save_run(run)
+    return run
+
+
+def export_command(argv: Sequence[str], console: Console | None = None) -> int:
+    """``wattflow export FORMAT --store URI [--experiment E] [--benchmark B] --out PATH``."""
+    console = console or Console(stderr=True)
+    parser = _Parser(prog="wattflow export")
+    parser.add_argument("format", choices=exporters.names())
+    parser.add_argument("--store", default=None)
+    parser.add_argument("--experiment")
+    parser.add_argument("--benchmark")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
+    args = parser.parse_args(argv)
+    exporter = exporters.get(args.format)(model=args.model)
+    with open_store(args.store) as store:
+        runs = store.runs(args.experiment, args.benchmark)
+        if not runs:
+            raise StoreError("no run matches: see `wattflow runs list`")
+        total = sum(store.count(run) for run in runs)
+        columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn())  # fmt: skip
+        with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
+            task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
+            exporter.export(
+                runs,
+                lambda run: store.reports(run),
+                args.out,
+                lambda count: progress.advance(task, count),
+            )
+    console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
+    return 0

@@ -1,0 +1,298 @@
+"""Runs: import, browse, mark, record live and from programs, and export as a GPU directory."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pandas as pd  # type: ignore[import-untyped]
+import pytest
+
+from wattflow.formats import powerapi
+from wattflow.formats.reports import (
+    EventReport,
+    GPUDevice,
+    GPUReport,
+    MeterReport,
+    PowerReport,
+    Report,
+)
+from wattflow.formats.runs import summarise
+from wattflow.service.recording import TrainingCallback, record
+from wattflow.service.runs import PAGE, open_store
+
+from .conftest import wattflow
+from .servers import ServerProcess, mongodb_uri
+
+START = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return START + timedelta(seconds=seconds)
+
+
+def recording(seconds: int = 10) -> list[Report]:
+    """A benchmark: GPU readings at 10 Hz, a meter at 1 Hz, power per target, epochs."""
+    reports: list[Report] = [
+        EventReport(timestamp=at(0), sensor="n", target="all", event="experiment_begin")
+    ]
+    for tenth in range(10 * seconds):
+        t = tenth / 10
+        device = GPUDevice(
+            power=200_000.0 + tenth,
+            total_energy=200.0 * 1000 * t,
+            util_gpu=80.0,
+            clock_gpu=1410.0,
+            temperature=60.0,
+            samples={
+                "TOTAL_POWER": [(int(at(t).timestamp() * 1e6) + i, 200_000.0) for i in range(2)]
+            },
+        )
+        reports.append(GPUReport(timestamp=at(t), sensor="n", target="all", devices={"0": device}))
+        if tenth % 10 == 0:
+            reports.append(
+                MeterReport(
+                    timestamp=at(t),
+                    sensor="n",
+                    target="all",
+                    channels={"d0c0": 150_000.0, "d0c1": 160_000.0},
+                )
+            )
+            reports.append(
+                PowerReport(
+                    timestamp=at(t),
+                    sensor="n",
+                    target="train",
+                    power=100.0,
+                    metadata={"scope": "gpu", "device": "0"},
+                )
+            )
+    for epoch in range(2):
+        reports.append(
+            EventReport(
+                timestamp=at(1 + 4 * epoch),
+                sensor="n",
+                target="all",
+                event="epoch_begin",
+                data=str(epoch),
+            )
+        )
+        reports.append(
+            EventReport(
+                timestamp=at(4 + 4 * epoch),
+                sensor="n",
+                target="all",
+                event="epoch_end",
+                data=str(epoch),
+            )
+        )
+    reports.append(
+        EventReport(timestamp=at(seconds), sensor="n", target="all", event="experiment_end")
+    )
+    return sorted(reports, key=lambda r: r.timestamp)
+
+
+def write_jsonl(path: Path, reports: list[Report]) -> Path:
+    path.write_text("".join(powerapi.encode_json(r) + "\n" for r in reports))
+    return path
+
+
+def import_run(store: str, source: Path, repetition: int = 0, p: float = 4) -> None:
+    done = wattflow(
+        "runs", "import", str(source), "--store", store, "--experiment", "clock-limit",
+        "--benchmark", "bert", "--settings", "877MHz,1065MHz", "--repetition", str(repetition),
+        "--param", f"p={p}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "imported" in done.stdout
+
+
+def check_gpu_directory(root: Path, reports: list[Report]) -> None:
+    """Load the directory the way its analysis code does, and compare the numbers."""
+    repetition = root / "clock-limit" / "bert" / "877MHz,1065MHz" / "0"
+    gpu = pd.read_csv(repetition / "gpu-power.csv", index_col=0)
+    assert list(gpu.columns) == [
+        "timestamp",
+        "clock-gpu",
+        "total-energy",
+        "power",
+        "tmp",
+        "util-gpu",
+    ]
+    gpu_reports = [r for r in reports if isinstance(r, GPUReport)]
+    assert list(gpu.index) == list(range(len(gpu_reports)))
+    assert list(gpu["power"]) == [r.devices["0"].power for r in gpu_reports]
+    first = datetime.fromisoformat(gpu["timestamp"][0])
+    assert first.tzinfo is None
+    assert first == at(0).astimezone().replace(tzinfo=None)
+    events = pd.read_csv(repetition / "timestamps.csv")
+    assert list(events.columns) == ["timestamp", "event", "data"]
+    assert next(iter(events["event"])) == "experiment_begin"
+    assert list(events["event"])[-1] == "experiment_end"
+    assert list(events["data"][events["event"] == "epoch_begin"]) == [0, 1]
+    external = pd.read_csv(repetition / "power-external.csv", index_col=0)
+    channels = [c for c in external.columns if re.match(r"d\dc\d", c)]
+    assert channels == ["d0c0", "d0c1"]
+    assert (external[channels].sum(axis=1) == 310_000).all()
+    samples = pd.read_csv(repetition / "total_power_samples.csv", index_col=0)
+    assert list(samples.columns) == ["timestamp", "value"]
+    assert len(samples) == 2 * len(gpu_reports)
+    assert samples["timestamp"].is_monotonic_increasing
+    assert samples["timestamp"].dtype.kind == "i"
+    info = json.loads((repetition / "system_info.json").read_text())
+    assert {"device_name", "driver_version", "platform", "python_version"} <= set(info)
+
+
+def test_import_list_show_mark_and_export_a_gpu_directory(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    reports = recording()
+    import_run(store, write_jsonl(tmp_path / "run.jsonl", reports))
+    listed = wattflow("runs", "--store", store, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "clock-limit/bert/877MHz,1065MHz/0" in listed.stdout
+    assert "p=4" in listed.stdout
+    shown = wattflow("runs", "show", "clock-limit/bert/877MHz,1065MHz/0", "--store", store)
+    assert shown.returncode == 0, shown.stderr
+    assert "100 GPUReport" in shown.stdout
+    assert "epoch_begin" in shown.stdout
+    out = tmp_path / "export"
+    exported = wattflow("export", "gpu-dir", "--store", store, "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    check_gpu_directory(out, reports)
+    marked = wattflow("runs", "mark", "train_begin", "--store", store)
+    assert marked.returncode == 0, marked.stderr
+    with open_store(store) as opened:
+        [run] = opened.runs()
+        assert run.events[-1].event == "train_begin"
+        assert run.end > at(10), "marking widens the window"
+
+
+def test_the_mongodb_store_holds_the_same_run(
+    mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    store = mongodb_uri(mongodb_server) + "measurements"
+    reports = recording(4)
+    import_run(store, write_jsonl(tmp_path / "run.jsonl", reports))
+    with open_store(store) as opened:
+        [run] = opened.runs(experiment="clock-limit")
+        assert run.parameters == {"p": 4.0}
+        inside = [r for r in reports if r.timestamp <= at(4)]  # the epochs after the end
+        assert len(inside) < len(reports)
+        assert list(opened.reports(run)) == inside
+        assert opened.count(run) == len(inside)
+
+
+def test_reports_come_back_in_pages_in_time_order(tmp_path: Path) -> None:
+    reports = [
+        PowerReport(
+            timestamp=at(i / 100),
+            sensor="n",
+            target=f"t{i % 7}",
+            power=float(i),
+            metadata={"scope": "cpu"},
+        )
+        for i in range(2 * PAGE + 123)
+    ]
+    source = write_jsonl(tmp_path / "big.jsonl", list(reversed(reports)))
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    import_run(store, source)
+    with open_store(store) as opened:
+        [run] = opened.runs()
+        back = list(opened.reports(run))
+    assert [r.power for r in back if isinstance(r, PowerReport)] == [r.power for r in reports]
+    assert len(back) == len(reports)
+
+
+def test_the_service_records_a_live_run(tmp_path: Path) -> None:
+    reports = recording(3)
+    gpu = write_jsonl(tmp_path / "gpu.jsonl", [r for r in reports if isinstance(r, GPUReport)])
+    meter = write_jsonl(
+        tmp_path / "meter.jsonl", [r for r in reports if isinstance(r, MeterReport)]
+    )
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "GPUReport", "--files", str(gpu),
+        "--input", "jsonl", "--model", "MeterReport", "--files", str(meter),
+        "--gpu-idle-power", "50", "--run", "live/bert/250W/2", "--store", store,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with open_store(store) as opened:
+        run = opened.get("live/bert/250W/2")
+        kinds = {r.kind for r in opened.reports(run)}
+    assert {"GPUReport", "MeterReport", "PowerReport"} <= kinds
+    assert run.start == at(0)
+
+
+def test_programs_mark_phases_with_the_python_api(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    with record("train", "resnet", settings="300W", repetition=1, parameters={"batch": 64},
+                store=store) as run:  # fmt: skip
+        callback = TrainingCallback(run, batches=True)
+        callback.on_train_begin()
+        for epoch in range(2):
+            callback.on_epoch_begin(epoch)
+            callback.on_train_batch_begin(0)
+            callback.on_train_batch_end(0)
+            callback.on_epoch_end(epoch)
+        callback.on_train_end()
+    with open_store(store) as opened:
+        [stored] = opened.runs()
+        names = [event.event for event in stored.events]
+        summary = summarise(stored, opened.reports(stored))
+    assert names[0] == "experiment_begin"
+    assert names[-1] == "experiment_end"
+    assert names.count("epoch_begin") == 2
+    assert names.count("batch_end") == 2
+    assert stored.parameters == {"batch": 64.0}
+    assert summary.reports == len(names)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["runs", "show", "no-such-run"], "experiment/benchmark/settings/repetition"),
+        (
+            [
+                "runs",
+                "import",
+                "/nowhere.jsonl",
+                "--experiment",
+                "e",
+                "--benchmark",
+                "b",
+                "--settings",
+                "s",
+                "--repetition",
+                "0",
+            ],
+            "no such file",
+        ),
+        (
+            [
+                "runs",
+                "import",
+                "x.jsonl",
+                "--experiment",
+                "e/x",
+                "--benchmark",
+                "b",
+                "--settings",
+                "s",
+                "--repetition",
+                "0",
+            ],
+            "without '/'",
+        ),
+        (["export", "gpu-dir", "--out", "x"], "no run matches"),
+    ],
+)
+def test_bad_runs_and_stores_are_one_line_and_exit_2(
+    tmp_path: Path, arguments: list[str], message: str
+) -> None:
+    (tmp_path / "x.jsonl").write_text("")
+    done = wattflow(*arguments, "--store", f"sqlite:///{tmp_path / 'runs.db'}", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
