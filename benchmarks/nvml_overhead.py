@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("--fake-gpus", type=int, default=1, help="GPUs the stand-in simulates")
     parser.add_argument("--processes", type=int, default=4, help="processes per simulated GPU")
     parser.add_argument("--interval-ms", type=int, default=100)
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="seconds left to start-up before measuring"
+    )
     parser.add_argument("--with-formula", action="store_true", help="keep the GPU formula on")
     parser.add_argument(
         "--fake", action="store_true", help="use the stand-in even where a driver is installed"
@@ -75,7 +78,8 @@ def main() -> None:
         output = directory / "gpu.jsonl"
         flags = ["--interval-ms", str(args.interval_ms)]
         if not args.with_formula:
-            flags.append("--disable-gpu-formula")
+            # The sampler alone, as `wattflow sensor nvml` runs it.
+            flags += [f"--disable-{name}-formula" for name in ("gpu", "node", "rapl", "smartwatts")]
         process = subprocess.Popen(
             [*sampler_command(output, *flags)],
             env=environment,
@@ -88,6 +92,8 @@ def main() -> None:
                 if process.poll() is not None:
                     raise SystemExit(f"the sampler stopped:\n{process.communicate()[1][-3000:]}")
                 time.sleep(0.05)
+            # Start-up work (imports, a formula's background warm-up) is not sampling: let it end.
+            time.sleep(args.settle)
             first_reports = len(read_reports(output))
             wall_0, cpu_0 = time.monotonic(), cpu_seconds(process.pid)
             time.sleep(args.seconds)
