@@ -3,19 +3,24 @@
 A batch of messages is decoded and handed on before more are received, so a slow pipeline
 leaves messages queued in ZeroMQ, bounded by ``--rcvhwm``. What happens beyond that depends
 on the pattern: a PUSH peer blocks (nothing is lost), a PUB peer drops the messages of the
-subscriber that cannot keep up (ZeroMQ's publish-subscribe has no back-channel). Use PUSH/PULL
-where every report counts. The wire format is in :mod:`wattflow.actors.zmq_sockets`.
+subscriber that cannot keep up (ZeroMQ's publish-subscribe has no back-channel, so the
+subscriber cannot even count what it lost). Use PUSH/PULL where every report counts.
+
+Wire format (see :mod:`wattflow.actors.zmq_sockets`): a message is ``[reports]`` or
+``[topic, reports]``; ``reports`` is UTF-8 JSON Lines in PowerAPI's JSON layout, one report
+per line, several lines per message allowed. Anything else is a dead letter.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Annotated, Literal
 
 import zmq
 import zmq.asyncio
-from pydantic import BeforeValidator, Field, PositiveInt
+from pydantic import BeforeValidator, Field, PositiveInt, model_validator
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from wattflow.actors.pullers import pullers
@@ -42,15 +47,22 @@ class ZeroMQPullerConfig(PullerConfig):
     socket_type: Literal["SUB", "PULL"] = Field(
         default="SUB", description="SUB (subscribe to publishers) or PULL (lossless)."
     )
-    bind: bool | None = Field(
-        default=None,
-        description="Bind the addresses instead of connecting (default: PULL binds, SUB connects).",
+    bind: bool = Field(
+        default=False,
+        description="Bind the addresses, also for SUB (which connects by default).",
+    )
+    connect: bool = Field(
+        default=False,
+        description="Connect to the addresses, also for PULL (which binds by default).",
     )
     topics: CommaList = Field(
         default_factory=list,
         description="SUB topic prefixes, comma-separated, e.g. PowerReport:node-1 (all if empty).",
     )
-    rcvhwm: PositiveInt = Field(default=1000, description="Messages queued before ZeroMQ stops.")
+    rcvhwm: PositiveInt = Field(
+        default=1000,
+        description="Messages ZeroMQ queues for us; beyond, a PUSH peer waits, a PUB peer drops.",
+    )
     curve_secret_key: Path | None = Field(
         default=None, description="Our CURVE key pair (zmq.auth certificate file)."
     )
@@ -64,6 +76,24 @@ class ZeroMQPullerConfig(PullerConfig):
     poll_interval_s: float = Field(
         default=0.2, gt=0, description="Longest wait for a message before checking for a stop."
     )
+    drain_grace_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="At shutdown, how long messages already queued are still received.",
+    )
+
+    @model_validator(mode="after")
+    def _bind_or_connect(self) -> ZeroMQPullerConfig:
+        if self.bind and self.connect:
+            raise ValueError("give --bind or --connect, not both")
+        return self
+
+    @property
+    def binds(self) -> bool:
+        """PULL binds by default (a collector many senders reach), SUB connects to publishers."""
+        if self.bind or self.connect:
+            return self.bind
+        return self.socket_type == "PULL"
 
     @classmethod
     def example(cls) -> ZeroMQPullerConfig:
@@ -71,24 +101,30 @@ class ZeroMQPullerConfig(PullerConfig):
         return cls(type="zeromq", uri=["tcp://127.0.0.1:5555"])
 
 
+def _peer(frame: zmq.Frame) -> str | None:
+    """The sending host's address as ZeroMQ reports it (TCP only), to name it in dead letters."""
+    try:
+        return str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        return None
+
+
 @pullers.register("zeromq")
 class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
-    """Receives until stopped (or, outside stream mode too: a socket has no end)."""
+    """Receives until the pipeline stops: a socket has no end, so it always runs as a stream."""
 
     config_model = ZeroMQPullerConfig
 
     def __init__(self, config: ZeroMQPullerConfig, *, stream: bool = True) -> None:
         super().__init__(config, stream=True)
-        self.context = zmq.asyncio.Context()
         self.socket: zmq.asyncio.Socket | None = None
         self.ready = False
-        self._authenticator: AsyncioAuthenticator | None = None
+        self.messages = 0
+        """Messages received, good or bad: what a user compares with what was sent."""
 
     @property
     def binds(self) -> bool:
-        if self.config.bind is not None:
-            return self.config.bind
-        return self.config.socket_type == "PULL"
+        return self.config.binds
 
     async def check(self) -> None:
         try:
@@ -102,56 +138,100 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
             authorized_keys=self.config.curve_authorized_keys,
         )
 
-    def _open(self) -> zmq.asyncio.Socket:
+    def _open(
+        self, context: zmq.asyncio.Context
+    ) -> tuple[zmq.asyncio.Socket, AsyncioAuthenticator | None]:
         kind = zmq.SUB if self.config.socket_type == "SUB" else zmq.PULL
-        socket = self.context.socket(kind)
+        socket = context.socket(kind)
         socket.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
         socket.setsockopt(zmq.LINGER, 0)
-        self._authenticator = configure_curve(
-            socket,
-            bind=self.binds,
-            secret_key=self.config.curve_secret_key,
-            server_key=self.config.curve_server_key,
-            authorized_keys=self.config.curve_authorized_keys,
-            context=self.context,
-        )
-        if kind == zmq.SUB:
-            for topic in self.config.topics or [""]:
-                socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        attach(socket, self.config.uri, self.binds)
-        return socket
+        try:
+            authenticator = configure_curve(
+                socket,
+                bind=self.binds,
+                secret_key=self.config.curve_secret_key,
+                server_key=self.config.curve_server_key,
+                authorized_keys=self.config.curve_authorized_keys,
+                context=context,
+            )
+            if kind == zmq.SUB:
+                for topic in self.config.topics or [""]:
+                    socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            attach(socket, self.config.uri, self.binds)
+        except BaseException:
+            socket.close(linger=0)
+            raise
+        return socket, authenticator
 
     async def pull(self, emitter: Emitter) -> None:
-        kind = report_kind(self.config.model)
-        socket = self.socket = self._open()
-        self.ready = True
-        source = f"zeromq {','.join(self.config.uri)}"
-        line = 0
+        # The context lives as long as one pull: terminating it is what frees ZeroMQ's threads.
+        context = zmq.asyncio.Context()
+        authenticator: AsyncioAuthenticator | None = None
         try:
-            while True:
-                stopping = emitter.stopping.is_set()
-                timeout = 0 if stopping else int(self.config.poll_interval_s * 1000)
-                if not await socket.poll(timeout):
-                    if stopping:
-                        return  # drained what was already queued
-                    continue
-                reports: list[Report] = []
-                for _ in range(self.config.max_batch):
-                    try:
-                        frames = await socket.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    payload = frames[-1]
-                    lines = [part for part in payload.split(b"\n") if part.strip()]
-                    decoded, errors = powerapi.decode_json_lines(kind, lines, source, line + 1)
-                    line += len(lines)
-                    reports += decoded
-                    for error, raw in errors:
-                        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-                        emitter.reject(text, str(error))
-                await emitter.emit(reports)
+            socket, authenticator = self._open(context)
+            self.socket = socket
+            self.ready = True
+            await self._receive(socket, emitter)
         finally:
-            socket.close(linger=0)
-            if self._authenticator is not None:
-                self._authenticator.stop()
-            self.context.term()
+            if self.socket is not None:
+                self.socket.close(linger=0)
+            if authenticator is not None:
+                authenticator.stop()
+            context.term()
+            if self.messages:
+                logger.info(
+                    "input '%s': %d ZeroMQ messages received", self.config.name, self.messages
+                )
+
+    async def _receive(self, socket: zmq.asyncio.Socket, emitter: Emitter) -> None:
+        """Receive what is queued, up to ``max_batch`` messages, and emit it before more.
+
+        Waiting on ``emit`` is the backpressure: meanwhile ZeroMQ queues up to ``rcvhwm``
+        messages, then stops reading the peers. Once stopping, what is already queued is still
+        received for ``drain_grace_s`` at most, so a peer that never pauses cannot hold up the
+        shutdown.
+        """
+        kind = report_kind(self.config.model)
+        where = f"zeromq {','.join(self.config.uri)}"
+        drain_until: float | None = None
+        while True:
+            if drain_until is None and emitter.stopping.is_set():
+                drain_until = time.monotonic() + self.config.drain_grace_s
+            if drain_until is not None:
+                if time.monotonic() >= drain_until or not await socket.poll(0):
+                    return
+            elif not await socket.poll(int(self.config.poll_interval_s * 1000)):
+                continue
+            reports: list[Report] = []
+            for _ in range(self.config.max_batch):
+                try:
+                    frames = await socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self.messages += 1
+                reports += self._decode(kind, frames, where, emitter)
+            await emitter.emit(reports)
+
+    def _decode(
+        self, kind: type[Report], frames: list[zmq.Frame], where: str, emitter: Emitter
+    ) -> list[Report]:
+        """One message's reports; each line that is not a report becomes a dead letter.
+
+        Reasons name the address and the sending host but no message or line number, so a
+        stream of bad input adds to a few counters instead of creating a reason per message.
+        """
+        peer = _peer(frames[0])
+        source = f"{where} from {peer}" if peer else where
+        if len(frames) > 2:
+            emitter.reject(
+                [frame.bytes for frame in frames],
+                f"{source}: {len(frames)} frames, expected [reports] or [topic, reports]",
+            )
+            return []
+        payload = frames[-1].bytes
+        lines = payload.split(b"\n")
+        reports, errors = powerapi.decode_json_lines(kind, lines, source, 1)
+        for error, raw in errors:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            emitter.reject(text, f"{source}: {error.problem}")
+        return reports
