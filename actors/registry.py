@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -18,6 +19,24 @@ class Registry(Generic[T]):
     def __init__(self, role: str) -> None:
         self.role = role
         self._by_name: dict[str, T] = {}
+        self._modules: dict[str, str] = {}
+
+    def declare(self, name: str, module: str) -> None:
+        """Say which module registers ``name``, to be imported the first time it is asked for.
+
+        Backends bring client libraries that take a tenth of a second or more to import
+        (influxdb-client, pymongo); a service that uses none of them should not wait for them.
+        """
+        self._modules[name] = module
+
+    def _load(self, name: str) -> None:
+        module = self._modules.pop(name, None)
+        if module is not None and name not in self._by_name:
+            importlib.import_module(module)
+        # A module may register several names (the Extra-P formats): they are loaded now too.
+        for other, its_module in list(self._modules.items()):
+            if its_module == module and other in self._by_name:
+                del self._modules[other]
 
     def register(self, name: str) -> Callable[[T], T]:
         """Class decorator that registers the class under ``name``."""
@@ -36,6 +55,7 @@ class Registry(Generic[T]):
         Raises:
             ValueError: for an unknown name, listing the known ones.
         """
+        self._load(name)
         try:
             return self._by_name[name]
         except KeyError:
@@ -43,9 +63,11 @@ class Registry(Generic[T]):
             raise ValueError(f"unknown {self.role} {name!r}; known: {known}") from None
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self._by_name)
+        """Registered and declared names, sorted."""
+        return sorted({*self._by_name, *self._modules})
 
     def items(self) -> list[tuple[str, T]]:
-        """(name, class) pairs, sorted by name."""
+        """(name, class) pairs, sorted by name; every declared module is imported."""
+        for name in list(self._modules):
+            self._load(name)
         return sorted(self._by_name.items())

@@ -119,10 +119,18 @@ def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     ``POWERAPI_OUTPUT_<NAME>_<FIELD>`` set a field of a named input or output (the field is the
     longest known field name that ends the variable, so names may contain underscores).
     """
-    backend_fields = {
-        "input": _field_names([cls.config_model for _, cls in pullers.items()]),
-        "output": _field_names([cls.config_model for _, cls in pushers.items()]),
-    }
+    if not any(
+        variable.startswith(f"{prefix}{group}_")
+        for variable in environ
+        for prefix in ENV_PREFIXES
+        for group in ("INPUT", "OUTPUT")
+    ):
+        backend_fields: dict[str, set[str]] = {"input": set(), "output": set()}
+    else:  # every backend's settings, to find where a variable's backend name ends
+        backend_fields = {
+            "input": _field_names([cls.config_model for _, cls in pullers.items()]),
+            "output": _field_names([cls.config_model for _, cls in pushers.items()]),
+        }
     result: dict[str, Any] = {}
     for prefix in ENV_PREFIXES:
         for variable, value in environ.items():

@@ -5,6 +5,10 @@ from wattflow.actors.registry import Registry
 
 exporters: Registry[type[Exporter]] = Registry("export format")
 
-from wattflow.actors.exporters import gpu_dir  # noqa: E402, F401
+_MODULES = {
+    "gpu-dir": "gpu_dir",
+}
+for _name, _module in _MODULES.items():
+    exporters.declare(_name, f"wattflow.actors.exporters.{_module}")
 
 __all__ = ["exporters"]

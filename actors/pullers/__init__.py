@@ -7,6 +7,7 @@ from wattflow.actors.registry import Registry
 
 pullers: Registry[type[Puller[Any]]] = Registry("input")
 
-from wattflow.actors.pullers import csv, jsonl, meter, mongodb, nvml, socket, zeromq  # noqa: E402, F401 - they register themselves
+for _name in ("csv", "jsonl", "meter", "mongodb", "nvml", "socket", "zeromq"):
+    pullers.declare(_name, f"wattflow.actors.pullers.{_name}")
 
 __all__ = ["pullers"]

@@ -7,6 +7,7 @@ from wattflow.actors.registry import Registry
 
 pushers: Registry[type[Pusher[Any]]] = Registry("output")
 
-from wattflow.actors.pushers import csv, influxdb, influxdb2, jsonl, mongodb, table, zeromq  # noqa: E402, F401 - they register themselves
+for _name in ("csv", "influxdb", "influxdb2", "jsonl", "mongodb", "table", "zeromq"):
+    pushers.declare(_name, f"wattflow.actors.pushers.{_name}")
 
 __all__ = ["pushers"]
