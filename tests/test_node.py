@@ -240,3 +240,66 @@ def test_shares_of_the_targets_smartwatts_estimates_in_one_service(tmp_path: Pat
     for key, report in shares.items():
         assert report["power"] == pytest.approx(estimated[key])
         assert report["metadata"]["ratio"] == pytest.approx(estimated[key] / METER_W)
+
+
+def test_meter_readings_over_zeromq_reach_the_node_formula(tmp_path: Path) -> None:
+    import zmq
+
+    port = free_port()
+    uri = f"tcp://127.0.0.1:{port}"
+    hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(4)])
+    out = tmp_path / "power.jsonl"
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattflow.service",
+            "run",
+            "--disable-smartwatts-formula",
+            "--input",
+            "jsonl",
+            "--files",
+            str(hwpc),
+            "--input",
+            "zeromq",
+            "--uri",
+            uri,
+            "--socket-type",
+            "PULL",
+            "--model",
+            "MeterReport",
+            "--output",
+            "jsonl",
+            "--file",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    context = zmq.Context()
+    sender = context.socket(zmq.PUSH)
+    sender.connect(uri)
+    try:
+        lines = [
+            json.dumps(
+                {
+                    "timestamp": millis(q / 4),
+                    "sensor": "node-1",
+                    "target": "all",
+                    "channels": {"d0c0": METER_W * 1000},
+                }
+            )
+            for q in range(13)
+        ]
+        sender.send("\n".join(lines).encode())
+        time.sleep(1.5)
+        service.send_signal(signal.SIGTERM)
+        _, stderr = service.communicate(timeout=30)
+    finally:
+        service.kill()
+        sender.close(linger=0)
+        context.term()
+    assert service.returncode == 0, stderr
+    reports = node_reports(out)
+    assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * 3)
