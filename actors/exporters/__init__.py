@@ -7,6 +7,7 @@ exporters: Registry[type[Exporter]] = Registry("export format")
 
 _MODULES = {
     "gpu-dir": "gpu_dir",
+    "ross": "ross",
     "hpctoolkit": "hpctoolkit",
 }
 for _name, _module in _MODULES.items():

@@ -1,0 +1,304 @@
+"""A run as ROSS instrumentation binary: PE, KP, LP and model samples, and an event trace.
+
+ROSS (the Rensselaer Optimistic Simulation System) samples its engine as raw C structs; tools
+built for it (ross-binary-reader, ROSS-Vis) read those structs. Writing a measurement run in
+that shape lets them show how wattflow's pipeline and the measured targets evolved. The byte
+layouts follow ROSS's "Data Sample Format" page and ``st-instrumentation.h``: native byte order
+(little-endian, as on x86-64) with natural alignment, which for these structs means no padding
+at all, so every format below is spelled with an explicit ``<``.
+
+Records of the sample stream (``<stem>.bin``), each a 24-byte metadata head ``<iidd``
+(sample_type, sample_sz, virtual_time, real_time) followed by ``sample_sz`` bytes:
+
+- type 0, PE, ``<13I13f`` (104 bytes);
+- type 1, KP, ``<9I2f`` (44 bytes);
+- type 2, LP, ``<8If`` (36 bytes; newer ROSS puts a u64 before ``efficiency``, not done here);
+- type 3, model: ``sample_sz`` is 24, the model metadata ``<3IfiI`` (pe_id, kp_id, lp_id, gvt,
+  stats_type, model_sz), then ``model_sz`` bytes of model data.
+
+Records of the event trace (``<stem>-evtrace.bin``) have no metadata head: ``<2I3fI``
+(src_lp, dest_lp, send_vts, recv_vts, real_ts, model_data_sz), then the model data. They live in
+a file of their own because nothing in them tells them apart from samples.
+
+What the simulation terms stand for:
+
+- PE 0 is the wattflow service: one process.
+- A KP is one formula actor, told apart by the ``scope`` its PowerReports carry: the scope is
+  stable for the whole run, while ``metadata["formula"]`` is a model hash that SmartWatts
+  changes every time it relearns. KP ids are fixed scope codes so that they mean the same in
+  every run: ``cpu`` 0, ``dram`` 1, ``gpu`` 2, ``node`` 3; any other scope (a missing one is
+  ``""``) gets 4, 5, … in the order it first appears.
+- An LP is one target as one formula actor sees it: (scope, target). A target measured in two
+  scopes is two LPs, because a ROSS LP belongs to exactly one KP. LP ids count up from 0 in the
+  order of each LP's first PowerReport. ``rapl`` and ``global`` are LPs like any other.
+- Virtual time is measurement time: seconds since the run's start.
+- Real time would be processing time, which no store keeps. It is written as the measurement
+  time of the latest report read when the record was written: the point the replayed input had
+  reached. It never runs ahead of virtual time; it lags it where reports are sparse.
+
+Samples are taken every ``interval_s`` of virtual time (1 s unless told), at ``k * interval_s``
+for k = 1, 2, … while that is before the run's end, and once more at the end (or at the last
+report, when one lies beyond it). A sample at ``t`` has read every report at or before ``t``.
+Each sample writes one PE record, one KP record per KP seen so far (by id), one LP record per LP
+seen so far (by id), then one model record per LP (by id). Counters are cumulative since the
+run's start; take differences for per-interval values. The ``float`` fields ROSS fills with
+time spent in GVT, rollbacks, queues and so on are 0.0: a replay does none of that.
+
+Counters (unsigned, saturating at 2**32 - 1):
+
+- events_processed: reports read, of every kind, for the PE; PowerReports for a KP and an LP;
+- network_receives: the same as events_processed (everything the actor took in);
+- network_sends: PowerReports emitted (for the PE, all of them);
+- num_GVTs (PE): samples taken so far, this one included;
+- events_aborted (PE): reports the service dropped, and events_rolled_back (PE): reports it
+  took in late. A stored run knows neither, unless its system info holds the service's ledger
+  (``system["ledger"]``): then dropped = ``rejected_input + dead_in + dead_out`` and late =
+  ``late``. The ledger is taken when the run ends, so these appear in the final sample only;
+  they are the whole service's, so KPs and LPs keep 0.
+- efficiency: ``100 * (1 - rolled_back / processed)`` for the PE, 100.0 for KPs and LPs;
+- every other counter, and time_ahead_gvt (a replay never runs ahead), is 0.
+
+Model data, 24 bytes, ``<ddII``, one record per LP at each sample:
+
+====== ======== ==================================================================
+offset C type   meaning
+====== ======== ==================================================================
+0      double   power_w: the LP's power at the sample, in W (the latest report of
+                each of its series, summed; series = socket and device)
+8      double   energy_j: the LP's energy since the run's start, in J
+16     uint32   scope: the KP id (the scope code above)
+20     uint32   reports: the LP's PowerReports read so far
+====== ======== ==================================================================
+
+Energy integrates power as :func:`~wattflow.formats.runs.summarise` does: a report's power holds
+from the previous report of the same series to its own timestamp, so a series' first report adds
+nothing. Model metadata: pe_id 0, the LP's KP and LP ids, gvt = the sample's virtual time as a
+float, stats_type 3 (ROSS's ``VT_STATS``: virtual-time sampling), model_sz 24.
+
+Event data, 8 bytes, ``<d``: power_w, the PowerReport's power in W. One event per PowerReport,
+a self-send of its LP (src_lp = dest_lp: the formula actor is a KP, not an LP), send_vts =
+recv_vts = its virtual time, real_ts = real time as above (the same value, as the report is
+itself the latest one read). These three are 32-bit floats: about 8 ms resolution after a day.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, BinaryIO
+
+from wattflow.formats.reports import PowerReport, Report
+from wattflow.formats.runs import DOMAINS, Run
+
+METADATA = struct.Struct("<iidd")
+PE_SAMPLE = struct.Struct("<13I13f")
+KP_SAMPLE = struct.Struct("<9I2f")
+LP_SAMPLE = struct.Struct("<8If")
+MODEL_METADATA = struct.Struct("<3IfiI")
+EVENT = struct.Struct("<2I3fI")
+MODEL_DATA = struct.Struct("<ddII")
+EVENT_DATA = struct.Struct("<d")
+
+PE_TYPE, KP_TYPE, LP_TYPE, MODEL_TYPE = 0, 1, 2, 3
+VT_STATS = 3
+"""ROSS's ``stats_types_enum`` value for virtual-time sampling."""
+
+PE_ID = 0
+SCOPE_CODES = {scope: code for code, scope in enumerate(DOMAINS)}
+"""KP ids of the scopes wattflow's formulas emit; other scopes follow from ``len(DOMAINS)``."""
+
+_U32 = 0xFFFFFFFF
+_FULL = 100.0
+
+
+def _u32(count: int) -> int:
+    """ROSS's counters are 32 bits; a longer run saturates rather than wrapping to small."""
+    return count if count <= _U32 else _U32
+
+
+def _ledger_count(ledger: dict[str, Any], key: str) -> int:
+    """A count from a stored ledger; anything that is not a non-negative number counts 0."""
+    value = ledger.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return 0
+    return int(value)
+
+
+@dataclass
+class _Lp:
+    """One (scope, target): its counters and the state its power and energy come from."""
+
+    id: int
+    kp: int
+    scope: str
+    target: str
+    reports: int = 0
+    energy_j: float = 0.0
+    power_w: dict[tuple[str, str], float] = field(default_factory=dict)
+    last: dict[tuple[str, str], datetime] = field(default_factory=dict)
+
+
+class RunRecorder:
+    """Turns one run's reports, read in time order, into ROSS sample and event records.
+
+    Only per-LP state is kept, so memory grows with the number of targets, not with the run.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        samples: BinaryIO,
+        events: BinaryIO | None = None,
+        *,
+        interval_s: float = 1.0,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, not {interval_s!r}")
+        self.run = run
+        self.samples = samples
+        self.events = events
+        self.interval_s = interval_s
+        start = run.start
+        self._start = start.replace(tzinfo=UTC) if start.tzinfo is None else start
+        self.kps: dict[str, int] = {}
+        self._kp_reports: dict[int, int] = {}
+        self.lps: dict[tuple[str, str], _Lp] = {}
+        self._by_id: list[_Lp] = []
+        self.processed = 0
+        self.sent = 0
+        self.samples_taken = 0
+        self._k = 1
+        self._last_vt = 0.0
+        self._last_sample: float | None = None
+        self.ledger: dict[str, Any] | None = None
+        ledger = run.system.get("ledger")
+        if isinstance(ledger, dict):
+            self.ledger = ledger
+
+    def _next_point(self) -> float:
+        return self._k * self.interval_s
+
+    def _kp(self, scope: str) -> int:
+        kp = self.kps.get(scope)
+        if kp is None:
+            kp = SCOPE_CODES.get(scope)
+            if kp is None:
+                kp = len(DOMAINS) + sum(1 for s in self.kps if s not in SCOPE_CODES)
+            self.kps[scope] = kp
+            self._kp_reports[kp] = 0
+        return kp
+
+    def _lp(self, scope: str, target: str) -> _Lp:
+        lp = self.lps.get((scope, target))
+        if lp is None:
+            lp = _Lp(len(self._by_id), self._kp(scope), scope, target)
+            self.lps[(scope, target)] = lp
+            self._by_id.append(lp)
+        return lp
+
+    def add(self, report: Report) -> None:
+        """Read one report: samples due before it are written first."""
+        vt = (report.timestamp - self._start).total_seconds()
+        while self._next_point() < vt:
+            self._sample(self._next_point())
+            self._k += 1
+        self.processed += 1
+        self._last_vt = vt
+        if not isinstance(report, PowerReport):
+            return
+        scope = str(report.metadata.get("scope", ""))
+        lp = self._lp(scope, report.target)
+        series = (str(report.metadata.get("socket", "")), str(report.metadata.get("device", "")))
+        last = lp.last.get(series)
+        if last is not None:
+            seconds = (report.timestamp - last).total_seconds()
+            if seconds > 0:
+                lp.energy_j += report.power * seconds
+        lp.last[series] = report.timestamp
+        lp.power_w[series] = report.power
+        lp.reports += 1
+        self._kp_reports[lp.kp] += 1
+        self.sent += 1
+        if self.events is not None:
+            self.events.write(EVENT.pack(lp.id, lp.id, vt, vt, vt, EVENT_DATA.size))
+            self.events.write(EVENT_DATA.pack(report.power))
+
+    def close(self) -> None:
+        """Write the samples left up to the run's end, the last one at the end itself."""
+        end = max(self.run.duration_s, self._last_vt)
+        while self._next_point() < end:
+            self._sample(self._next_point())
+            self._k += 1
+        if self._last_sample is None or self._last_sample < end:
+            self._sample(end, final=True)
+
+    def _sample(self, vt: float, *, final: bool = False) -> None:
+        self.samples_taken += 1
+        self._last_sample = vt
+        rt = self._last_vt
+        write = self.samples.write
+        dropped = late = 0
+        if final and self.ledger is not None:
+            dropped = sum(
+                _ledger_count(self.ledger, key) for key in ("rejected_input", "dead_in", "dead_out")
+            )
+            late = _ledger_count(self.ledger, "late")
+        processed = _u32(self.processed)
+        efficiency = _FULL * (1.0 - late / self.processed) if self.processed else _FULL
+        write(METADATA.pack(PE_TYPE, PE_SAMPLE.size, vt, rt))
+        write(
+            PE_SAMPLE.pack(
+                PE_ID, processed, _u32(dropped), _u32(late), 0, 0, 0, 0,
+                _u32(self.sent), processed, _u32(self.samples_taken), 0, 0,
+                efficiency, *(0.0,) * 12,
+            )
+        )  # fmt: skip
+        for kp in sorted(self._kp_reports):
+            count = _u32(self._kp_reports[kp])
+            write(METADATA.pack(KP_TYPE, KP_SAMPLE.size, vt, rt))
+            write(KP_SAMPLE.pack(PE_ID, kp, count, 0, 0, 0, 0, count, count, 0.0, _FULL))
+        for lp in self._by_id:
+            count = _u32(lp.reports)
+            write(METADATA.pack(LP_TYPE, LP_SAMPLE.size, vt, rt))
+            write(LP_SAMPLE.pack(PE_ID, lp.kp, lp.id, count, 0, 0, count, count, _FULL))
+        for lp in self._by_id:
+            write(METADATA.pack(MODEL_TYPE, MODEL_METADATA.size, vt, rt))
+            write(MODEL_METADATA.pack(PE_ID, lp.kp, lp.id, vt, VT_STATS, MODEL_DATA.size))
+            write(MODEL_DATA.pack(sum(lp.power_w.values()), lp.energy_j, lp.kp, _u32(lp.reports)))
+
+    def description(self) -> dict[str, Any]:
+        """What the ids and the model data mean, for a reader that has only the binary files.
+
+        ROSS's records carry numbers only; the names of the KPs and LPs travel beside them.
+        """
+        run = self.run
+        return {
+            "run": run.id,
+            "experiment": run.experiment,
+            "benchmark": run.benchmark,
+            "settings": run.settings,
+            "repetition": run.repetition,
+            "start": run.start.isoformat(),
+            "end": run.end.isoformat(),
+            "interval_s": self.interval_s,
+            "samples": self.samples_taken,
+            "reports": self.processed,
+            "power_reports": self.sent,
+            "pe": {"id": PE_ID, "is": "the wattflow service"},
+            "kps": [
+                {"id": kp, "scope": scope}
+                for scope, kp in sorted(self.kps.items(), key=lambda item: item[1])
+            ],
+            "lps": [
+                {"id": lp.id, "kp": lp.kp, "scope": lp.scope, "target": lp.target}
+                for lp in self._by_id
+            ],
+            "stats_type": VT_STATS,
+            "model_data": {
+                "struct": MODEL_DATA.format,
+                "fields": ["power_w", "energy_j", "scope", "reports"],
+            },
+            "event_data": {"struct": EVENT_DATA.format, "fields": ["power_w"]},
+            "ledger": self.ledger,
+        }
