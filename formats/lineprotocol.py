@@ -3,18 +3,23 @@
 PowerReport → measurement ``power_consumption``, tags ``sensor``, ``target`` and the report's
 metadata (nested tables flattened one level as ``parent_child``; ``.``, ``-`` and ``/`` in tag
 names replaced by ``_``, with a CRC32 suffix where two names would collide, as PowerAPI does),
-field ``power``. ``--tags`` keeps only the named metadata tags. Every metadata value is a tag, as
-in PowerAPI (so ``ratio`` is a tag there too).
+field ``power``. ``--tags`` keeps only the named (sanitised) metadata tags. Every metadata value
+is a tag, as in PowerAPI (so ``ratio`` is a tag there too), written as Python's ``str()`` of it,
+which is what PowerAPI's client does; ``None`` and empty values are left out, as there.
+A PowerReport's line is byte for byte the one ``influxdb-client`` makes of PowerAPI's point.
 
 FormulaReport → measurement ``formula_report``, tags ``sensor`` and ``target``, its metadata as
-fields: numbers as float fields, booleans as booleans, text as strings, and nested values as
-JSON text. (PowerAPI 2.10 defines this point but fails to write it.)
+fields. Numbers are written as floats, integers included: a model's ``error`` or ``intercept``
+may be ``0`` in one report and ``0.5`` in the next, and InfluxDB refuses a field whose type
+changes (``field type conflict``). Booleans stay booleans, text is a string field, and nested
+values (coefficient lists, tables) are JSON-encoded into a string field rather than dropped, so
+the model can be read back whole. (PowerAPI 2.10 defines this point but fails to write it.)
 
 wattflow's own kinds: GPUReport → ``gpu``, one point per device (tag ``device``), each numeric
 reading a field, absent readings left out; MeterReport → ``meter``, one point per channel (tag
 ``channel``, field ``power_mw``); EventReport → ``event``, field ``event`` (and ``data``).
 
-Times are Unix milliseconds (write with ``precision=ms``).
+Times are Unix milliseconds: write them with ``precision=ms``. Everything here is pure: no I/O.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 from zlib import crc32
 
@@ -38,19 +44,37 @@ from wattflow.formats.reports import (
 )
 
 _TAG_NAME_TRANSLATION = str.maketrans({".": "_", "-": "_", "/": "_"})
-_KEY_ESCAPES = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n"})
-_MEASUREMENT_ESCAPES = str.maketrans({",": r"\,", " ": r"\ ", "\n": r"\n"})
+# The escapes influxdb-client applies, so that lines match the ones PowerAPI's client writes.
+_KEY_ESCAPES = str.maketrans(
+    {",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n", "\t": r"\t", "\r": r"\r"}
+)
+_MEASUREMENT_ESCAPES = str.maketrans(
+    {",": r"\,", " ": r"\ ", "\n": r"\n", "\t": r"\t", "\r": r"\r"}
+)
+_STRING_ESCAPES = str.maketrans({'"': r"\"", "\\": "\\\\"})
 _GPU_FIELDS = (
     "power", "total_energy", "util_gpu", "util_mem", "clock_gpu", "clock_mem", "app_clock_gpu",
     "app_clock_mem", "enforced_power_limit", "power_state", "temperature", "pci_tx", "pci_rx",
 )  # fmt: skip
 
+PowerLayout = tuple[tuple[str, int], ...]
+"""Tag prefixes (``,name=``) in line order, each with the index of its value in
+``(sensor, target, *metadata.values())``."""
+
+_power_layouts: dict[tuple[tuple[str, ...], tuple[str, ...]], PowerLayout] = {}
+_LAYOUTS_KEPT = 4096
+_last_time: tuple[datetime | None, int] = (None, 0)
+
 
 def flatten_tags(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested tables one level deep become ``parent_child`` tags, as PowerAPI flattens them."""
+    """Nested tables one level deep become ``parent_child`` tags, as PowerAPI flattens them.
+
+    Like PowerAPI, only ``dict`` values are tables, and a flattened name that repeats an
+    earlier key replaces it.
+    """
     flat: dict[str, Any] = {}
     for key, value in metadata.items():
-        if isinstance(value, Mapping):
+        if isinstance(value, dict):
             for child, inner in value.items():
                 flat[f"{key}_{child}"] = inner
         else:
@@ -59,7 +83,11 @@ def flatten_tags(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def sanitized_names(names: Iterable[str]) -> dict[str, str]:
-    """Each tag name and the name InfluxDB and Prometheus accept, made unique as PowerAPI does."""
+    """Each tag name and the name InfluxDB and Prometheus accept, made unique as PowerAPI does.
+
+    A suffix is added only where two names collide, so that a name stays the same from one
+    report to the next as long as its neighbours do, as PowerAPI's names do.
+    """
     sanitized = {name: name.translate(_TAG_NAME_TRANSLATION) for name in names}
     counts = Counter(sanitized.values())
     return {
@@ -68,86 +96,171 @@ def sanitized_names(names: Iterable[str]) -> dict[str, str]:
     }
 
 
-def power_tags(report: Report, selected: Iterable[str] = ()) -> dict[str, str]:
-    """``sensor``, ``target`` and the metadata tags (only ``selected`` ones when given)."""
+def power_tags(report: Report, selected: Iterable[str] = ()) -> dict[str, Any]:
+    """``sensor``, ``target`` and the metadata tags (only ``selected`` ones when given).
+
+    Values are left as they are (``str()`` is applied when the line is written); a metadata
+    tag named ``sensor`` or ``target`` replaces the report's, as PowerAPI's ``|`` merge does.
+    """
     flat = flatten_tags(report.metadata)
     names = sanitized_names(flat)
     wanted = set(selected)
-    tags = {"sensor": report.sensor, "target": report.target}
+    tags: dict[str, Any] = {"sensor": report.sensor, "target": report.target}
     for name, value in flat.items():
         new = names[name]
         if not wanted or new in wanted:
-            tags[new] = _tag_value(value)
+            tags[new] = value
     return tags
 
 
-def _tag_value(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "True" if value else "False"  # as Python's str(), which PowerAPI's client uses
-    if isinstance(value, list | dict):
-        return orjson.dumps(value).decode()
-    return str(value)
+def _tag_text(value: Any) -> str:
+    """A tag value as influxdb-client writes it: ``str()`` of it, escaped.
+
+    The client adds a space after a final backslash, which would otherwise escape the space
+    that ends the tag set; the same is done here so that lines stay PowerAPI's.
+    """
+    text: str = (value if value.__class__ is str else str(value)).translate(_KEY_ESCAPES)
+    return text + " " if text.endswith("\\") else text
 
 
-def _escape_key(text: str) -> str:
-    return text.translate(_KEY_ESCAPES)
+def _float_text(number: float) -> str:
+    """A float without a trailing ``.0``, as influxdb-client writes it (still a float field)."""
+    text = repr(number)
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _field_value(value: Any) -> str | None:
-    """A field value in line protocol; None for what a field cannot hold (NaN, None)."""
+    """A field value in line protocol; None for what a field cannot hold (NaN, infinity, None)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         number = float(value)
-        return None if math.isnan(number) or math.isinf(number) else repr(number)
+        return None if math.isnan(number) or math.isinf(number) else _float_text(number)
     if value is None:
         return None
     text: str = value if isinstance(value, str) else orjson.dumps(value).decode()
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    # Line protocol quotes strings: only '"' and '\' are escaped; a newline is kept as it is.
+    return '"' + text.translate(_STRING_ESCAPES) + '"'
 
 
 def point(
-    measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], millis: int
+    measurement: str, tags: Mapping[str, Any], fields: Mapping[str, Any], millis: int
 ) -> str | None:
-    """One line, or None when no field has a value (InfluxDB refuses a point without fields)."""
+    """One line, or None when no field has a value (InfluxDB refuses a point without fields).
+
+    Tags and fields are sorted by name, as influxdb-client sorts them; tags with no value
+    (``None`` or empty text) are left out, as there.
+    """
     rendered = [
-        f"{_escape_key(key)}={text}"
-        for key, value in fields.items()
+        f"{key.translate(_KEY_ESCAPES)}={text}"
+        for key, value in sorted(fields.items())
         if (text := _field_value(value)) is not None
     ]
     if not rendered:
         return None
     tag_text = "".join(
-        f",{_escape_key(key)}={_escape_key(value)}"
+        f",{key.translate(_KEY_ESCAPES)}={text}"
         for key, value in sorted(tags.items())
-        if value != ""
+        if value is not None and (text := _tag_text(value)) != "" and key != ""
     )
     return f"{measurement.translate(_MEASUREMENT_ESCAPES)}{tag_text} {','.join(rendered)} {millis}"
+
+
+def _power_layout(keys: tuple[str, ...], selected: tuple[str, ...]) -> PowerLayout:
+    """Where each tag of a PowerReport with these flat metadata keys goes in its line."""
+    names = sanitized_names(keys)
+    wanted = set(selected)
+    index_of = {"sensor": 0, "target": 1}
+    for position, key in enumerate(keys):
+        name = names[key]
+        if not wanted or name in wanted:
+            index_of[name] = position + 2
+    return tuple(
+        (f",{name.translate(_KEY_ESCAPES)}=", index)
+        for name, index in sorted(index_of.items())
+        if name != ""
+    )
+
+
+def _power_line(report: PowerReport, selected: tuple[str, ...]) -> str:
+    """A PowerReport's line, without building its tag table.
+
+    Formulas write thousands of PowerReports a second, nearly all with the same metadata keys:
+    the sanitised, selected and sorted tag names are worked out once per set of keys and only
+    the values are written per report. Metadata with a nested table takes the general path.
+    """
+    global _last_time
+    metadata = report.metadata
+    values = (report.sensor, report.target, *metadata.values())
+    for value in values:
+        if value.__class__ is dict:
+            return _general_power_line(report, selected)
+    cache_key = (tuple(metadata), selected)
+    layout = _power_layouts.get(cache_key)
+    if layout is None:
+        if len(_power_layouts) >= _LAYOUTS_KEPT:
+            _power_layouts.clear()
+        layout = _power_layouts[cache_key] = _power_layout(cache_key[0], selected)
+    power = report.power
+    if not math.isfinite(power):
+        raise ValueError(f"power is {power}: InfluxDB cannot store it")
+    parts = ["power_consumption"]
+    for prefix, index in layout:
+        value = values[index]
+        if value is not None:
+            text = _tag_text(value)
+            if text:
+                parts.append(prefix)
+                parts.append(text)
+    timestamp = report.timestamp
+    # One tick's reports share their timestamp object; a tuple is replaced whole, so threads
+    # encoding at once never read one time with another's milliseconds.
+    last = _last_time
+    if last[0] is timestamp:
+        millis = last[1]
+    else:
+        millis = to_millis(timestamp)
+        _last_time = (timestamp, millis)
+    parts.append(f" power={_float_text(float(power))} {millis}")
+    return "".join(parts)
+
+
+def _general_power_line(report: PowerReport, selected: Iterable[str]) -> str:
+    line = point(
+        "power_consumption",
+        power_tags(report, selected),
+        {"power": report.power},
+        to_millis(report.timestamp),
+    )
+    if line is None:
+        raise ValueError(f"power is {report.power}: InfluxDB cannot store it")
+    return line
 
 
 def lines(report: Report, selected_tags: Iterable[str] = ()) -> list[str]:
     """The report's points (most kinds have one; GPU and meter reports one per device or channel).
 
+    ``selected_tags`` applies to PowerReports only, as PowerAPI's ``--tags`` does; a tuple is
+    cheapest, as it keys the PowerReport layout cache as it is.
+
     Raises:
-        ValueError: for a report kind with no point layout.
+        ValueError: for a report kind with no point layout, or a PowerReport or FormulaReport
+            with nothing InfluxDB can store (a NaN power, no usable metadata).
     """
+    if type(report) is PowerReport:
+        selected = selected_tags if type(selected_tags) is tuple else tuple(selected_tags)
+        return [_power_line(report, selected)]
     millis = to_millis(report.timestamp)
     found: list[str | None]
-    if type(report) is PowerReport:
-        found = [
-            point(
-                "power_consumption",
-                power_tags(report, selected_tags),
-                {"power": report.power},
-                millis,
-            )
-        ]
-    elif isinstance(report, FormulaReport):
+    if isinstance(report, PowerReport):  # a subclass: no fast path
+        return [_general_power_line(report, selected_tags)]
+    if isinstance(report, FormulaReport):
         tags = {"sensor": report.sensor, "target": report.target}
-        found = [point("formula_report", tags, report.metadata, millis)]
-    elif isinstance(report, GPUReport):
+        line = point("formula_report", tags, report.metadata, millis)
+        if line is None:
+            raise ValueError("no metadata value InfluxDB can store as a field")
+        return [line]
+    if isinstance(report, GPUReport):
         found = []
         for index, device in report.devices.items():
             values = {name: getattr(device, name) for name in _GPU_FIELDS}
@@ -169,3 +282,37 @@ def lines(report: Report, selected_tags: Iterable[str] = ()) -> list[str]:
     else:
         raise ValueError(f"no InfluxDB point layout for {report.kind}")
     return [line for line in found if line is not None]
+
+
+Request = tuple[list[Report], list[str]]
+"""The reports one write request carries, and their lines."""
+
+
+def requests(
+    reports: Iterable[Report], selected_tags: Iterable[str], max_points: int
+) -> tuple[list[Request], list[tuple[Report, str]]]:
+    """A batch's lines cut into requests of at most ``max_points`` lines, and the refused reports.
+
+    A report's lines stay in one request, so that a request the server refuses names exactly
+    the reports it held; a report with more lines than ``max_points`` (a GPU report of a large
+    node under a tiny limit) goes alone.
+    """
+    selected = tuple(selected_tags)
+    found: list[Request] = []
+    refused: list[tuple[Report, str]] = []
+    held: list[Report] = []
+    held_lines: list[str] = []
+    for report in reports:
+        try:
+            report_lines = lines(report, selected)
+        except ValueError as error:
+            refused.append((report, str(error)))
+            continue
+        if held and len(held_lines) + len(report_lines) > max_points:
+            found.append((held, held_lines))
+            held, held_lines = [], []
+        held.append(report)
+        held_lines.extend(report_lines)
+    if held_lines:
+        found.append((held, held_lines))
+    return found, refused

@@ -1,28 +1,57 @@
-"""The InfluxDB outputs against Debian's influxd 1.6.7 and VictoriaMetrics, read back."""
+"""The InfluxDB outputs against Debian's influxd 1.6.7 and VictoriaMetrics, read back.
+
+Points are compared with PowerAPI 2.10's: its tag algorithm is transcribed below and its
+client library (``influxdb-client``) encodes the point, so a line that differs is a layout that
+differs. Then every output writes to a real server and the test reads back what it stored.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from zlib import crc32
 
 import orjson
 import pytest
 import urllib3
+from influxdb_client.client.write.point import Point
+from influxdb_client.domain.write_precision import WritePrecision
 
+from wattflow.actors.errors import PushUnavailable
 from wattflow.actors.pushers.influxdb import InfluxDBPusher, InfluxDBPusherConfig, query
+from wattflow.actors.pushers.influxdb2 import InfluxDB2Pusher, InfluxDB2PusherConfig
 from wattflow.formats import lineprotocol, powerapi
-from wattflow.formats.reports import FormulaReport, PowerReport, Report
+from wattflow.formats.reports import (
+    EventReport,
+    FormulaReport,
+    GPUDevice,
+    GPUReport,
+    MeterReport,
+    PowerReport,
+    Report,
+    to_millis,
+)
 
 from .conftest import run_async, wattflow
 from .servers import ServerProcess, free_port
-from .servers_influx import influx_uri, influxd_server, start_influxd
+from .servers_influx import (
+    create_admin,
+    influx_uri,
+    influxd_server,
+    start_influxd,
+    start_victoria_metrics,
+    victoria_metrics,
+)
 
 START = datetime(2026, 2, 1, tzinfo=UTC)
+MILLIS = int(START.timestamp() * 1000)
 
 
 def power_reports(ticks: int, targets: int = 3) -> list[PowerReport]:
@@ -44,7 +73,77 @@ def write_jsonl(path: Path, reports: list[Report]) -> Path:
     return path
 
 
-def test_points_are_laid_out_as_powerapi_writes_them() -> None:
+def powerapi_line(report: PowerReport, selected: list[str]) -> str:
+    """PowerAPI 2.10's ``PowerReport.to_influxdb``, transcribed, encoded by its client library.
+
+    PowerAPI gives the time as ``str(timestamp)`` of a naive local datetime, which the client
+    turns into the same instant; milliseconds are given here so the test does not depend on
+    the machine's time zone.
+    """
+    metadata = report.metadata
+    flat = {
+        f"{parent}_{child}" if isinstance(value, dict) else parent: inner
+        for parent, value in metadata.items()
+        for child, inner in (value.items() if isinstance(value, dict) else {parent: value}.items())
+    }
+    sanitized = {name: name.translate(str.maketrans(".-/", "___")) for name in flat}
+    counts = Counter(sanitized.values())
+    names = {
+        name: new if counts[new] == 1 else f"{new}_{crc32(name.encode()):x}"
+        for name, new in sanitized.items()
+    }
+    tags = {names[name]: value for name, value in flat.items()}
+    if selected:
+        tags = {name: value for name, value in tags.items() if name in selected}
+    record = {
+        "measurement": "power_consumption",
+        "tags": {"sensor": report.sensor, "target": report.target} | tags,
+        "fields": {"power": report.power},
+        "time": to_millis(report.timestamp),
+    }
+    line: str = Point.from_dict(
+        record, write_precision=cast(WritePrecision, WritePrecision.MS)
+    ).to_line_protocol()
+    return line
+
+
+METADATA_SHAPES: list[dict[str, Any]] = [
+    {"scope": "cpu", "socket": "0", "formula": "abc", "ratio": 0.5},
+    {"scope": "cpu", "socket": 0, "flag": True, "nothing": None, "empty": "", "list": [1, "a b"]},
+    {
+        "scope": "dram",
+        "k8s": {"pod-name": "web 1", "app.kubernetes.io/name": "shop,eu=1"},
+        "pod.name": "x",
+        "pod-name": "y",
+        "pod/name": "z",
+        "deep": {"a": {"b": 1}},
+    },
+    {"sensor": "replaced", "tab\tkey": "new\nline", "end": "back\\"},
+    {},
+]
+
+
+@pytest.mark.parametrize("selected", [[], ["scope", "k8s_pod_name", "socket", "missing"]])
+@pytest.mark.parametrize("metadata", METADATA_SHAPES)
+def test_power_points_are_the_lines_powerapi_writes(
+    metadata: dict[str, Any], selected: list[str]
+) -> None:
+    for power in (12.5, 12.0, 1e-7):
+        report = PowerReport(
+            timestamp=START + timedelta(microseconds=1500),
+            sensor="node 1",
+            target="/docker/a,b=c",
+            power=power,
+            metadata=metadata,
+        )
+        expected = powerapi_line(report, selected)
+        # Twice: the first line works the layout out, the second reuses it.
+        assert lineprotocol.lines(report, selected) == [expected]
+        assert lineprotocol.lines(report, tuple(selected)) == [expected]
+        assert expected.endswith(f" {MILLIS + 1}")
+
+
+def test_tag_names_are_flattened_and_sanitised_as_powerapi_names_them() -> None:
     report = PowerReport(
         timestamp=START,
         sensor="node 1",
@@ -58,9 +157,8 @@ def test_points_are_laid_out_as_powerapi_writes_them() -> None:
         },
     )
     [line] = lineprotocol.lines(report)
-    millis = int(START.timestamp() * 1000)
     assert line.startswith("power_consumption,")
-    assert line.endswith(f" power=12.5 {millis}")
+    assert line.endswith(f" power=12.5 {MILLIS}")
     tags = dict(
         part.split("=", 1) for part in line.split(" power=")[0].replace("\\ ", "␣").split(",")[1:]
     )
@@ -72,44 +170,145 @@ def test_points_are_laid_out_as_powerapi_writes_them() -> None:
     assert tags[f"pod_name_{crc32(b'pod.name'):x}"] == "x"
     assert tags[f"pod_name_{crc32(b'pod-name'):x}"] == "y"
     [only_scope] = lineprotocol.lines(report, ["scope"])
-    assert "k8s" not in only_scope
-    assert ",scope=cpu," in only_scope
+    assert (
+        only_scope
+        == f"power_consumption,scope=cpu,sensor=node\\ 1,target=/docker/abc power=12.5 {MILLIS}"
+    )
+
+
+def test_the_other_kinds_have_their_own_measurements() -> None:
+    model = FormulaReport(
+        timestamp=START,
+        sensor="s",
+        target="model",
+        metadata={"samples": 3, "error": 0, "ok": True, "name": 'a "b"\\', "coef": [1.5, 2]},
+    )
+    assert lineprotocol.lines(model) == [
+        f'formula_report,sensor=s,target=model coef="[1.5,2]",error=0,name="a \\"b\\"\\\\",'
+        f"ok=true,samples=3 {MILLIS}"
+    ]
+    gpu = GPUReport(
+        timestamp=START,
+        sensor="s",
+        target="all",
+        devices={"0": GPUDevice(power=70000.0, util_gpu=50.0), "1": GPUDevice(temperature=40)},
+    )
+    assert lineprotocol.lines(gpu) == [
+        f"gpu,device=0,sensor=s,target=all power=70000,util_gpu=50 {MILLIS}",
+        f"gpu,device=1,sensor=s,target=all temperature=40 {MILLIS}",
+    ]
+    meter = MeterReport(timestamp=START, sensor="m", target="all", channels={"d0c1": 1500.5})
+    assert lineprotocol.lines(meter) == [
+        f"meter,channel=d0c1,sensor=m,target=all power_mw=1500.5 {MILLIS}"
+    ]
+    event = EventReport(timestamp=START, sensor="app", target="all", event="epoch_begin")
+    assert lineprotocol.lines(event) == [
+        f'event,sensor=app,target=all event="epoch_begin" {MILLIS}'
+    ]
+    with pytest.raises(ValueError, match="power is nan"):
+        lineprotocol.lines(PowerReport(timestamp=START, sensor="s", target="t", power=math.nan))
+
+
+def test_a_request_never_holds_more_points_than_the_batch_size() -> None:
+    def gpus(count: int) -> GPUReport:
+        devices = {str(i): GPUDevice(power=1.0) for i in range(count)}
+        return GPUReport(timestamp=START, sensor="s", target="all", devices=devices)
+
+    batch: list[Report] = [gpus(3), gpus(3), gpus(2), gpus(9), gpus(1)]
+    found, refused = lineprotocol.requests(batch, (), 5)
+    assert refused == []
+    assert [len(points) for _, points in found] == [3, 5, 9, 1]
+    assert [reports for reports, _ in found] == [batch[:1], batch[1:3], batch[3:4], batch[4:]]
+
+
+def show(uri: str, statement: str, database: str = "power") -> list[list[Any]]:
+    """The values of an InfluxQL ``SHOW`` statement (its first series)."""
+    response = urllib3.request("GET", f"{uri}/query", fields={"db": database, "q": statement})
+    series = orjson.loads(response.data)["results"][0].get("series", [])
+    return [values for found in series for values in found.get("values", [])]
 
 
 def test_the_v1_output_creates_the_database_and_reads_back_with_influxql(
     influxdb_server: ServerProcess, tmp_path: Path
 ) -> None:
+    """Through the real command line: PowerAPI's tags, --tags, FormulaReports, a new database."""
     reports: list[Report] = list(power_reports(10))
     reports.append(
-        FormulaReport(
+        PowerReport(
             timestamp=START,
             sensor="node-1",
-            target="model-1",
-            metadata={"scope": "cpu", "layer_frequency": 2100, "error": 0.5, "coef": "[1, 2]"},
+            target="pod-1",
+            power=3.5,
+            metadata={"scope": "cpu", "k8s": {"pod.name": "web"}, "a-b": "1", "a.b": "2"},
         )
     )
-    source = write_jsonl(tmp_path / "power.jsonl", reports[:-1])
-    formula_source = write_jsonl(tmp_path / "formula.jsonl", reports[-1:])
+    model = FormulaReport(
+        timestamp=START,
+        sensor="node-1",
+        target="model-1",
+        metadata={"scope": "cpu", "layer_frequency": 2100, "error": 0.5, "coef": [1, 2.5]},
+    )
+    source = write_jsonl(tmp_path / "power.jsonl", reports)
+    formula_source = write_jsonl(tmp_path / "formula.jsonl", [model])
     uri = influx_uri(influxdb_server)
+    assert ["power"] not in show(uri, "SHOW DATABASES")
     done = wattflow(
         "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
         "--input", "jsonl", "--model", "FormulaReport", "--files", str(formula_source),
         "--output", "influxdb", "--uri", uri, "--db", "power", "--batch-size", "7",
+        "--output", "influxdb", "--name", "selected", "--uri", uri, "--db", "selected",
+        "--tags", "scope,k8s_pod_name",
         "--output", "influxdb", "--model", "FormulaReport", "--uri", uri, "--db", "power",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert ["power"] in show(uri, "SHOW DATABASES")
     rows = query(uri, "power", "SELECT * FROM power_consumption")
-    assert len(rows) == 30
+    assert len(rows) == 31
     first = min(rows, key=lambda row: (str(row["time"]), str(row["target"])))
-    assert first["time"] == int(START.timestamp() * 1000)
+    assert first["time"] == MILLIS
     assert (first["sensor"], first["target"], first["power"]) == ("node-1", "c0", 0.0)
     assert (first["scope"], first["socket"], first["ratio"]) == ("cpu", "0", "0.5")
-    [model] = query(uri, "power", "SELECT * FROM formula_report")
-    assert (model["target"], model["layer_frequency"], model["coef"]) == (
+    tag_keys = {key for [key] in show(uri, "SHOW TAG KEYS FROM power_consumption")}
+    assert tag_keys == {
+        "sensor", "target", "scope", "socket", "formula", "ratio", "k8s_pod_name",
+        f"a_b_{crc32(b'a-b'):x}", f"a_b_{crc32(b'a.b'):x}",
+    }  # fmt: skip
+    [pod] = query(uri, "power", "SELECT * FROM power_consumption WHERE target = 'pod-1'")
+    assert (pod["k8s_pod_name"], pod["power"]) == ("web", 3.5)
+    selected = query(uri, "selected", "SELECT * FROM power_consumption")
+    assert len(selected) == 31
+    assert {key for [key] in show(uri, "SHOW TAG KEYS FROM power_consumption", "selected")} == {
+        "sensor", "target", "scope", "k8s_pod_name",
+    }  # fmt: skip
+    [written] = query(uri, "power", "SELECT * FROM formula_report")
+    assert written["time"] == MILLIS
+    assert (written["target"], written["layer_frequency"], written["error"]) == (
         "model-1",
         2100.0,
-        "[1, 2]",
+        0.5,
     )
+    assert json.loads(str(written["coef"])) == [1, 2.5]
+    assert written["scope"] == "cpu"
+
+
+def write_requests(uri: str) -> int:
+    """How many ``/write`` requests influxd has answered, from its own statistics."""
+    stats = orjson.loads(urllib3.request("GET", f"{uri}/debug/vars").data)
+    return sum(
+        value["values"]["writeReq"] for key, value in stats.items() if key.startswith("httpd")
+    )
+
+
+def test_batches_are_cut_into_requests_of_batch_size_points(
+    influxdb_server: ServerProcess,
+) -> None:
+    uri = influx_uri(influxdb_server)
+    urllib3.request("POST", f"{uri}/query", fields={"q": "CREATE DATABASE power"})
+    before = write_requests(uri)
+    config = InfluxDBPusherConfig(uri=uri, db="power", batch_size=7)
+    assert write_in_process(config, [list(power_reports(10))]) == []
+    assert write_requests(uri) - before == 5  # 30 points, 7 a request
+    assert len(query(uri, "power", "SELECT * FROM power_consumption")) == 30
 
 
 def write_in_process(config: InfluxDBPusherConfig, batches: list[list[Report]]) -> list[Any]:
@@ -249,17 +448,32 @@ def test_the_password_never_appears_in_logs(influxdb_server: ServerProcess, tmp_
     assert "hunter2" not in bad.stderr
 
 
+def vm_write_requests(uri: str) -> int:
+    """How many InfluxDB writes VictoriaMetrics has taken, from its own metrics."""
+    metrics = urllib3.request("GET", f"{uri}/metrics").data.decode()
+    return sum(
+        int(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('vm_http_requests_total{path="/influx/write"')
+    )
+
+
 def test_the_v2_output_writes_to_victoria_metrics(
     victoria_metrics_server: ServerProcess, tmp_path: Path
 ) -> None:
+    """PowerAPI's influxdb2 flags, --port appended to a uri without one, --tags, --batch-size."""
     source = write_jsonl(tmp_path / "power.jsonl", list(power_reports(5)))
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
     uri = influx_uri(victoria_metrics_server)
     done = wattflow(
         "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
-        "--output", "influxdb2", "--uri", uri, "--org", "org", "--db", "power",
-        "--token", "t0ken", "--tags", "scope,socket", "--batch-size", "4",
+        "--output", "influxdb2", "--uri", "http://127.0.0.1",
+        "-p", str(victoria_metrics_server.port), "-g", "org", "-d", "power",
+        "--token-file", str(token), "-t", "scope,socket", "--batch-size", "4",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert vm_write_requests(uri) == 4  # 15 points, 4 a request
     urllib3.request("GET", f"{uri}/internal/force_flush")
     response = urllib3.request(
         "GET", f"{uri}/api/v1/export", fields={"match[]": '{__name__="power_consumption_power"}'}
@@ -270,10 +484,134 @@ def test_the_v2_output_writes_to_victoria_metrics(
     assert set(labels) == {"__name__", "sensor", "target", "scope", "socket"}
     by_target = {s["metric"]["target"]: s for s in series}
     assert by_target["c1"]["values"] == pytest.approx([10.0 + t / 10 for t in range(5)])
-    assert by_target["c1"]["timestamps"][0] == int(START.timestamp() * 1000)
+    assert by_target["c1"]["timestamps"] == [MILLIS + 1000 * t for t in range(5)]
     missing_port = wattflow(
         "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
         "--output", "influxdb2", "--uri", "http://127.0.0.1", "--org", "o", "--db", "b",
     )  # fmt: skip
     assert missing_port.returncode == 2
     assert "no port" in missing_port.stderr
+    both = wattflow(
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        "--output", "influxdb2", "--uri", uri, "--org", "o", "--db", "b",
+        "--token", "t0ken", "--token-file", str(token),
+    )  # fmt: skip
+    assert both.returncode == 2
+    assert "one of --token, --token-file" in both.stderr
+
+
+def test_a_refused_write_leaves_the_pipeline_running(
+    influxdb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """Through the service: the refused request's report is a dead letter; the rest is written."""
+    models: list[Report] = [
+        FormulaReport(
+            timestamp=START + timedelta(seconds=second),
+            sensor="node-1",
+            target="model-1",
+            metadata={"error": "high" if second == 3 else second / 10},
+        )
+        for second in range(8)
+    ]
+    source = write_jsonl(tmp_path / "formula.jsonl", models)
+    letters = tmp_path / "dead.jsonl"
+    uri = influx_uri(influxdb_server)
+    urllib3.request("POST", f"{uri}/query", fields={"q": "CREATE DATABASE power"})
+    # The first point fixes the field's type (float); the text at second 3 conflicts with it.
+    assert (
+        write_in_process(
+            InfluxDBPusherConfig(uri=uri, db="power", model="FormulaReport"), [models[:1]]
+        )
+        == []
+    )
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "FormulaReport", "--files", str(source),
+        "--output", "influxdb", "--model", "FormulaReport", "--uri", uri, "--db", "power",
+        "--batch-size", "1", "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "1 reports could not be written" in done.stderr
+    [letter] = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert letter["payload"]["metadata"] == {"error": "high"}
+    assert "server refused the write (400)" in letter["reason"]
+    assert "field type conflict" in letter["reason"]
+    rows = query(uri, "power", "SELECT * FROM formula_report")
+    assert [row["error"] for row in rows] == [0.0, 0.1, 0.2, 0.4, 0.5, 0.6, 0.7]
+
+
+def test_credentials_from_the_environment_or_a_file_and_never_shown(
+    tmp_path: Path,
+) -> None:
+    """On an influxd with auth: the right password writes, a wrong one is refused, unseen."""
+    server = influxd_server(tmp_path / "influxd", auth=True)
+    start_influxd(server)
+    try:
+        create_admin(server, "admin", "s3cret-right")
+        uri = influx_uri(server)
+        source = write_jsonl(tmp_path / "power.jsonl", list(power_reports(2)))
+        run = (
+            "run", "-v", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+            "--output", "influxdb", "--uri", uri, "--db", "power", "--user", "admin",
+        )  # fmt: skip
+        done = wattflow(*run, env={"POWERAPI_OUTPUT_PUSHER_INFLUXDB_PASSWORD": "s3cret-right"})
+        assert done.returncode == 0, done.stderr
+        assert "s3cret" not in done.stderr + done.stdout
+        wrong = tmp_path / "password"
+        wrong.write_text("s3cret-wrong\n")
+        refused = wattflow(*run, "--password-file", str(wrong), "--retry-for-s", "1")
+        assert refused.returncode == 1
+        assert "not authorised (401)" in refused.stderr
+        assert "s3cret" not in refused.stderr + refused.stdout
+        check = urllib3.request(
+            "GET",
+            f"{uri}/query",
+            fields={"db": "power", "q": "SELECT count(power) FROM power_consumption"},
+            headers=urllib3.make_headers(basic_auth="admin:s3cret-right"),
+        )
+        assert orjson.loads(check.data)["results"][0]["series"][0]["values"][0][1] == 6
+    finally:
+        server.stop(kill=True)
+
+
+def write_v2(config: InfluxDB2PusherConfig, batch: list[Report]) -> list[Any]:
+    pusher = InfluxDB2Pusher(config)
+
+    async def go() -> list[Any]:
+        await pusher.check()
+        await pusher.open()
+        try:
+            return await pusher.write(batch)
+        finally:
+            await pusher.close()
+
+    return run_async(go())
+
+
+def test_the_v2_output_waits_for_a_late_server_and_refuses_what_it_rejects(
+    tmp_path: Path, influxdb_server: ServerProcess
+) -> None:
+    server = victoria_metrics(tmp_path / "vm")
+    uri = influx_uri(server)
+    token = tmp_path / "token"
+    token.write_text("t0ken-secret\n")
+    config = InfluxDB2PusherConfig(uri=uri, org="o", db="power", token_file=token)
+    batch: list[Report] = list(power_reports(2))
+    with pytest.raises(PushUnavailable) as unavailable:
+        write_v2(config, batch)
+    assert "t0ken" not in str(unavailable.value)
+    start_victoria_metrics(server)
+    try:
+        assert write_v2(config, batch) == []
+        urllib3.request("GET", f"{uri}/internal/force_flush")
+        response = urllib3.request(
+            "GET", f"{uri}/api/v1/export", fields={"match[]": "power_consumption_power"}
+        )
+        assert sum(len(orjson.loads(line)["values"]) for line in response.data.splitlines()) == 6
+    finally:
+        server.stop(kill=True)
+    # influxd 1.6.7 has no /api/v2/write: a 404 that is no missing bucket, so no retry helps.
+    old = InfluxDB2PusherConfig(uri=influx_uri(influxdb_server), org="o", db="b", token_file=token)
+    refused = write_v2(old, batch)
+    assert [report for report, _ in refused] == batch
+    assert "server refused the write (404)" in refused[0][1]
+    assert "t0ken" not in refused[0][1]

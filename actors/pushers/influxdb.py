@@ -2,14 +2,25 @@
 
 Points are PowerAPI's (see :mod:`wattflow.formats.lineprotocol`), written with millisecond
 precision in requests of at most ``--batch-size`` points. InfluxDB stores one point per
-measurement, tag set and time, so a batch written twice (a retry after a timeout that hid
-whether the first attempt landed) leaves the same data: retries never duplicate.
+measurement, tag set and time: writing the same point again overwrites it with itself. So a
+batch written twice (a retry after a timeout that hid whether the first attempt landed, or after
+a failure half-way through a batch split into several requests) leaves the same data: retries
+never duplicate, and the output needs no bookkeeping of what was already sent.
 
-The connection is made on the first write, so a server that is down at start is waited for.
-Errors are sorted by what a retry can do: a server that is unreachable or answers 5xx is
-retried with backoff (the batch waits, the inputs slow down); a database that does not exist
-yet is created and the write tried again; a write the server refuses (400: a field whose type
-conflicts with earlier points) dead-letters that request's reports with the server's message.
+The connection is made on the first write, so a server that is down at start is waited for
+instead of stopping the service. Errors are sorted by what a retry can do:
+
+- unreachable, timed out, 5xx or 429: :class:`PushUnavailable`, retried with backoff for
+  ``--retry-for-s`` (the batch waits, the mailbox fills, the inputs slow down);
+- 404 "database not found": the database is created (``CREATE DATABASE``) and the write tried
+  again;
+- 401 or 403: :class:`PushError`, the whole batch is a dead letter (every request would fail);
+- any other 4xx (400: a field whose type conflicts with earlier points): that request's reports
+  become dead letters with the server's message and the rest of the batch is still written, so
+  one bad point costs its request, not the batch.
+
+The password never reaches a message: it is only in the ``Authorization`` header, and URIs in
+errors pass through :func:`redact_uri`.
 """
 
 from __future__ import annotations
@@ -93,10 +104,16 @@ class InfluxDBPusher(Pusher[InfluxDBPusherConfig]):
     def __init__(self, config: InfluxDBPusherConfig) -> None:
         super().__init__(config)
         self.where = f"output '{config.name}' (influxdb {redact_uri(config.uri)}, db {config.db})"
+        self._tags = tuple(config.tags)
         self._http: urllib3.PoolManager | None = None
         self._headers: dict[str, str] = {}
 
     async def check(self) -> None:
+        """Read the password file, so a missing secret stops the service before it starts.
+
+        Only the configuration is checked: the server may come up later (see the module's
+        docstring), which ``wattflow check`` finds out with :meth:`probe`.
+        """
         self._headers = self._auth_headers()
 
     def _auth_headers(self) -> dict[str, str]:
@@ -128,25 +145,12 @@ class InfluxDBPusher(Pusher[InfluxDBPusherConfig]):
         return f"InfluxDB {headers.get('X-Influxdb-Version', '?')}"
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        refused: list[tuple[Report, str]] = []
-        pending: list[tuple[Report, list[str]]] = []
-        for report in batch:
-            try:
-                pending.append((report, lineprotocol.lines(report, self.config.tags)))
-            except ValueError as error:
-                refused.append((report, f"{self.where}: {error}"))
-        start = 0
-        while start < len(pending):
-            chunk: list[tuple[Report, list[str]]] = []
-            size = 0
-            while start < len(pending) and (not chunk or size < self.config.batch_size):
-                chunk.append(pending[start])
-                size += len(pending[start][1])
-                start += 1
-            body = "\n".join(line for _, report_lines in chunk for line in report_lines)
-            problem = await asyncio.to_thread(self._write, body.encode())
+        found, unwritable = lineprotocol.requests(batch, self._tags, self.config.batch_size)
+        refused = [(report, f"{self.where}: {reason}") for report, reason in unwritable]
+        for reports, request_lines in found:
+            problem = await asyncio.to_thread(self._write, "\n".join(request_lines).encode())
             if problem is not None:
-                refused += [(report, problem) for report, _ in chunk]
+                refused += [(report, problem) for report in reports]
         return refused
 
     def _write(self, body: bytes) -> str | None:
@@ -169,7 +173,8 @@ class InfluxDBPusher(Pusher[InfluxDBPusherConfig]):
 
     def _create_database(self) -> None:
         logger.info("%s: creating the database", self.where)
-        statement = f'CREATE DATABASE "{self.config.db}"'
+        name = self.config.db.replace("\\", "\\\\").replace('"', '\\"')
+        statement = f'CREATE DATABASE "{name}"'
         status, text, _ = self._request(
             "POST",
             "/query",

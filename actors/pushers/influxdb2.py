@@ -2,9 +2,17 @@
 
 The same points as the 1.x output (see :mod:`wattflow.formats.lineprotocol`), written
 synchronously from a worker thread with millisecond precision, so each batch is known to be
-stored, or known to have failed, before the next is taken. A bucket that does not exist is
-created, as PowerAPI does. Anything that speaks ``/api/v2/write`` works, VictoriaMetrics
-included (it has no bucket API and needs none).
+stored, or known to have failed, before the next is taken (the client's batching mode would
+acknowledge reports it may still lose). A bucket that does not exist is created, as PowerAPI
+does. Anything that speaks ``/api/v2/write`` works, VictoriaMetrics included (it has no bucket
+API and needs none).
+
+The client connects on the first write, so a server down at start is waited for. Errors are
+sorted as in the 1.x output: unreachable, 5xx or 429 → :class:`PushUnavailable` (retried with
+backoff); 401/403 → :class:`PushError` (the batch is a dead letter); another 4xx → that request's
+reports are dead letters with the server's message. A retried request rewrites points InfluxDB
+already holds, which overwrites them with themselves: nothing is duplicated. The token is only
+in the client's ``Authorization`` header, never in a message.
 """
 
 from __future__ import annotations
@@ -107,6 +115,7 @@ class InfluxDB2Pusher(Pusher[InfluxDB2PusherConfig]):
     def __init__(self, config: InfluxDB2PusherConfig) -> None:
         super().__init__(config)
         self.where = f"output '{config.name}' (influxdb2 {redact_uri(config.uri)}, {config.db})"
+        self._tags = tuple(config.tags)
         self._client: InfluxDBClient | None = None
         self._writer: WriteApi | None = None
         self._bucket_checked = False
@@ -143,25 +152,12 @@ class InfluxDB2Pusher(Pusher[InfluxDB2PusherConfig]):
         return "answers /ping"
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        refused: list[tuple[Report, str]] = []
-        pending: list[tuple[Report, list[str]]] = []
-        for report in batch:
-            try:
-                pending.append((report, lineprotocol.lines(report, self.config.tags)))
-            except ValueError as error:
-                refused.append((report, f"{self.where}: {error}"))
-        start = 0
-        while start < len(pending):
-            chunk: list[tuple[Report, list[str]]] = []
-            size = 0
-            while start < len(pending) and (not chunk or size < self.config.batch_size):
-                chunk.append(pending[start])
-                size += len(pending[start][1])
-                start += 1
-            records = [line for _, report_lines in chunk for line in report_lines]
-            problem = await asyncio.to_thread(self._write, records)
+        found, unwritable = lineprotocol.requests(batch, self._tags, self.config.batch_size)
+        refused = [(report, f"{self.where}: {reason}") for report, reason in unwritable]
+        for reports, request_lines in found:
+            problem = await asyncio.to_thread(self._write, request_lines)
             if problem is not None:
-                refused += [(report, problem) for report, _ in chunk]
+                refused += [(report, problem) for report in reports]
         return refused
 
     def _write(self, records: list[str]) -> str | None:
