@@ -7,6 +7,11 @@ exporters: Registry[type[Exporter]] = Registry("export format")
 
 _MODULES = {
     "gpu-dir": "gpu_dir",
+    "extrap-text": "extrap",
+    "extrap-json": "extrap",
+    "extrap-jsonl": "extrap",
+    "extrap-talpas": "extrap",
+    "extrap": "extrap",
     "ross": "ross",
     "hpctoolkit": "hpctoolkit",
 }
