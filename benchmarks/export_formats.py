@@ -1,11 +1,11 @@
 """Export time and peak memory per format, for a long run (by default one hour).
 
-The run holds what an hour of a GPU node's measurement leaves in the store: GPUReports at
-10 Hz (one device, with power samples and four processes), a meter at 1 Hz, and the formulas'
-PowerReports at hwpc-sensor's 1 Hz for every target (cpu and dram, two sockets), with epoch
-events every five minutes. Each format is exported by ``wattflow export`` in a process of its
-own, whose wall time and largest resident set are printed: the exporters stream, so memory
-should not follow the run's length.
+The run holds an hour of a GPU node's measurement: GPUReports at 10 Hz (one device, with power
+samples and four processes), a meter at 1 Hz, hwpc-sensor's reports at 1 Hz (the global one
+and one per target, four cpus each), the formulas' PowerReports at 1 Hz for every target (cpu
+and dram, two sockets), and epoch events every five minutes. Each format is exported by
+``wattflow export`` in a process of its own, whose wall time and largest resident set are
+printed: the exporters stream, so memory should not follow the run's length.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from wattflow.formats.reports import (
     GPUDevice,
     GPUProcess,
     GPUReport,
+    HWPCReport,
     MeterReport,
     PowerReport,
     Report,
@@ -60,6 +61,18 @@ def hour_of_reports(seconds: int, targets: int) -> Iterator[Report]:
         if second % 300 == 0 and second < seconds:
             yield EventReport(timestamp=moment, sensor="node", target="all", event="epoch_begin")
         yield MeterReport(timestamp=moment, sensor="node", target="all", channels={"d0c0": 6e5})
+        yield HWPCReport(
+            timestamp=moment, sensor="node", target="all",
+            groups={"rapl": {"0": {"0": {"RAPL_ENERGY_PKG": 2**36, "RAPL_ENERGY_DRAM": 2**33}}},
+                    "msr": {"0": {str(c): {"APERF": 10**9, "MPERF": 10**9} for c in range(4)}}},
+        )  # fmt: skip
+        for target in range(targets):
+            yield HWPCReport(
+                timestamp=moment, sensor="node", target=f"/kubepods/pod{target}",
+                groups={"core": {"0": {str(c): {"INSTRUCTIONS_RETIRED": 10**8, "LLC_MISSES": 10**5,
+                                                "time_enabled": 10**9, "time_running": 10**9}
+                                       for c in range(4)}}},
+            )  # fmt: skip
         for target in range(targets):
             for scope in ("cpu", "dram"):
                 for socket in ("0", "1"):
