@@ -1,165 +1,383 @@
-"""Extra-P's input formats: text, JSON, JSON Lines and TaLPas, from the runs' summaries.
+"""Extra-P inputs from measurement runs: energy, power and duration as functions of parameters.
 
-Extra-P models how a metric grows with parameters, from measurements at several points. Here:
+Extra-P fits performance models ``f(p, q, …)`` to values measured at several points of a
+parameter space, each point measured several times. wattflow maps its runs onto that:
 
-- a **point** is a distinct tuple of the runs' parameters (every run must name the same
-  parameters); the runs at a point are its **repetitions**, one value each;
-- a **callpath** is a target, or ``target->phase`` for the phases the run's events mark;
-- the **metrics** are ``energy`` (J, every domain), ``power`` (mean W over the run or the
-  phase), ``duration`` (s) and ``energy_cpu``, ``energy_dram``, ``energy_gpu``,
-  ``energy_node`` (J per domain).
+- a **point** is one distinct tuple of the runs' free parameters (:attr:`Run.parameters`, set by
+  ``wattflow runs import --param NAME=VALUE``); every run must name the same parameters;
+- the **repetitions** at a point are the runs with that tuple, one value per run (ordered by
+  the run's repetition number, then its id);
+- a **callpath** is a target (the whole run) or ``target->phase`` for each phase its run's
+  events mark (``epoch``, ``train``…: only the energy measured inside that phase, and the time
+  spent in it). Energy outside every phase counts only towards the plain target;
+- the **metrics** are ``energy`` (J, summed over every domain the target has), ``power`` (W,
+  that energy over the duration), ``duration`` (s, the run's or the phase's), and the energy of
+  each domain: ``energy_cpu``, ``energy_dram``, ``energy_gpu``, ``energy_node`` (J).
 
-Extra-P refuses a file where a (callpath, metric) lacks a value at some point, so a target
-that a run did not see counts 0 in that run. Numbers are written without exponents, as the
-text format's grammar asks.
+Extra-P refuses a file where some (callpath, metric) lacks a value at some point, so a target
+(or phase) missing from a run gets 0 J and 0 W in that run; its duration stays the run's (or
+the phase's, 0 s where the run never entered it), because the time is the run's, not the
+target's.
+
+Extra-P splits callpaths at ``->`` and its text reader folds runs of whitespace, so names are
+made safe once, the same way for every format: whitespace runs become one space, ``->`` inside
+a target or phase name becomes ``=>``, and an empty name becomes ``_``.
+
+Memory: :func:`collect` folds each run's report stream with :func:`summarise` as it arrives and
+keeps only the summaries (one value per target, phase and domain), so it grows with runs times
+keys, never with reports. The writers then hold nothing but that table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-import numpy as np
 import orjson
 
-from wattflow.formats.runs import DOMAINS, RunSummary
+from wattflow.formats.errors import WattflowError
+from wattflow.formats.runs import DOMAINS, ReportStream, Run, RunSummary, summarise
 
-METRICS = ("energy", "power", "duration", *(f"energy_{domain}" for domain in DOMAINS))
-TEXT_MAX_PARAMETERS = 4
+METRICS: tuple[str, ...] = (
+    "energy",
+    "power",
+    "duration",
+    *(f"energy_{domain}" for domain in DOMAINS),
+)
+"""Every metric written, in the order written."""
+
+UNITS: dict[str, str] = {"energy": "J", "power": "W", "duration": "s"} | {
+    f"energy_{domain}": "J" for domain in DOMAINS
+}
+
+MAX_TEXT_PARAMETERS = 4
+"""Extra-P's text reader refuses files with more parameters."""
 
 Point = tuple[float, ...]
 
 
+class ExtrapError(WattflowError, ValueError):
+    """Runs that cannot become an Extra-P input, or a missing optional dependency.
+
+    A ``ValueError`` so that the command reports it as bad usage, in one line.
+    """
+
+
 @dataclass
-class Table:
-    """Values per (callpath, metric) and point, one per repetition, in run order."""
+class Measurements:
+    """The runs as Extra-P sees them: values per (callpath, metric, point), one per run."""
 
-    parameters: list[str]
-    points: list[Point] = field(default_factory=list)
-    values: dict[tuple[str, str], dict[Point, list[float]]] = field(default_factory=dict)
+    parameters: tuple[str, ...]
+    points: list[Point]
+    """Sorted, each with one coordinate per parameter."""
+    callpaths: list[str]
+    """Each target, followed by its ``target->phase`` callpaths."""
+    values: dict[tuple[str, str, Point], list[float]] = field(default_factory=dict)
+    """(callpath, metric, point) → one value per run at that point; complete."""
 
-    def callpaths(self) -> list[str]:
-        return sorted({callpath for callpath, _ in self.values})
+    def at(self, callpath: str, metric: str, point: Point) -> list[float]:
+        """The repetitions of ``metric`` for ``callpath`` at ``point``."""
+        return self.values[(callpath, metric, point)]
 
-
-def _value(summary: RunSummary, target: str, phase: str | None, metric: str) -> float:
-    if metric == "energy":
-        return summary.energy(target, None, phase)
-    if metric == "power":
-        return summary.mean_power_w(target, None, phase)
-    if metric == "duration":
-        return summary.duration_s(phase)
-    return summary.energy(target, metric.removeprefix("energy_"), phase)
-
-
-def table(summaries: Sequence[RunSummary]) -> Table:
-    """Lay the runs out as Extra-P's measurements.
-
-    Raises:
-        ValueError: runs that do not all name the same parameters, or no parameter at all.
-    """
-    if not summaries:
-        raise ValueError("no runs to export")
-    names = sorted(summaries[0].run.parameters)
-    if not names:
-        raise ValueError(
-            f"run {summaries[0].run.id} has no parameters: Extra-P models values over "
-            "parameters (give them with `wattflow runs import --param NAME=VALUE`)"
-        )
-    for summary in summaries:
-        if sorted(summary.run.parameters) != names:
-            raise ValueError(
-                f"run {summary.run.id} has parameters {sorted(summary.run.parameters)}, "
-                f"the others {names}: Extra-P needs the same ones in every run"
-            )
-    result = Table(parameters=names)
-    callpaths: set[tuple[str, str | None]] = set()
-    for summary in summaries:
-        for target in summary.targets():
-            callpaths.add((target, None))
-            callpaths.update((target, phase) for phase in summary.phases() if phase)
-    for summary in summaries:
-        point = tuple(summary.run.parameters[name] for name in names)
-        if point not in result.points:
-            result.points.append(point)
-        for target, phase in sorted(callpaths, key=lambda c: (c[0], c[1] or "")):
-            callpath = target if phase is None else f"{target}->{phase}"
+    def series(self) -> Iterator[tuple[str, str]]:
+        """Every (callpath, metric), callpath-major, in the order the files list them."""
+        for callpath in self.callpaths:
             for metric in METRICS:
-                cell = result.values.setdefault((callpath, metric), {})
-                cell.setdefault(point, []).append(_value(summary, target, phase, metric))
-    result.points.sort()
-    return result
+                yield callpath, metric
 
 
-def number(value: float) -> str:
-    """A number as the text format's grammar takes it: digits and a point, no exponent."""
-    return str(np.format_float_positional(value, trim="-"))
+def safe_name(name: str) -> str:
+    """A target or phase name Extra-P reads back unchanged as one callpath element."""
+    return " ".join(name.split()).replace("->", "=>") or "_"
 
 
-def write_text(data: Table, path: Path) -> None:
-    """The text format: PARAMETER, POINTS, then METRIC / REGION / DATA sections.
+def parameter_names(runs: Sequence[Run]) -> tuple[str, ...]:
+    """The runs' common parameter names, in the first run's order.
+
+    Checked before any report is read, so a bad selection fails at once rather than after a
+    long pass over the store.
 
     Raises:
-        ValueError: more parameters than the format takes.
+        ExtrapError: no runs, no parameters, a run whose names differ, or a value that is not
+            a finite number.
     """
-    if len(data.parameters) > TEXT_MAX_PARAMETERS:
-        raise ValueError(
-            f"{len(data.parameters)} parameters: Extra-P's text format takes at most "
-            f"{TEXT_MAX_PARAMETERS}; export extrap-json or extrap instead"
+    if not runs:
+        raise ExtrapError("no runs to export")
+    names = tuple(runs[0].parameters)
+    if not names:
+        raise ExtrapError(
+            f"run {runs[0].id!r} has no parameters; Extra-P models values as functions of "
+            "parameters: give them with `wattflow runs import … --param NAME=VALUE`"
         )
-    with path.open("w", encoding="utf-8") as out:
-        out.write("# written by wattflow\n")
-        out.write(f"PARAMETER {' '.join(data.parameters)}\n")
-        points = " ".join(f"({' '.join(number(c) for c in point)})" for point in data.points)
-        out.write(f"POINTS {points}\n")
-        for metric in METRICS:
-            out.write(f"METRIC {metric}\n")
-            for callpath in data.callpaths():
-                out.write(f"REGION {callpath}\n")
-                cell = data.values[(callpath, metric)]
-                for point in data.points:
-                    out.write(f"DATA {' '.join(number(v) for v in cell[point])}\n")
+    for run in runs:
+        if set(run.parameters) != set(names):
+            raise ExtrapError(
+                f"run {run.id!r} has parameters {sorted(run.parameters)}, but run "
+                f"{runs[0].id!r} has {sorted(names)}; every exported run needs the same names"
+            )
+        for name, value in run.parameters.items():
+            if not math.isfinite(value):
+                raise ExtrapError(f"run {run.id!r}: parameter {name!r} is {value!r}")
+    return names
 
 
-def write_json(data: Table, path: Path) -> None:
-    """The (newer) JSON format: parameters, then measurements by callpath and metric."""
-    measurements: dict[str, dict[str, list[dict[str, list[float]]]]] = {}
-    for (callpath, metric), cell in sorted(data.values.items()):
-        measurements.setdefault(callpath, {})[metric] = [
-            {"point": list(point), "values": cell[point]} for point in data.points
-        ]
-    document = {"parameters": data.parameters, "measurements": measurements}
-    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+def collect(
+    runs: Sequence[Run], reports: ReportStream, advance: Callable[[int], None]
+) -> Measurements:
+    """Read every run's reports once and lay the results out as Extra-P's points and values.
+
+    Raises:
+        ExtrapError: see :func:`parameter_names`; also when the runs hold no power at all,
+            or when two targets' names become one after :func:`safe_name`.
+    """
+    names = parameter_names(runs)
+    summaries: list[tuple[Point, RunSummary]] = []
+    for run in runs:
+        summary = summarise(run, reports(run), on_report=lambda: advance(1))
+        summaries.append((tuple(float(run.parameters[name]) for name in names), summary))
+
+    # callpath → (target, phase); phase None is the whole run
+    keys: dict[str, tuple[str, str | None]] = {}
+    for _, summary in summaries:
+        for target, phase, _ in summary.energy_j:
+            _claim(keys, safe_name(target), (target, None))
+            if phase:
+                _claim(keys, f"{safe_name(target)}->{safe_name(phase)}", (target, phase))
+    if not keys:
+        raise ExtrapError(
+            "the selected runs hold no PowerReport with a cpu, dram, gpu or node scope"
+        )
+    callpaths = sorted(keys, key=lambda name: (safe_name(keys[name][0]), keys[name][1] or ""))
+
+    points = sorted({point for point, _ in summaries})
+    measurements = Measurements(names, points, callpaths)
+    ordered = sorted(summaries, key=lambda item: (item[1].run.repetition, item[1].run.id))
+    for point, summary in ordered:
+        for callpath, (target, within) in keys.items():
+            for metric, value in _metrics(summary, target, within):
+                measurements.values.setdefault((callpath, metric, point), []).append(value)
+    return measurements
 
 
-def _lines(data: Table, out: IO[bytes], talpas: bool) -> None:
-    for (callpath, metric), cell in sorted(data.values.items()):
-        for point in data.points:
-            parameters = dict(zip(data.parameters, point, strict=True))
-            if talpas:
-                # One line per value, fields separated by ';' as the TaLPas format has them.
-                for value in cell[point]:
-                    out.write(
-                        b'{"parameters":' + orjson.dumps(parameters)
-                        + b';"metric":' + orjson.dumps(metric)
-                        + b';"callpath":' + orjson.dumps(callpath)
-                        + b';"value":' + orjson.dumps(value) + b"}\n"
-                    )  # fmt: skip
-            else:
-                record = {"params": parameters, "callpath": callpath, "metric": metric,
-                          "value": cell[point]}  # fmt: skip
-                out.write(orjson.dumps(record) + b"\n")
+def _claim(keys: dict[str, tuple[str, str | None]], name: str, key: tuple[str, str | None]) -> None:
+    """Add a callpath, refusing two different targets (or phases) that print as one."""
+    held = keys.setdefault(name, key)
+    if held != key:
+        raise ExtrapError(
+            f"targets or phases {held!r} and {key!r} both become callpath {name!r} "
+            "(whitespace folded, '->' written '=>'); Extra-P would merge them"
+        )
 
 
-def write_jsonl(data: Table, path: Path) -> None:
-    """JSON Lines: one line per (callpath, metric, point) with its repetitions' values."""
-    with path.open("wb") as out:
-        _lines(data, out, talpas=False)
+def _metrics(summary: RunSummary, target: str, phase: str | None) -> Iterator[tuple[str, float]]:
+    """The metrics of one callpath in one run, 0 where the target has no energy there."""
+    yield "energy", summary.energy(target, phase=phase)
+    yield "power", summary.mean_power_w(target, phase=phase)
+    yield "duration", summary.duration_s(phase)
+    for domain in DOMAINS:
+        yield f"energy_{domain}", summary.energy(target, domain, phase)
 
 
-def write_talpas(data: Table, path: Path) -> None:
-    """TaLPas: one line per value."""
-    with path.open("wb") as out:
-        _lines(data, out, talpas=True)
+def _finite(value: float, where: str) -> float:
+    if not math.isfinite(value):
+        raise ExtrapError(f"{where}: {value!r} is not a number Extra-P can read")
+    return value
+
+
+def text_number(value: float) -> str:
+    """A number in the text format's grammar: optional sign, digits, optional fraction.
+
+    The grammar has no exponent, so ``1e-05`` is written ``0.00001``; the digits are Python's
+    shortest round-tripping ones, so the value read back is the value written.
+    """
+    _finite(value, "text format")
+    if value == int(value) and abs(value) < 2**53:
+        return str(int(value))
+    return format(Decimal(repr(value)), "f")
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def write_text(measurements: Measurements, path: Path) -> None:
+    """Extra-P's text format: PARAMETER, POINTS, then REGION / METRIC / DATA per point.
+
+    Raises:
+        ExtrapError: more than :data:`MAX_TEXT_PARAMETERS` parameters, or a parameter name
+            that is empty or holds whitespace (the PARAMETER line is split at spaces).
+    """
+    check_text_parameters(measurements.parameters)
+    with open(path, "w", encoding="utf-8", newline="\n") as out:
+        units = ", ".join(f"{metric} {unit}" for metric, unit in UNITS.items())
+        out.write(f"# wattflow energy measurements; units: {units}\n")
+        out.write(f"PARAMETER {' '.join(measurements.parameters)}\n")
+        if len(measurements.parameters) == 1:
+            coordinates = " ".join(text_number(point[0]) for point in measurements.points)
+        else:
+            coordinates = " ".join(
+                "(" + " ".join(map(text_number, point)) + ")" for point in measurements.points
+            )
+        out.write(f"POINTS {coordinates}\n")
+        for callpath in measurements.callpaths:
+            out.write(f"REGION {callpath}\n")
+            for metric in METRICS:
+                out.write(f"METRIC {metric}\n")
+                for point in measurements.points:
+                    data = " ".join(map(text_number, measurements.at(callpath, metric, point)))
+                    out.write(f"DATA {data}\n")
+
+
+def check_text_parameters(parameters: Sequence[str]) -> None:
+    """Refuse what the text format cannot hold, before any report is read.
+
+    Raises:
+        ExtrapError: as :func:`write_text`.
+    """
+    if len(parameters) > MAX_TEXT_PARAMETERS:
+        raise ExtrapError(
+            f"Extra-P's text format holds at most {MAX_TEXT_PARAMETERS} parameters; these runs "
+            f"have {len(parameters)} ({', '.join(parameters)}): export extrap-json instead"
+        )
+    for name in parameters:
+        if not name or name != "".join(name.split()) or name.startswith("#"):
+            raise ExtrapError(
+                f"parameter {name!r} cannot be written in Extra-P's text format "
+                "(no whitespace, no leading '#'): export extrap-json instead"
+            )
+
+
+def write_json(measurements: Measurements, path: Path) -> None:
+    """Extra-P's newer JSON format: parameters, then callpath → metric → points and values."""
+    document = {
+        "parameters": list(measurements.parameters),
+        "measurements": {
+            callpath: {
+                metric: [
+                    {
+                        "point": list(point),
+                        "values": _checked(measurements, callpath, metric, point),
+                    }
+                    for point in measurements.points
+                ]
+                for metric in METRICS
+            }
+            for callpath in measurements.callpaths
+        },
+    }
+    Path(path).write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+
+
+def write_jsonl(measurements: Measurements, path: Path) -> None:
+    """JSON Lines: one line per (callpath, metric, point), its repetitions as a list."""
+    with open(path, "wb") as out:
+        for callpath, metric in measurements.series():
+            for point in measurements.points:
+                line = {
+                    "params": dict(zip(measurements.parameters, point, strict=True)),
+                    "callpath": callpath,
+                    "metric": metric,
+                    "value": _checked(measurements, callpath, metric, point),
+                }
+                out.write(_json(line) + b"\n")
+
+
+def _talpas_json(value: Any) -> bytes:
+    """JSON with ``;`` escaped: the TaLPas reader turns every ``;`` of a line into ``,``.
+
+    Outside strings orjson writes no ``;``, so only names are touched, and ``\\u003b`` reads
+    back as ``;``.
+    """
+    return _json(value).replace(b";", b"\\u003b")
+
+
+def write_talpas(measurements: Measurements, path: Path) -> None:
+    """TaLPas: one line per value (per run), fields separated by ``;`` as the format has it."""
+    with open(path, "wb") as out:
+        for callpath, metric in measurements.series():
+            callpath_json = _talpas_json(callpath)
+            metric_json = _talpas_json(metric)
+            for point in measurements.points:
+                parameters = _talpas_json(dict(zip(measurements.parameters, point, strict=True)))
+                for value in _checked(measurements, callpath, metric, point):
+                    _write_talpas_line(out, parameters, metric_json, callpath_json, value)
+
+
+def _write_talpas_line(
+    out: IO[bytes], parameters: bytes, metric: bytes, callpath: bytes, value: float
+) -> None:
+    out.write(b'{"parameters":' + parameters + b';"metric":' + metric + b';"callpath":' + callpath)
+    out.write(b';"value":' + _json(value) + b"}\n")
+
+
+def _checked(measurements: Measurements, callpath: str, metric: str, point: Point) -> list[float]:
+    values = measurements.at(callpath, metric, point)
+    for value in values:
+        _finite(value, f"{callpath} {metric} at {point}")
+    return values
+
+
+def require_extrap() -> None:
+    """Fail early, before reading reports, when the ``.extra-p`` writer cannot work.
+
+    Raises:
+        ExtrapError: when the ``extrap`` package is not installed.
+    """
+    try:
+        import extrap  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        raise ExtrapError(
+            "writing .extra-p experiments needs Extra-P's own package: pip install extrap "
+            "(or pip install 'wattflow[extrap]')"
+        ) from None
+
+
+def write_experiment(measurements: Measurements, path: Path, *, model: bool = False) -> None:
+    """Extra-P's experiment ZIP (``.extra-p``), built and saved with Extra-P's own classes.
+
+    The ZIP's ``experiment.json`` is a serialised ``Experiment`` and its repetitions sit in
+    Extra-P's private NumPy value files, so the owner's serialiser is the faithful writer. With
+    ``model``, Extra-P's default modeler (the one its command line and GUI use) fits a model
+    per (callpath, metric) over the mean of the repetitions, and the models are saved with the
+    experiment; fewer than 5 points per parameter give constant models and Extra-P's warning.
+
+    Raises:
+        ExtrapError: when ``extrap`` is not installed, or a value is not a finite number.
+    """
+    require_extrap()
+    from extrap.entities.callpath import Callpath  # type: ignore[import-untyped]
+    from extrap.entities.coordinate import Coordinate  # type: ignore[import-untyped]
+    from extrap.entities.experiment import Experiment  # type: ignore[import-untyped]
+    from extrap.entities.measurement import Measurement  # type: ignore[import-untyped]
+    from extrap.entities.metric import Metric  # type: ignore[import-untyped]
+    from extrap.entities.parameter import Parameter  # type: ignore[import-untyped]
+    from extrap.fileio import experiment_io, io_helper  # type: ignore[import-untyped]
+    from extrap.modelers.model_generator import ModelGenerator  # type: ignore[import-untyped]
+
+    experiment = Experiment()
+    for name in measurements.parameters:
+        experiment.add_parameter(Parameter(name))
+    coordinates = {point: Coordinate(point) for point in measurements.points}
+    for coordinate in coordinates.values():
+        experiment.add_coordinate(coordinate)
+    metrics = {metric: Metric(metric) for metric in METRICS}
+    for metric in metrics.values():
+        experiment.add_metric(metric)
+    for callpath_name in measurements.callpaths:
+        callpath = Callpath(callpath_name)
+        experiment.add_callpath(callpath)
+        for metric_name, metric in metrics.items():
+            for point, coordinate in coordinates.items():
+                values = _checked(measurements, callpath_name, metric_name, point)
+                experiment.add_measurement(
+                    Measurement(coordinate, callpath, metric, values, keep_values=True)
+                )
+    experiment.call_tree = io_helper.create_call_tree(experiment.callpaths)
+    io_helper.validate_experiment(experiment)
+    if model:
+        ModelGenerator(experiment, name="wattflow").model_all()
+    experiment_io.write_experiment(experiment, str(path))

@@ -1,16 +1,14 @@
-"""Extra-P exports: ``extrap-text``, ``extrap-json``, ``extrap-jsonl``, ``extrap-talpas`` and
-``extrap`` (the ``.extra-p`` experiment, optionally with fitted models).
+"""``extrap-*`` and ``extrap``: runs as Extra-P inputs (see :mod:`wattflow.formats.extrap`).
 
-Every run is summarised as its reports stream by (:func:`wattflow.formats.runs.summarise`),
-so memory follows the number of targets and phases, not of reports. The ``.extra-p`` file is
-Extra-P's own serialisation of an experiment, so it is written by the ``extrap`` package
-itself (an optional dependency: ``pip install 'wattflow[extrap]'``), from the JSON export, and
-``--model`` adds the models its default modeler fits.
+Every format holds the same table (points from the runs' parameters, callpaths per target and
+phase, energy/power/duration metrics), so one base class reads the runs and each subclass only
+picks the writer. ``--out`` is one file. Selections Extra-P could not load (no runs, differing
+parameter names, too many parameters for the text format, a missing ``extrap`` package for
+``.extra-p``) fail before any report is read.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -18,88 +16,90 @@ from typing import ClassVar
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter, Progress
 from wattflow.formats import extrap
-from wattflow.formats.runs import ReportStream, Run, summarise
+from wattflow.formats.runs import ReportStream, Run
 
 
 class _ExtrapExporter(Exporter):
-    """Summarises the runs, lays them out as points and repetitions, and writes one file."""
+    """Shared reading; subclasses write."""
 
-    def write(self, data: extrap.Table, out: Path) -> None:
-        """Write the laid-out measurements in this exporter's format."""
+    name: ClassVar[str]
+    description: ClassVar[str]
+    supports_model: ClassVar[bool] = False
+
+    def __init__(self, *, model: bool = False) -> None:
+        if model and not self.supports_model:
+            # Silently dropping the flag would leave the user looking for models that are not there.
+            raise extrap.ExtrapError(
+                f"--model adds fitted models to .extra-p experiments only, not to {self.name}: "
+                "export the `extrap` format, or let Extra-P model this file when it opens it"
+            )
+        super().__init__(model=model)
+
+    def check(self, runs: Sequence[Run]) -> None:
+        """Refuse what the format cannot hold, before the long pass over the reports."""
+        extrap.parameter_names(runs)
+
+    def write(self, measurements: extrap.Measurements, out: Path) -> None:
         raise NotImplementedError
 
     def export(
         self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
     ) -> None:
-        summaries = [summarise(run, reports(run), on_report=lambda: advance(1)) for run in runs]
-        data = extrap.table(summaries)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        self.write(data, out)
+        self.check(runs)
+        measurements = extrap.collect(runs, reports, advance)
+        self.write(measurements, out)
 
 
 @exporters.register("extrap-text")
-class ExtrapText(_ExtrapExporter):
+class ExtrapTextExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-text"
-    description: ClassVar[str] = "Extra-P text file"
+    description: ClassVar[str] = "Extra-P text input (at most 4 parameters; extrap --text)"
 
-    def write(self, data: extrap.Table, out: Path) -> None:
-        extrap.write_text(data, out)
+    def check(self, runs: Sequence[Run]) -> None:
+        extrap.check_text_parameters(extrap.parameter_names(runs))
+
+    def write(self, measurements: extrap.Measurements, out: Path) -> None:
+        extrap.write_text(measurements, out)
 
 
 @exporters.register("extrap-json")
-class ExtrapJson(_ExtrapExporter):
+class ExtrapJsonExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-json"
-    description: ClassVar[str] = "Extra-P JSON file"
+    description: ClassVar[str] = "Extra-P JSON input, the newer format (extrap --json)"
 
-    def write(self, data: extrap.Table, out: Path) -> None:
-        extrap.write_json(data, out)
+    def write(self, measurements: extrap.Measurements, out: Path) -> None:
+        extrap.write_json(measurements, out)
 
 
 @exporters.register("extrap-jsonl")
-class ExtrapJsonLines(_ExtrapExporter):
+class ExtrapJsonLinesExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-jsonl"
-    description: ClassVar[str] = "Extra-P JSON Lines file"
+    description: ClassVar[str] = "Extra-P JSON Lines input (extrap --json)"
 
-    def write(self, data: extrap.Table, out: Path) -> None:
-        extrap.write_jsonl(data, out)
+    def write(self, measurements: extrap.Measurements, out: Path) -> None:
+        extrap.write_jsonl(measurements, out)
 
 
 @exporters.register("extrap-talpas")
-class ExtrapTalpas(_ExtrapExporter):
+class ExtrapTalpasExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-talpas"
-    description: ClassVar[str] = "Extra-P TaLPas file"
+    description: ClassVar[str] = "Extra-P TaLPas input (extrap --talpas)"
 
-    def write(self, data: extrap.Table, out: Path) -> None:
-        extrap.write_talpas(data, out)
+    def write(self, measurements: extrap.Measurements, out: Path) -> None:
+        extrap.write_talpas(measurements, out)
 
 
 @exporters.register("extrap")
-class ExtrapExperiment(_ExtrapExporter):
-    name: ClassVar[str] = "extrap"
-    description: ClassVar[str] = "Extra-P experiment (.extra-p), with --model its fitted models"
+class ExtrapExperimentExporter(_ExtrapExporter):
+    """Needs the optional ``extrap`` package, which owns the experiment format."""
 
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
-        try:
-            from extrap.fileio.experiment_io import write_experiment  # type: ignore[import-untyped]
-            from extrap.fileio.file_reader.json_file_reader import (  # type: ignore[import-untyped]
-                JsonFileReader,
-            )
-            from extrap.modelers.model_generator import ModelGenerator  # type: ignore[import-untyped]
-        except ImportError:
-            raise ValueError(
-                "the .extra-p format is written by Extra-P itself: pip install extrap"
-            ) from None
-        summaries = [summarise(run, reports(run), on_report=lambda: advance(1)) for run in runs]
-        data = extrap.table(summaries)
-        with tempfile.TemporaryDirectory() as scratch:
-            measurements = Path(scratch) / "measurements.json"
-            extrap.write_json(data, measurements)
-            reader = JsonFileReader()
-            reader.keep_values = True
-            experiment = reader.read_experiment(measurements)
-        if self.model:
-            ModelGenerator(experiment).model_all()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_experiment(experiment, str(out))
+    name: ClassVar[str] = "extrap"
+    description: ClassVar[str] = "Extra-P experiment (.extra-p); --model adds fitted models"
+    supports_model: ClassVar[bool] = True
+
+    def check(self, runs: Sequence[Run]) -> None:
+        extrap.parameter_names(runs)
+        extrap.require_extrap()
+
+    def write(self, measurements: extrap.Measurements, out: Path) -> None:
+        extrap.write_experiment(measurements, out, model=self.model)
