@@ -32,9 +32,13 @@ What the simulation terms stand for:
   scopes is two LPs, because a ROSS LP belongs to exactly one KP. LP ids count up from 0 in the
   order of each LP's first PowerReport. ``rapl`` and ``global`` are LPs like any other.
 - Virtual time is measurement time: seconds since the run's start.
-- Real time would be processing time, which no store keeps. It is written as the measurement
-  time of the latest report read when the record was written: the point the replayed input had
-  reached. It never runs ahead of virtual time; it lags it where reports are sparse.
+- Real time is processing time: seconds from the run's start to the moment the service had
+  finished processing the latest report read when the record was written (live recordings
+  with ``--run`` store that moment with every report). It runs behind virtual time by the
+  pipeline's latency, which is what it is there to show. Imported reports were processed
+  elsewhere and have no such moment: for them real time falls back to the measurement time of
+  the latest report read, the point the replay had reached, and the description says
+  ``"real_time": "measurement"`` instead of ``"processing"``.
 
 Samples are taken every ``interval_s`` of virtual time (1 s unless told), at ``k * interval_s``
 for k = 1, 2, … while that is before the run's end, and once more at the end (or at the last
@@ -77,8 +81,8 @@ float, stats_type 3 (ROSS's ``VT_STATS``: virtual-time sampling), model_sz 24.
 
 Event data, 8 bytes, ``<d``: power_w, the PowerReport's power in W. One event per PowerReport,
 a self-send of its LP (src_lp = dest_lp: the formula actor is a KP, not an LP), send_vts =
-recv_vts = its virtual time, real_ts = real time as above (the same value, as the report is
-itself the latest one read). These three are 32-bit floats: about 8 ms resolution after a day.
+recv_vts = its virtual time, real_ts = its own real time as above. These three are 32-bit
+floats: about 8 ms resolution after a day.
 """
 
 from __future__ import annotations
@@ -170,6 +174,10 @@ class RunRecorder:
         self.samples_taken = 0
         self._k = 1
         self._last_vt = 0.0
+        self._last_rt = 0.0
+        self._epoch = self._start.timestamp()
+        self.timed = 0
+        """Reports read that carried a processing time."""
         self._last_sample: float | None = None
         self.ledger: dict[str, Any] | None = None
         ledger = run.system.get("ledger")
@@ -197,14 +205,23 @@ class RunRecorder:
             self._by_id.append(lp)
         return lp
 
-    def add(self, report: Report) -> None:
-        """Read one report: samples due before it are written first."""
+    def add(self, report: Report, processed: float | None = None) -> None:
+        """Read one report, processed at Unix time ``processed`` where known: samples due
+        before it are written first."""
         vt = (report.timestamp - self._start).total_seconds()
         while self._next_point() < vt:
             self._sample(self._next_point())
             self._k += 1
         self.processed += 1
         self._last_vt = vt
+        if processed is None:
+            rt = vt
+        else:
+            rt = processed - self._epoch
+            self.timed += 1
+        # Reports of one batch are read in time order but stored together: real time never
+        # goes back.
+        self._last_rt = rt = max(rt, self._last_rt)
         if not isinstance(report, PowerReport):
             return
         scope = str(report.metadata.get("scope", ""))
@@ -221,7 +238,7 @@ class RunRecorder:
         self._kp_reports[lp.kp] += 1
         self.sent += 1
         if self.events is not None:
-            self.events.write(EVENT.pack(lp.id, lp.id, vt, vt, vt, EVENT_DATA.size))
+            self.events.write(EVENT.pack(lp.id, lp.id, vt, vt, rt, EVENT_DATA.size))
             self.events.write(EVENT_DATA.pack(report.power))
 
     def close(self) -> None:
@@ -236,7 +253,7 @@ class RunRecorder:
     def _sample(self, vt: float, *, final: bool = False) -> None:
         self.samples_taken += 1
         self._last_sample = vt
-        rt = self._last_vt
+        rt = self._last_rt
         write = self.samples.write
         dropped = late = 0
         if final and self.ledger is not None:
@@ -267,6 +284,11 @@ class RunRecorder:
             write(MODEL_METADATA.pack(PE_ID, lp.kp, lp.id, vt, VT_STATS, MODEL_DATA.size))
             write(MODEL_DATA.pack(sum(lp.power_w.values()), lp.energy_j, lp.kp, _u32(lp.reports)))
 
+    def _real_time_source(self) -> str:
+        if self.timed == 0:
+            return "measurement"
+        return "processing" if self.timed == self.processed else "processing where recorded live"
+
     def description(self) -> dict[str, Any]:
         """What the ids and the model data mean, for a reader that has only the binary files.
 
@@ -295,6 +317,7 @@ class RunRecorder:
                 for lp in self._by_id
             ],
             "stats_type": VT_STATS,
+            "real_time": self._real_time_source(),
             "model_data": {
                 "struct": MODEL_DATA.format,
                 "fields": ["power_w", "energy_j", "scope", "reports"],

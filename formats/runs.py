@@ -55,6 +55,12 @@ class Run(BaseModel):
 ReportStream = Callable[[Run], Iterator[Report]]
 """A run's reports inside its window, in time order, streamed from the store."""
 
+TimedReportStream = Callable[[Run], Iterator[tuple[Report, float | None]]]
+"""The same, each with the Unix time in seconds at which the service finished processing it:
+when the run's recorder took it from the pipeline. ``None`` where the store does not know, as
+for imported files, whose processing happened elsewhere.
+"""
+
 
 def phases_of(events: Iterable[EventReport]) -> list[tuple[datetime, datetime, str]]:
     """(start, end, name) of each phase the events mark, innermost last when they nest."""

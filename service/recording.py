@@ -88,7 +88,10 @@ class RunRecorder(Pusher[RunRecorderConfig]):
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         assert self.store is not None, "open() first"
         assert self.run is not None, "open() first"
-        await asyncio.to_thread(self.store.add_reports, self.run.id, batch)
+        # The mailbox hands over what is ready without waiting, so this is when the pipeline
+        # finished with these reports.
+        processed = datetime.now(UTC)
+        await asyncio.to_thread(self.store.add_reports, self.run.id, batch, processed)
         first = min(report.timestamp for report in batch)
         last = max(report.timestamp for report in batch)
         if first < self.run.start or last > self.run.end:
@@ -121,7 +124,7 @@ class Recording:
             event=event,
             data=None if data is None else str(data),
         )
-        self.store.add_reports(self.run.id, [report])
+        self.store.add_reports(self.run.id, [report], processed=now)
         if now > self.run.end:
             self.run = self.run.model_copy(update={"end": now})
             self.store.save_run(self.run)

@@ -83,6 +83,11 @@ def _encode(report: Report) -> bytes:
     return orjson.dumps(powerapi.to_json_dict(report), option=orjson.OPT_NON_STR_KEYS)
 
 
+def _micros(moment: datetime) -> int:
+    """Unix microseconds: processing times are finer than report timestamps' milliseconds."""
+    return round(to_utc(moment).timestamp() * 1e6)
+
+
 _last_time: list[Any] = [None, None]
 
 
@@ -115,8 +120,14 @@ class RunStore(ABC):
         """Create or update a run's description (not its reports)."""
 
     @abstractmethod
-    def add_reports(self, run: str, reports: Iterable[Report]) -> int:
-        """Store reports for a run; return how many."""
+    def add_reports(
+        self, run: str, reports: Iterable[Report], processed: datetime | None = None
+    ) -> int:
+        """Store reports for a run; return how many.
+
+        ``processed`` is when the service finished processing them, for live recordings; it is
+        what ROSS exports show as real time.
+        """
 
     @abstractmethod
     def _run_rows(self, experiment: str | None, benchmark: str | None) -> list[dict[str, Any]]:
@@ -125,8 +136,9 @@ class RunStore(ABC):
     @abstractmethod
     def _report_page(
         self, run: str, after: tuple[int, int], until: int, kinds: list[str] | None
-    ) -> list[tuple[int, int, str, Any]]:
-        """Up to PAGE (time ms, sequence, kind, body) after ``after``, up to ``until``."""
+    ) -> list[tuple[int, int, str, Any, int | None]]:
+        """Up to PAGE (time ms, sequence, kind, body, processed µs) after ``after``, up to
+        ``until``."""
 
     @abstractmethod
     def count(self, run: Run) -> int:
@@ -162,11 +174,23 @@ class RunStore(ABC):
         """The run's reports inside its window, in time order (and insertion order within)."""
         return self._reports(run.id, to_millis(run.start), to_millis(run.end), kinds)
 
+    def timed_reports(self, run: Run) -> Iterator[tuple[Report, float | None]]:
+        """The run's reports as :meth:`reports` gives them, each with its processing time
+        (Unix seconds), or ``None`` where it was not recorded live."""
+        after = (to_millis(run.start) - 1, 2**62)
+        while True:
+            page = self._report_page(run.id, after, to_millis(run.end), None)
+            for millis, sequence, kind, body, processed in page:
+                yield _decode(kind, body), None if processed is None else processed / 1e6
+                after = (millis, sequence)
+            if len(page) < PAGE:
+                return
+
     def _reports(self, run: str, start: int, end: int, kinds: list[str] | None) -> Iterator[Report]:
         after = (start - 1, 2**62)
         while True:
             page = self._report_page(run, after, end, kinds)
-            for millis, sequence, kind, body in page:
+            for millis, sequence, kind, body, _ in page:
                 yield _decode(kind, body)
                 after = (millis, sequence)
             if len(page) < PAGE:
@@ -197,10 +221,15 @@ class SqliteRunStore(RunStore):
                 id TEXT PRIMARY KEY, experiment TEXT, benchmark TEXT, settings TEXT,
                 repetition INTEGER, parameters TEXT, system TEXT, start INTEGER, end INTEGER);
             CREATE TABLE IF NOT EXISTS reports (
-                seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, kind TEXT, body BLOB);
+                seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, kind TEXT, body BLOB,
+                processed INTEGER);
             CREATE INDEX IF NOT EXISTS reports_by_time ON reports (run, ts, seq);
             """
         )
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(reports)")}
+        if "processed" not in columns:  # a store written before processing times were kept
+            with self.db:
+                self.db.execute("ALTER TABLE reports ADD COLUMN processed INTEGER")
 
     def save_run(self, run: Run) -> None:
         with self.db:
@@ -213,11 +242,15 @@ class SqliteRunStore(RunStore):
                 ),
             )  # fmt: skip
 
-    def add_reports(self, run: str, reports: Iterable[Report]) -> int:
-        rows = ((run, to_millis(r.timestamp), r.kind, _encode(r)) for r in reports)
+    def add_reports(
+        self, run: str, reports: Iterable[Report], processed: datetime | None = None
+    ) -> int:
+        micros = None if processed is None else _micros(processed)
+        rows = ((run, to_millis(r.timestamp), r.kind, _encode(r), micros) for r in reports)
         with self.db:
             cursor = self.db.executemany(
-                "INSERT INTO reports (run, ts, kind, body) VALUES (?, ?, ?, ?)", rows
+                "INSERT INTO reports (run, ts, kind, body, processed) VALUES (?, ?, ?, ?, ?)",
+                rows,
             )
         return cursor.rowcount
 
@@ -240,7 +273,7 @@ class SqliteRunStore(RunStore):
 
     def _report_page(
         self, run: str, after: tuple[int, int], until: int, kinds: list[str] | None
-    ) -> list[tuple[int, int, str, Any]]:
+    ) -> list[tuple[int, int, str, Any, int | None]]:
         kind_filter = ""
         arguments: list[Any] = [run, after[0], after[0], after[1], until]
         if kinds:
@@ -248,7 +281,7 @@ class SqliteRunStore(RunStore):
             arguments += kinds
         return list(
             self.db.execute(
-                "SELECT ts, seq, kind, body FROM reports WHERE run = ? AND "
+                "SELECT ts, seq, kind, body, processed FROM reports WHERE run = ? AND "
                 "(ts > ? OR (ts = ? AND seq > ?)) AND ts <= ?" + kind_filter
                 + f" ORDER BY ts, seq LIMIT {PAGE}",
                 arguments,
@@ -291,17 +324,21 @@ class MongoRunStore(RunStore):
         document = run.model_dump(exclude={"events"})
         self.db.runs.replace_one({"_id": run.id}, {"_id": run.id, **document}, upsert=True)
 
-    def add_reports(self, run: str, reports: Iterable[Report]) -> int:
+    def add_reports(
+        self, run: str, reports: Iterable[Report], processed: datetime | None = None
+    ) -> int:
         batch: list[dict[str, Any]] = []
         total = 0
+        micros = None if processed is None else _micros(processed)
         for report in reports:
             self._sequence += 1
-            batch.append(
-                {
-                    "run": run, "ts": to_millis(report.timestamp), "seq": self._sequence,
-                    "kind": report.kind, "report": powerapi.to_json_dict(report),
-                }
-            )  # fmt: skip
+            document: dict[str, Any] = {
+                "run": run, "ts": to_millis(report.timestamp), "seq": self._sequence,
+                "kind": report.kind, "report": powerapi.to_json_dict(report),
+            }  # fmt: skip
+            if micros is not None:
+                document["processed"] = micros
+            batch.append(document)
             if len(batch) == PAGE:
                 self.db.run_reports.insert_many(batch)
                 total += len(batch)
@@ -321,7 +358,7 @@ class MongoRunStore(RunStore):
 
     def _report_page(
         self, run: str, after: tuple[int, int], until: int, kinds: list[str] | None
-    ) -> list[tuple[int, int, str, Any]]:
+    ) -> list[tuple[int, int, str, Any, int | None]]:
         query: dict[str, Any] = {
             "run": run,
             "ts": {"$lte": until},
@@ -330,7 +367,7 @@ class MongoRunStore(RunStore):
         if kinds:
             query["kind"] = {"$in": kinds}
         cursor = self.db.run_reports.find(query).sort([("ts", 1), ("seq", 1)]).limit(PAGE)
-        return [(d["ts"], d["seq"], d["kind"], d["report"]) for d in cursor]
+        return [(d["ts"], d["seq"], d["kind"], d["report"], d.get("processed")) for d in cursor]
 
     def count(self, run: Run) -> int:
         # Written as $and: SecantusDB 0.7 miscounts a single range condition on an indexed field.

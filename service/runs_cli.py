@@ -240,7 +240,7 @@ def mark(store: RunStore, event: str, data: str | None, identifier: str | None) 
     report = EventReport(
         timestamp=now, sensor=platform.node(), target="all", event=cast(EventName, event), data=data
     )
-    store.add_reports(run.id, [report])
+    store.add_reports(run.id, [report], processed=now)
     if now > run.end or now < run.start:
         run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
         store.save_run(run)
@@ -268,9 +268,9 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
                    TimeRemainingColumn())  # fmt: skip
         with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
-            exporter.export(
+            exporter.export_timed(
                 runs,
-                lambda run: store.reports(run),
+                store.timed_reports,
                 args.out,
                 lambda count: progress.advance(task, count),
             )

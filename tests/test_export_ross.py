@@ -448,6 +448,55 @@ def test_export_command_writes_a_stored_run(tmp_path: Path) -> None:
     assert len(events) == sum(isinstance(r, PowerReport) for r in main_reports())
 
 
+def test_real_time_is_when_the_service_processed_each_report(tmp_path: Path) -> None:
+    """A live recording keeps processing times; ROSS's real time shows the pipeline's lag."""
+    uri = f"sqlite:///{tmp_path / 'runs.db'}"
+    run = make_run("live", 3.5)
+    reports = main_reports()
+    lag = {t: 0.0625 + 0.125 * (k % 3) for k, t in enumerate(sorted({vt_of(r) for r in reports}))}
+    with open_store(uri) as store:
+        store.save_run(run)
+        for t in lag:  # one batch per tick, as the recorder stores them
+            batch = [r for r in reports if vt_of(r) == t]
+            store.add_reports(run.id, batch, processed=at(t + lag[t]))
+        stored = [moment for _, moment in store.timed_reports(run)]
+    assert stored == [START.timestamp() + vt_of(r) + lag[vt_of(r)] for r in reports]
+    out = tmp_path / "out"
+    console = Console(file=io.StringIO(), width=120)
+    assert export_command(["ross", "--store", uri, "--out", str(out)], console) == 0
+    description = orjson.loads((out / "exp-live-250W-0.json").read_bytes())
+    assert description["real_time"] == "processing"
+    records = read_samples(out / "exp-live-250W-0.bin")
+    assert records
+    for record in records:
+        read = [vt_of(r) for r in reports if vt_of(r) <= record["virtual_time"]]
+        expected = max((t + lag[t] for t in read), default=0.0)
+        assert record["real_time"] == pytest.approx(expected, abs=1e-6)
+    events = read_events(out / "exp-live-250W-0-evtrace.bin")
+    powers = [r for r in reports if isinstance(r, PowerReport)]
+    assert len(events) == len(powers)
+    for record, report in zip(events, powers, strict=True):
+        t = vt_of(report)
+        assert record["real_time"] == pytest.approx(t + lag[t], abs=1e-6)
+        assert record["real_time"] > record["virtual_send_time"]
+
+
+def test_imported_reports_fall_back_to_measurement_time(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'runs.db'}"
+    run = make_run("imported", 3.5)
+    with open_store(uri) as store:
+        store.save_run(run)
+        store.add_reports(run.id, main_reports())
+        assert {moment for _, moment in store.timed_reports(run)} == {None}
+    out = tmp_path / "out"
+    assert (
+        export_command(["ross", "--store", uri, "--out", str(out)], Console(file=io.StringIO()))
+        == 0
+    )
+    description = orjson.loads((out / "exp-imported-250W-0.json").read_bytes())
+    assert description["real_time"] == "measurement"
+
+
 def stream_once(reports: list[Report], reads: list[int]) -> Iterator[Report]:
     reads.append(1)
     yield from reports

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from wattflow.formats.reports import (
 from wattflow.formats.runs import summarise
 from wattflow.service.recording import TrainingCallback, record
 from wattflow.service.runs import PAGE, open_store
+from wattflow.service.runs_cli import mark
 
 from .conftest import wattflow
 from .servers import ServerProcess, mongodb_uri
@@ -182,6 +185,13 @@ def test_the_mongodb_store_holds_the_same_run(
         assert len(inside) < len(reports)
         assert list(opened.reports(run)) == inside
         assert opened.count(run) == len(inside)
+        assert {moment for _, moment in opened.timed_reports(run)} == {None}, "imported"
+        processed = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+        mark(opened, "train_begin", None, run.id)
+        opened.add_reports(run.id, [reports[0]], processed=processed)
+        timed = [moment for _, moment in opened.timed_reports(opened.get(run.id))]
+        assert timed.count(processed.timestamp()) == 1
+        assert sum(moment is not None for moment in timed) == 2, "the mark is timed too"
 
 
 def test_reports_come_back_in_pages_in_time_order(tmp_path: Path) -> None:
@@ -212,17 +222,23 @@ def test_the_service_records_a_live_run(tmp_path: Path) -> None:
         tmp_path / "meter.jsonl", [r for r in reports if isinstance(r, MeterReport)]
     )
     store = f"sqlite:///{tmp_path / 'runs.db'}"
+    before = time.time()
     done = wattflow(
         "run", "--input", "jsonl", "--model", "GPUReport", "--files", str(gpu),
         "--input", "jsonl", "--model", "MeterReport", "--files", str(meter),
         "--gpu-idle-power", "50", "--run", "live/bert/250W/2", "--store", store,
     )  # fmt: skip
+    after = time.time()
     assert done.returncode == 0, done.stderr
     with open_store(store) as opened:
         run = opened.get("live/bert/250W/2")
         kinds = {r.kind for r in opened.reports(run)}
+        processed = [moment for _, moment in opened.timed_reports(run)]
     assert {"GPUReport", "MeterReport", "PowerReport"} <= kinds
     assert run.start == at(0)
+    # Every report carries the moment the service finished with it, for ROSS's real time.
+    assert processed
+    assert all(moment is not None and before <= moment <= after for moment in processed)
 
 
 def test_programs_mark_phases_with_the_python_api(tmp_path: Path) -> None:
@@ -296,3 +312,30 @@ def test_bad_runs_and_stores_are_one_line_and_exit_2(
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_store_from_before_processing_times_opens_and_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(
+            """
+            CREATE TABLE runs (
+                id TEXT PRIMARY KEY, experiment TEXT, benchmark TEXT, settings TEXT,
+                repetition INTEGER, parameters TEXT, system TEXT, start INTEGER, end INTEGER);
+            CREATE TABLE reports (seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, kind TEXT,
+                body BLOB);
+            INSERT INTO runs VALUES ('e/b/s/0', 'e', 'b', 's', 0, '{}', '{}', 0, 10000);
+            INSERT INTO reports (run, ts, kind, body) VALUES ('e/b/s/0', 5000, 'PowerReport',
+                '{"timestamp": 5000, "sensor": "n", "target": "a", "power": 7.5}');
+            """
+        )
+    old.close()
+    with open_store(f"sqlite:///{path}") as store:
+        run = store.get("e/b/s/0")
+        [(report, processed)] = list(store.timed_reports(run))
+        store.add_reports(run.id, [report], processed=at(1))
+        timed = [moment for _, moment in store.timed_reports(run)]
+    assert isinstance(report, PowerReport)
+    assert report.power == 7.5
+    assert processed is None
+    assert timed == [None, at(1).timestamp()]

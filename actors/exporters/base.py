@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from wattflow.formats.runs import ReportStream, Run
+from wattflow.formats.runs import ReportStream, Run, TimedReportStream
 
 Progress = Callable[[int], None]
 """Called with the number of reports just read."""
@@ -34,3 +34,13 @@ class Exporter(ABC):
         self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
     ) -> None:
         """Write ``runs`` to ``out``."""
+
+    def export_timed(
+        self, runs: Sequence[Run], reports: TimedReportStream, out: Path, advance: Progress
+    ) -> None:
+        """Write ``runs`` from reports that carry their processing times.
+
+        The command always calls this; only formats with a place for processing time (ROSS's
+        real time) override it, the others drop the times.
+        """
+        self.export(runs, lambda run: (report for report, _ in reports(run)), out, advance)

@@ -23,7 +23,7 @@ import orjson
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter, Progress
 from wattflow.formats.ross import RunRecorder
-from wattflow.formats.runs import ReportStream, Run
+from wattflow.formats.runs import ReportStream, Run, TimedReportStream
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -54,6 +54,11 @@ class RossExporter(Exporter):
     def export(
         self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
     ) -> None:
+        self.export_timed(runs, lambda run: ((r, None) for r in reports(run)), out, advance)
+
+    def export_timed(
+        self, runs: Sequence[Run], reports: TimedReportStream, out: Path, advance: Progress
+    ) -> None:
         out.mkdir(parents=True, exist_ok=True)
         taken: set[str] = set()
         for run in runs:
@@ -71,9 +76,9 @@ class RossExporter(Exporter):
                     else None
                 )
                 recorder = RunRecorder(run, samples, events, interval_s=self.interval_s)
-                for report in reports(run):
+                for report, processed in reports(run):
                     advance(1)
-                    recorder.add(report)
+                    recorder.add(report, processed)
                 recorder.close()
             description = recorder.description()
             description["files"] = {
