@@ -9,6 +9,7 @@ its own timestamp; nothing here depends on how fast the machine is.
 from __future__ import annotations
 
 import ctypes.util
+import itertools
 import json
 import os
 import signal
@@ -302,7 +303,7 @@ def test_unusable_nvml_is_one_clear_line(
 
 
 STALL_SCRIPT = """
-import asyncio, json
+import asyncio, json, sys
 
 from wattflow.actors.pullers.nvml import NvmlPuller, NvmlPullerConfig
 
@@ -310,40 +311,43 @@ from wattflow.actors.pullers.nvml import NvmlPuller, NvmlPullerConfig
 class StallingPipeline:
     '''A pipeline whose mailbox is full once for 350 ms, then asks the sampler to stop.'''
 
-    def __init__(self):
+    def __init__(self, stall_at, stop_at):
         self.stopping = asyncio.Event()
         self.reports = []
+        self.batches = []
         self.rejected = []
+        self.stall_at, self.stop_at = stall_at, stop_at
 
     async def emit(self, batch):
         self.reports.extend(batch)
-        if len(self.reports) == 2:
+        self.batches.append(len(batch))
+        if len(self.batches) == self.stall_at:
             await asyncio.sleep(0.35)
-        if len(self.reports) == 6:
+        if len(self.reports) >= self.stop_at:
             self.stopping.set()
 
     def reject(self, payload, reason):
         self.rejected.append(reason)
 
 
-async def main():
-    puller = NvmlPuller(NvmlPullerConfig(interval_ms=100))
-    pipeline = StallingPipeline()
+async def main(batch_ms, stall_at, stop_at):
+    puller = NvmlPuller(NvmlPullerConfig(interval_ms=100, batch_ms=batch_ms))
+    pipeline = StallingPipeline(stall_at, stop_at)
     await asyncio.wait_for(puller.pull(pipeline), 30)
+    times = [report.timestamp.timestamp() for report in pipeline.reports]
     print(json.dumps({"ticks": puller.ticks, "skipped": puller.skipped_ticks,
-                      "reports": len(pipeline.reports), "rejected": pipeline.rejected}))
+                      "reports": len(pipeline.reports), "batches": pipeline.batches,
+                      "times": times, "rejected": pipeline.rejected}))
 
 
-asyncio.run(main())
+asyncio.run(main(*map(int, sys.argv[1:])))
 """
 
 
-def test_a_stall_skips_ticks_instead_of_catching_up(fake_nvml: Path, tmp_path: Path) -> None:
-    """After a 350 ms stall at 10 Hz the sampler skips the missed ticks (counting them), stops
-    as soon as the pipeline asks, and dead-letters an impossible reading."""
+def _stall(fake_nvml: Path, tmp_path: Path, *arguments: int) -> dict[str, Any]:
     scenario = write_scenario(tmp_path / "scenario.txt", ["devices=1", "d0.proc=77:150:0"])
     result = subprocess.run(
-        [sys.executable, "-c", STALL_SCRIPT],
+        [sys.executable, "-c", STALL_SCRIPT, *map(str, arguments)],
         env=nvml_environment(fake_nvml, scenario),
         capture_output=True,
         text=True,
@@ -351,11 +355,36 @@ def test_a_stall_skips_ticks_instead_of_catching_up(fake_nvml: Path, tmp_path: P
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout)
-    assert outcome["ticks"] == outcome["reports"] == 6
-    assert outcome["skipped"] >= 2
+    outcome: dict[str, Any] = json.loads(result.stdout)
+    return outcome
+
+
+def test_a_stall_skips_ticks_instead_of_catching_up(fake_nvml: Path, tmp_path: Path) -> None:
+    """One tick per batch: while the pipeline stalls 350 ms the sampler holds one tick, then
+    skips the ticks it could not hand over (counting them) instead of queueing them; it stops
+    when the pipeline asks, emits every tick it took, and dead-letters an impossible reading."""
+    outcome = _stall(fake_nvml, tmp_path, 100, 2, 6)
+    assert outcome["ticks"] == outcome["reports"] >= 6
+    assert set(outcome["batches"]) == {1}
+    assert outcome["skipped"] >= 1
+    gaps = [later - earlier for earlier, later in itertools.pairwise(outcome["times"])]
+    assert max(gaps) >= 0.2, "the stall shows as a gap, not as ticks sampled late in a burst"
+    assert all(gap > 0 for gap in gaps)
     assert outcome["rejected"]
     assert all("impossible utilisation for pid 77" in reason for reason in outcome["rejected"])
+
+
+def test_ticks_go_down_the_pipeline_in_batches_and_none_is_lost_at_stop(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """Five ticks per batch, each its own report 100 ms after the previous; the pipeline asks
+    to stop during the second batch, and the ticks sampled meanwhile still arrive."""
+    outcome = _stall(fake_nvml, tmp_path, 500, 0, 7)
+    assert outcome["batches"][:2] == [5, 5]
+    assert outcome["ticks"] == outcome["reports"] == sum(outcome["batches"])
+    assert outcome["skipped"] == 0
+    gaps = [later - earlier for earlier, later in itertools.pairwise(outcome["times"])]
+    assert all(gap == pytest.approx(0.1, abs=0.002) for gap in gaps)
 
 
 def _run_until(command: list[str], environment: dict[str, str], output: Path, count: int) -> str:
@@ -411,3 +440,64 @@ def test_sensor_command_records_and_the_gpu_formula_splits_3_to_1(
     assert by_target["pid:4242"][-1] == pytest.approx(150.0, rel=0.02)
     assert by_target["pid:4343"][-1] == pytest.approx(50.0, rel=0.02)
     assert by_target["gpu0"][-1] == pytest.approx(50.0, rel=0.02)
+
+
+PCIE_SCRIPT = """
+import asyncio, json
+
+from wattflow.actors.pullers.nvml import NvmlPuller, NvmlPullerConfig
+
+
+class Pipeline:
+    def __init__(self):
+        self.stopping = asyncio.Event()
+        self.reports = []
+
+    async def emit(self, batch):
+        self.reports.extend(batch)
+        if len(self.reports) >= 15:
+            self.stopping.set()
+
+    def reject(self, payload, reason):
+        raise AssertionError(reason)
+
+
+async def main():
+    puller = NvmlPuller(NvmlPullerConfig(interval_ms=100, batch_ms=100))
+    pipeline = Pipeline()
+    await asyncio.wait_for(puller.pull(pipeline), 30)
+    print(json.dumps({
+        "skipped": puller.skipped_ticks,
+        "times": [r.timestamp.timestamp() for r in pipeline.reports],
+        "pcie": [[d.pci_tx, d.pci_rx] for r in pipeline.reports for d in r.devices.values()],
+    }))
+
+
+asyncio.run(main())
+"""
+
+
+def test_slow_pcie_queries_do_not_hold_up_the_ticks(fake_nvml: Path, tmp_path: Path) -> None:
+    """NVML's PCIe throughput call blocks 20 ms; with 4 GPUs, two calls each, it would take
+    160 ms of a 100 ms tick. The sampler reads it apart from the ticks, so none is skipped
+    and every report still carries the latest figures."""
+    scenario = write_scenario(
+        tmp_path / "scenario.txt",
+        ["devices=4", "pcie_delay_ms=20"] + [f"d{n}.pcie_tx={100 + n}" for n in range(4)],
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", PCIE_SCRIPT],
+        env=nvml_environment(fake_nvml, scenario),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["skipped"] == 0
+    gaps = [later - earlier for earlier, later in itertools.pairwise(outcome["times"])]
+    assert all(gap == pytest.approx(0.1, abs=0.01) for gap in gaps)
+    assert len(outcome["pcie"]) == 4 * len(outcome["times"]) >= 60
+    assert outcome["pcie"][:4] == [[100.0 + n, 2000.0] for n in range(4)]
+    assert all(pair in ([100.0 + n, 2000.0] for n in range(4)) for pair in outcome["pcie"])

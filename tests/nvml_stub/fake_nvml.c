@@ -13,6 +13,8 @@
  *   power_sample_ms=20              period of the TOTAL_POWER sample buffer
  *   util_sample_ms=50               period of the utilisation and per-process sample buffers
  *   buffer_samples=100              samples each buffer keeps
+ *   pcie_delay_ms=20                how long nvmlDeviceGetPcieThroughput blocks (default 0);
+ *                                   the driver counts bytes over 20 ms inside the call
  *   dN.power=0:100000,500:250000    power curve of device N: piecewise constant steps
  *                                   (offset ms within the period : mW)
  *   dN.period_ms=1000               period of that curve, in ms of Unix time (default 1000)
@@ -148,6 +150,7 @@ static unsigned device_count;
 static int initialised;
 static unsigned long long init_us;
 static unsigned long long power_sample_us = 20000, util_sample_us = 50000;
+static unsigned long long pcie_delay_us = 0;
 static unsigned long long buffer_samples = 100;
 
 static unsigned long long now_us(void) {
@@ -258,6 +261,7 @@ static void defaults(void) {
     }
     device_count = 0;
     power_sample_us = 20000;
+    pcie_delay_us = 0;
     util_sample_us = 50000;
     buffer_samples = 100;
 }
@@ -285,6 +289,7 @@ static nvmlReturn_t load_scenario(void) {
         else if (!strcmp(key, "power_sample_ms")) power_sample_us = v ? v * 1000ULL : 20000ULL;
         else if (!strcmp(key, "util_sample_ms")) util_sample_us = v ? v * 1000ULL : 50000ULL;
         else if (!strcmp(key, "buffer_samples")) buffer_samples = v ? v : 100;
+        else if (!strcmp(key, "pcie_delay_ms")) pcie_delay_us = v * 1000ULL;
         else if (sscanf(key, "d%u.%n", &index, &used) == 1 && used && index < MAX_DEVICES)
             device_key(&devices[index], key + used, value);
     }
@@ -440,6 +445,11 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensor,
 nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned int counter,
                                          unsigned int *value) {
     DEVICE_CALL(device, value, U_PCIE);
+    if (pcie_delay_us) {
+        struct timespec pause = {(time_t)(pcie_delay_us / 1000000ULL),
+                                 (long)(pcie_delay_us % 1000000ULL) * 1000L};
+        nanosleep(&pause, NULL);
+    }
     if (counter == NVML_PCIE_UTIL_TX_BYTES) *value = device->pcie_tx;
     else if (counter == NVML_PCIE_UTIL_RX_BYTES) *value = device->pcie_rx;
     else return NVML_ERROR_INVALID_ARGUMENT;
