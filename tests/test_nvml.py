@@ -346,8 +346,13 @@ asyncio.run(main(*map(int, sys.argv[1:])))
 
 def _stall(fake_nvml: Path, tmp_path: Path, *arguments: int) -> dict[str, Any]:
     scenario = write_scenario(tmp_path / "scenario.txt", ["devices=1", "d0.proc=77:150:0"])
+    return _run_script(STALL_SCRIPT, fake_nvml, scenario, *arguments)
+
+
+def _run_script(script: str, fake_nvml: Path, scenario: Path, *arguments: int) -> dict[str, Any]:
+    """Run a puller script over the stand-in; what it printed, as JSON."""
     result = subprocess.run(
-        [sys.executable, "-c", STALL_SCRIPT, *map(str, arguments)],
+        [sys.executable, "-c", script, *map(str, arguments)],
         env=nvml_environment(fake_nvml, scenario),
         capture_output=True,
         text=True,
@@ -485,16 +490,7 @@ def test_slow_pcie_queries_do_not_hold_up_the_ticks(fake_nvml: Path, tmp_path: P
         tmp_path / "scenario.txt",
         ["devices=4", "pcie_delay_ms=20"] + [f"d{n}.pcie_tx={100 + n}" for n in range(4)],
     )
-    result = subprocess.run(
-        [sys.executable, "-c", PCIE_SCRIPT],
-        env=nvml_environment(fake_nvml, scenario),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout)
+    outcome = _run_script(PCIE_SCRIPT, fake_nvml, scenario)
     assert outcome["skipped"] == 0
     gaps = [later - earlier for earlier, later in itertools.pairwise(outcome["times"])]
     assert all(gap == pytest.approx(0.1, abs=0.01) for gap in gaps)
