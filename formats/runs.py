@@ -110,7 +110,15 @@ class RunSummary:
         return sorted({phase for _, phase, _ in self.energy_j})
 
     def energy(self, target: str, domain: str | None = None, phase: str | None = None) -> float:
-        """Energy in J of a target, over one domain or all, one phase or the whole run."""
+        """Energy in J of a target, in one domain or in all, in one phase or the whole run.
+
+        With no domain: the target's ``node`` energy where it has some, since the node
+        formula's figure for a target already adds up its cpu, dram and gpu power (and for the
+        ``node`` target it is the meter); otherwise the sum of its domains. Adding ``node`` to
+        the others would count them twice.
+        """
+        if domain is None and any(name == target and d == "node" for name, _, d in self.energy_j):
+            domain = "node"
         return sum(
             joules
             for (name, p, d), joules in self.energy_j.items()

@@ -294,6 +294,31 @@ def test_phase_energy_is_only_the_phase(tmp_path: Path) -> None:
         assert found[("job->epoch", "power", (p,))] == [pytest.approx((200 * p + 7) / 2)]
 
 
+def test_node_energy_is_not_added_to_the_domains_it_holds(tmp_path: Path) -> None:
+    """With --node-shares a target's node power is its cpu + dram + gpu: its total energy is
+    the node figure, not that plus the domains again. A target without node power sums."""
+    recorded = Recorded()
+    run = make_run(1, {"p": 1.0}, 0, 4.0, [])
+    reports: list[Report] = []
+    for t in range(5):
+        reports += [
+            power(run.start, t, "job", "cpu", 10.0),
+            power(run.start, t, "job", "gpu", 20.0),
+            power(run.start, t, "job", "node", 30.0),
+            power(run.start, t, "other", "cpu", 5.0),
+            power(run.start, t, "other", "dram", 1.0),
+        ]
+    recorded.add(run, reports)
+    out = tmp_path / "node.json"
+    export("extrap-json", recorded, out)
+    found = values_of(load("extrap-json", out))
+    assert found[("job", "energy", (1.0,))] == [120.0]
+    assert found[("job", "energy_cpu", (1.0,))] == [40.0]
+    assert found[("job", "energy_node", (1.0,))] == [120.0]
+    assert found[("job", "power", (1.0,))] == [30.0]
+    assert found[("other", "energy", (1.0,))] == [24.0]
+
+
 def energy_law(p: float) -> float:
     return 3 + 0.5 * p * math.log2(p)
 
