@@ -92,6 +92,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
+from wattflow.formats.errors import WattflowError
 from wattflow.formats.reports import PowerReport, Report
 from wattflow.formats.runs import DOMAINS, Run
 
@@ -143,6 +144,25 @@ class _Lp:
     last: dict[tuple[str, str], datetime] = field(default_factory=dict)
 
 
+MAX_SAMPLES = 10_000_000
+"""Samples one run may take: at 1 s, 115 days. A longer window is almost always a run whose
+window was stretched by a stray timestamp, and would write gigabytes of samples."""
+
+
+class RossError(WattflowError, ValueError):
+    """A run this format cannot hold."""
+
+
+def check_window(run: Run, interval_s: float) -> None:
+    """Refuse a run whose window would take more than ``MAX_SAMPLES`` samples."""
+    if run.duration_s / interval_s > MAX_SAMPLES:
+        raise RossError(
+            f"run {run.id}: its window ({run.start} to {run.end}, {run.duration_s:,.0f} s) "
+            f"would take over {MAX_SAMPLES:,} samples of {interval_s:g} s; check its reports' "
+            "timestamps (`wattflow runs show`)"
+        )
+
+
 class RunRecorder:
     """Turns one run's reports, read in time order, into ROSS sample and event records.
 
@@ -159,6 +179,7 @@ class RunRecorder:
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, not {interval_s!r}")
+        check_window(run, interval_s)
         self.run = run
         self.samples = samples
         self.events = events

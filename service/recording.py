@@ -58,6 +58,7 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         self.experiment, self.benchmark, self.settings, self.repetition = parse_run_id(config.run)
         self.store: RunStore | None = None
         self.run: Run | None = None
+        self._provisional = False
 
     def accepts(self, kind: str) -> bool:
         return kind not in NOT_RECORDED
@@ -70,9 +71,12 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         identifier = run_id(self.experiment, self.benchmark, self.settings, self.repetition)
         now = datetime.now(UTC)
         try:
-            existing = self.store.get(identifier)
-            self.run = existing.model_copy(update={"end": max(existing.end, now)})
+            self.run = self.store.get(identifier)
         except StoreError:  # a new run
+            # Its window is now until reports come; then it is theirs, so that a recording
+            # replayed through the service gets the window it was measured in, not one from
+            # then until today.
+            self._provisional = True
             self.run = Run(
                 id=identifier,
                 experiment=self.experiment,
@@ -94,7 +98,11 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         await asyncio.to_thread(self.store.add_reports, self.run.id, batch, processed)
         first = min(report.timestamp for report in batch)
         last = max(report.timestamp for report in batch)
-        if first < self.run.start or last > self.run.end:
+        if self._provisional:
+            self._provisional = False
+            self.run = self.run.model_copy(update={"start": first, "end": last})
+            await asyncio.to_thread(self.store.save_run, self.run)
+        elif first < self.run.start or last > self.run.end:
             self.run = self.run.model_copy(
                 update={"start": min(first, self.run.start), "end": max(last, self.run.end)}
             )

@@ -421,6 +421,18 @@ def test_file_names_are_sanitised_and_never_collide(tmp_path: Path) -> None:
     assert runs == [second.id, first.id]
 
 
+def test_a_window_of_years_is_refused_before_any_file(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'runs.db'}"
+    run = make_run("stretched", 3.5).model_copy(update={"start": START - timedelta(days=200)})
+    with open_store(uri) as store:
+        store.save_run(run)
+        store.add_reports(run.id, main_reports())
+    out = tmp_path / "out"
+    with pytest.raises(ross.RossError, match="would take over 10,000,000 samples of 1 s"):
+        export_command(["ross", "--store", uri, "--out", str(out)], Console(file=io.StringIO()))
+    assert not out.exists()
+
+
 def test_a_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         RossExporter(interval_s=0.0)

@@ -234,8 +234,12 @@ def test_the_service_records_a_live_run(tmp_path: Path) -> None:
         run = opened.get("live/bert/250W/2")
         kinds = {r.kind for r in opened.reports(run)}
         processed = [moment for _, moment in opened.timed_reports(run)]
+        stored = list(opened.reports(run))
     assert {"GPUReport", "MeterReport", "PowerReport"} <= kinds
+    # A recording replayed through the service keeps the window it was measured in.
     assert run.start == at(0)
+    assert run.end == max(report.timestamp for report in stored)
+    assert run.end <= at(4)
     # Every report carries the moment the service finished with it, for ROSS's real time.
     assert processed
     assert all(moment is not None and before <= moment <= after for moment in processed)

@@ -22,7 +22,7 @@ import orjson
 
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter, Progress
-from wattflow.formats.ross import RunRecorder
+from wattflow.formats.ross import RunRecorder, check_window
 from wattflow.formats.runs import ReportStream, Run, TimedReportStream
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -59,6 +59,8 @@ class RossExporter(Exporter):
     def export_timed(
         self, runs: Sequence[Run], reports: TimedReportStream, out: Path, advance: Progress
     ) -> None:
+        for run in runs:  # before any file is written
+            check_window(run, self.interval_s)
         out.mkdir(parents=True, exist_ok=True)
         taken: set[str] = set()
         for run in runs:
