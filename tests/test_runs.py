@@ -343,3 +343,19 @@ def test_a_store_from_before_processing_times_opens_and_reads(tmp_path: Path) ->
     assert report.power == 7.5
     assert processed is None
     assert timed == [None, at(1).timestamp()]
+
+
+def test_a_run_without_events_exports_its_window_as_the_experiment(tmp_path: Path) -> None:
+    """The directory's loader needs the experiment's begin and end: a run recorded without
+    them (a replayed file, say) gets its window's edges, in its own timestamp form."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    reports = [r for r in recording(3) if not isinstance(r, EventReport)]
+    import_run(store, write_jsonl(tmp_path / "run.jsonl", reports))
+    done = wattflow("export", "gpu-dir", "--store", store, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    repetition = tmp_path / "out" / "clock-limit" / "bert" / "877MHz,1065MHz" / "0"
+    events = pd.read_csv(repetition / "timestamps.csv")
+    assert list(events["event"]) == ["experiment_begin", "experiment_end"]
+    stamps = [datetime.fromisoformat(stamp) for stamp in events["timestamp"]]
+    window = (min(r.timestamp for r in reports), max(r.timestamp for r in reports))
+    assert stamps == [moment.astimezone().replace(tzinfo=None) for moment in window]

@@ -42,9 +42,11 @@ class GpuDirExporter(Exporter):
                     ("experiment_begin", run.start),
                     ("experiment_end", run.end),
                 )
+                # The run's window stands in for a missing edge; the machine it ran on names it.
+                sensor = str(run.system.get("node") or "wattflow")
                 for name, moment in edges:
                     if not events[name]:
                         writer.add(
-                            EventReport(timestamp=moment, sensor="", target="all", event=name)
+                            EventReport(timestamp=moment, sensor=sensor, target="all", event=name)
                         )
             writer.close(run.system)
