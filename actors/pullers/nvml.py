@@ -174,7 +174,7 @@ class _DeviceState:
 
 @dataclass
 class Tick:
-    """One tick's readings, taken in the worker thread."""
+    """One tick's readings, taken on the sampler's thread."""
 
     timestamp: datetime
     devices: dict[str, GPUDevice]
@@ -182,7 +182,10 @@ class Tick:
 
 
 class NvmlSampler:
-    """The blocking part: NVML calls, made from one thread at a time.
+    """The blocking part: NVML calls, from the sampler's thread and the PCIe reader's.
+
+    NVML is thread-safe; the two threads share nothing but ``unsupported`` (set additions,
+    atomic under the GIL) and ``pcie`` (replaced whole).
 
     Kept apart from the asyncio puller so that a benchmark or a ``sensor`` command can drive it
     without an event loop.
