@@ -9,7 +9,8 @@ parameter space, each point measured several times. wattflow maps its runs onto 
   the run's repetition number, then its id);
 - a **callpath** is a target (the whole run) or ``target->phase`` for each phase its run's
   events mark (``epoch``, ``train``…: only the energy measured inside that phase, and the time
-  spent in it). Energy outside every phase counts only towards the plain target;
+  spent in it, neither counting a phase nested in it). Energy outside every phase counts only
+  towards the plain target;
 - the **metrics** are ``energy`` (J: the target's ``node`` energy where the node formula gave
   it one, which already holds its cpu, dram and gpu; else summed over its domains), ``power`` (W,
   that energy over the duration), ``duration`` (s, the run's or the phase's), and the energy of

@@ -10,7 +10,8 @@ grow with the run's length.
 power holds from the previous report of the same series (target, scope, socket or device) to
 its own timestamp. Phases come from the run's events: ``train_begin``/``train_end`` open and
 close phase ``train``, ``epoch_begin``/``epoch_end`` phase ``epoch``, and so on; a report
-belongs to the innermost phase open at its timestamp, or to no phase (``""``).
+belongs to the innermost phase open at its timestamp, or to no phase (``""``). A phase's time
+is counted the same way, so its mean power is its own energy over its own time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,6 +99,7 @@ class RunSummary:
     energy_j: dict[tuple[str, str, str], float] = field(default_factory=dict)
     """(target, phase, domain) → energy in J; phase "" is outside every phase."""
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    """Phase → seconds spent in it and in no phase nested in it."""
     covered_s: float = 0.0
     """Time inside at least one phase (nested phases counted once)."""
     reports: int = 0
@@ -126,7 +129,8 @@ class RunSummary:
         )
 
     def duration_s(self, phase: str | None = None) -> float:
-        """The run's length, or the time spent in ``phase`` (outside every phase for "")."""
+        """The run's length, or the time spent in ``phase`` and no phase nested in it (outside
+        every phase for "")."""
         if phase is None:
             return self.run.duration_s
         if phase == "":
@@ -147,10 +151,15 @@ def summarise(
     """Fold a run's reports (time order) into energy per target, phase and domain."""
     summary = RunSummary(run)
     phases = phases_of(run.events)
-    for start, end, name in phases:
-        summary.phase_seconds[name] = (
-            summary.phase_seconds.get(name, 0.0) + (end - start).total_seconds()
-        )
+    # A phase's time, like its energy, is what its nested phases leave it: each stretch between
+    # two phase edges belongs to the innermost phase open over it.
+    edges = sorted({moment for start, end, _ in phases for moment in (start, end)})
+    for earlier, later in pairwise(edges):
+        name = phase_at(phases, earlier + (later - earlier) / 2)
+        if name:
+            summary.phase_seconds[name] = (
+                summary.phase_seconds.get(name, 0.0) + (later - earlier).total_seconds()
+            )
     reach: datetime | None = None
     for start, end, _ in phases:  # sorted by start: the union's length
         if reach is None or start > reach:

@@ -268,7 +268,8 @@ def test_every_format_reads_back_with_extrap_own_reader(format_name: str, tmp_pa
 
 
 def test_phase_energy_is_only_the_phase(tmp_path: Path) -> None:
-    """Nested phases: energy goes to the innermost one; the plain target holds the whole run."""
+    """Nested phases: energy and time go to the innermost one; the plain target holds the
+    whole run."""
     recorded = Recorded()
     for number, p in enumerate((1.0, 2.0), start=1):
         run = make_run(
@@ -289,7 +290,11 @@ def test_phase_energy_is_only_the_phase(tmp_path: Path) -> None:
         assert found[("job->epoch", "energy", (p,))] == [sum(100 * p + t for t in (3, 4))]
         assert found[("job->train", "energy", (p,))] == [sum(100 * p + t for t in (1, 2, 5, 6))]
         assert found[("job->epoch", "duration", (p,))] == [2.0]
-        assert found[("job->train", "duration", (p,))] == [6.0]
+        # train ran 6 s, 2 of them inside the epoch: its own time is 4 s, as its energy is
+        assert found[("job->train", "duration", (p,))] == [4.0]
+        assert found[("job->train", "power", (p,))] == [
+            pytest.approx(sum(100 * p + t for t in (1, 2, 5, 6)) / 4)
+        ]
         assert found[("job", "duration", (p,))] == [8.0]
         assert found[("job->epoch", "power", (p,))] == [pytest.approx((200 * p + 7) / 2)]
 
