@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from rich.table import Table
 
 from wattflow.actors.exporters import exporters
-from wattflow.formats import powerapi
+from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import EventName, EventReport, Report, report_kind
 from wattflow.formats.runs import Run
@@ -62,14 +62,36 @@ def read_json_lines(path: Path, model: str | None) -> Iterator[Report]:
                 document = orjson.loads(line)
             except orjson.JSONDecodeError as error:
                 raise DecodeError(str(path), number, f"not valid JSON: {error}") from None
-            kind = model or next(
-                (name for key, name in KIND_BY_PAYLOAD if key in document), "FormulaReport"
-            )
+            kind = model or kind_of(document)
             yield powerapi.decode_document(report_kind(kind), document, str(path), number)
 
 
+def kind_of(document: Any) -> str:
+    """The kind of a JSON report, from its payload's key."""
+    if not isinstance(document, dict):
+        return "FormulaReport"
+    return next((name for key, name in KIND_BY_PAYLOAD if key in document), "FormulaReport")
+
+
+def read_reports_document(path: Path, model: str | None) -> Iterator[Report]:
+    """PowerAPI's file-input recordings: one ``{"reports": [...]}`` document, as the service's
+    ``jsonl`` input reads them too. Its reports are all of one kind, told by ``model`` or by
+    the first report's payload."""
+    if model is None:
+        try:
+            entries = orjson.loads(path.read_bytes()).get("reports") or [None]
+        except (orjson.JSONDecodeError, AttributeError):
+            entries = [None]
+        model = kind_of(entries[0])
+    for item in jsonl.read_reports_document(report_kind(model), path):
+        if isinstance(item, DecodeError):
+            raise item
+        yield item
+
+
 def read_file(path: Path, model: str | None) -> Iterator[Report]:
-    """Reports from a recorded file: JSON Lines, or PowerAPI's CSV (PowerReport.csv)."""
+    """Reports from a recorded file: JSON Lines, PowerAPI's ``{"reports": [...]}`` document, or
+    PowerAPI's CSV (PowerReport.csv)."""
     if not path.is_file():
         raise StoreError(f"{path}: no such file")
     if path.suffix.lower() == ".csv":
@@ -77,6 +99,9 @@ def read_file(path: Path, model: str | None) -> Iterator[Report]:
             if isinstance(item, DecodeError):
                 raise item
             yield item
+        return
+    if jsonl.is_reports_document(path):
+        yield from read_reports_document(path, model)
         return
     yield from read_json_lines(path, model)
 

@@ -9,6 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import orjson
 import pandas as pd  # type: ignore[import-untyped]
 import pytest
 
@@ -17,6 +18,7 @@ from wattflow.formats.reports import (
     EventReport,
     GPUDevice,
     GPUReport,
+    HWPCReport,
     MeterReport,
     PowerReport,
     Report,
@@ -26,7 +28,7 @@ from wattflow.service.recording import TrainingCallback, record
 from wattflow.service.runs import PAGE, open_store
 from wattflow.service.runs_cli import mark
 
-from .conftest import wattflow
+from .conftest import FIXTURES, wattflow
 from .servers import ServerProcess, mongodb_uri
 
 START = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
@@ -359,3 +361,25 @@ def test_a_run_without_events_exports_its_window_as_the_experiment(tmp_path: Pat
     stamps = [datetime.fromisoformat(stamp) for stamp in events["timestamp"]]
     window = (min(r.timestamp for r in reports), max(r.timestamp for r in reports))
     assert stamps == [moment.astimezone().replace(tzinfo=None) for moment in window]
+
+
+def test_powerapi_recording_documents_import_as_the_jsonl_input_reads_them(
+    tmp_path: Path,
+) -> None:
+    """PowerAPI's file-input recordings are one {"reports": [...]} document, not JSON Lines."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    done = wattflow(
+        "runs", "import", str(FIXTURES / "hwpc.json"), "--store", store, "--experiment", "e",
+        "--benchmark", "b", "--settings", "s", "--repetition", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    expected = orjson.loads((FIXTURES / "hwpc.json").read_bytes())["reports"]
+    with open_store(store) as opened:
+        [run] = opened.runs()
+        stored = list(opened.reports(run))
+    assert len(stored) == len(expected) == 10
+    assert all(isinstance(report, HWPCReport) for report in stored)
+    assert [r.timestamp for r in stored] == sorted(
+        datetime.fromisoformat(e["timestamp"]).replace(tzinfo=UTC) for e in expected
+    )
+    assert {r.target for r in stored} == {e["target"] for e in expected}
