@@ -24,6 +24,16 @@ def redact_uri(text: str) -> str:
     return _CREDENTIALS.sub(r"\g<start>***@", text)
 
 
+def describe_driver_error(error: BaseException) -> str:
+    """A database driver's error in one short line, without secrets.
+
+    pymongo's server-selection errors end with the whole topology description and repeat the
+    socket timeouts; what a user needs is the first part: which server, and why.
+    """
+    text = redact_uri(str(error)).split(", Timeout:")[0]
+    return re.sub(r" \(configured timeouts: [^)]*\)", "", text)
+
+
 def read_secret(path: Path, what: str) -> str:
     """A secret (password, token, connection string) kept in a file, such as a mounted secret.
 

@@ -307,7 +307,7 @@ class MongoRunStore(RunStore):
         from pymongo.errors import PyMongoError
         from pymongo.uri_parser import parse_uri
 
-        from wattflow.actors.connections import redact_uri
+        from wattflow.actors.connections import describe_driver_error, redact_uri
 
         try:
             database = parse_uri(uri).get("database") or "wattflow"
@@ -317,7 +317,7 @@ class MongoRunStore(RunStore):
                 [("run", ASCENDING), ("ts", ASCENDING), ("seq", ASCENDING)]
             )
         except (PyMongoError, ValueError) as error:
-            raise StoreError(f"store {redact_uri(uri)}: {redact_uri(str(error))}") from None
+            raise StoreError(f"store {redact_uri(uri)}: {describe_driver_error(error)}") from None
         self._sequence = int(datetime.now().timestamp() * 1e6)
 
     def save_run(self, run: Run) -> None:

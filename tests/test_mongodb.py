@@ -459,3 +459,32 @@ def test_a_connection_string_from_the_environment_never_shows_its_password(
     assert bad.returncode == 2
     assert "not a MongoDB connection string" in bad.stderr
     assert "s3cr3t-pw" not in bad.stderr
+
+
+def test_an_unreachable_server_is_one_short_line() -> None:
+    """pymongo's own message ends with its whole topology description; users get the server
+    and the reason, without the password."""
+    from pymongo.errors import PyMongoError
+
+    from wattflow.actors.connections import describe_driver_error
+
+    port = free_port()  # nothing listens there
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        f"mongodb://alice:s3cret@127.0.0.1:{port}/db", serverSelectionTimeoutMS=300
+    )
+    try:
+        client.admin.command("ping")
+    except PyMongoError as error:
+        raw, described = str(error), describe_driver_error(error)
+    else:
+        raise AssertionError("a server answered on a free port")
+    finally:
+        client.close()
+    assert "Topology Description" in raw
+    assert described == f"127.0.0.1:{port}: [Errno 111] Connection refused"
+    done = wattflow("runs", "list", "--store", f"mongodb://alice:s3cret@127.0.0.1:{port}/db")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"wattflow: error: store mongodb://***@127.0.0.1:{port}/db: "
+        f"127.0.0.1:{port}: [Errno 111] Connection refused"
+    )

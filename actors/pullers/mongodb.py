@@ -44,7 +44,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import ConfigurationError, InvalidURI, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_uri
 
-from wattflow.actors.connections import read_secret, redact_uri
+from wattflow.actors.connections import describe_driver_error, read_secret, redact_uri
 from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
@@ -188,7 +188,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
             hello = await client.admin.command("hello")
             count = await client[self.config.db][self.config.collection].estimated_document_count()
         except PyMongoError as error:
-            raise PullError(redact_uri(str(error)).split(", Timeout:")[0]) from None
+            raise PullError(describe_driver_error(error)) from None
         finally:
             await client.close()
         replica = f"replica set {hello['setName']}" if hello.get("setName") else "standalone"
@@ -470,7 +470,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
             logger.warning(
                 "%s: server unavailable (%s); retrying until it is back",
                 self.source,
-                redact_uri(str(error)).split(", Timeout:")[0],
+                describe_driver_error(error),
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(emitter.stopping.wait(), self._backoff)

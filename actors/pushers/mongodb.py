@@ -27,7 +27,7 @@ from pymongo import ASCENDING, AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
-from wattflow.actors.connections import redact_uri
+from wattflow.actors.connections import describe_driver_error, redact_uri
 from wattflow.actors.errors import PushError, PushUnavailable
 from wattflow.actors.pullers.mongodb import connection_string
 from wattflow.actors.pushers import pushers
@@ -133,7 +133,7 @@ class MongoDBPusher(Pusher[MongoDBPusherConfig]):
             hello = await client.admin.command("hello")
             count = await client[self.config.db][self.config.collection].estimated_document_count()
         except PyMongoError as error:
-            raise PushError(redact_uri(str(error)).split(", Timeout:")[0]) from None
+            raise PushError(describe_driver_error(error)) from None
         finally:
             await client.close()
         replica = f"replica set {hello['setName']}" if hello.get("setName") else "standalone"
@@ -177,9 +177,7 @@ class MongoDBPusher(Pusher[MongoDBPusherConfig]):
                 raise PushError(message) from None
             raise PushUnavailable(message) from None
         except PyMongoError as error:
-            raise PushUnavailable(
-                f"{self.where}: {redact_uri(str(error)).split(', Timeout:')[0]}"
-            ) from None
+            raise PushUnavailable(f"{self.where}: {describe_driver_error(error)}") from None
         return refused
 
     async def _insert(self, part: list[Report]) -> list[tuple[Report, str]]:
