@@ -177,21 +177,24 @@ class RunStore(ABC):
     def timed_reports(self, run: Run) -> Iterator[tuple[Report, float | None]]:
         """The run's reports as :meth:`reports` gives them, each with its processing time
         (Unix seconds), or ``None`` where it was not recorded live."""
-        after = (to_millis(run.start) - 1, 2**62)
-        while True:
-            page = self._report_page(run.id, after, to_millis(run.end), None)
-            for millis, sequence, kind, body, processed in page:
-                yield _decode(kind, body), None if processed is None else processed / 1e6
-                after = (millis, sequence)
-            if len(page) < PAGE:
-                return
+        for kind, body, processed in self._rows(
+            run.id, to_millis(run.start), to_millis(run.end), None
+        ):
+            yield _decode(kind, body), None if processed is None else processed / 1e6
 
     def _reports(self, run: str, start: int, end: int, kinds: list[str] | None) -> Iterator[Report]:
+        for kind, body, _ in self._rows(run, start, end, kinds):
+            yield _decode(kind, body)
+
+    def _rows(
+        self, run: str, start: int, end: int, kinds: list[str] | None
+    ) -> Iterator[tuple[str, Any, int | None]]:
+        """(kind, body, processed µs) of the run's stored reports in time order, page by page."""
         after = (start - 1, 2**62)
         while True:
             page = self._report_page(run, after, end, kinds)
-            for millis, sequence, kind, body, _ in page:
-                yield _decode(kind, body)
+            for millis, sequence, kind, body, processed in page:
+                yield kind, body, processed
                 after = (millis, sequence)
             if len(page) < PAGE:
                 return

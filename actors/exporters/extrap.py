@@ -9,7 +9,7 @@ parameter names, too many parameters for the text format, a missing ``extrap`` p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -39,8 +39,11 @@ class _ExtrapExporter(Exporter):
         """Refuse what the format cannot hold, before the long pass over the reports."""
         extrap.parameter_names(runs)
 
+    writer: ClassVar[Callable[[extrap.Measurements, Path], None]]
+    """The format's writer, from :mod:`wattflow.formats.extrap`."""
+
     def write(self, measurements: extrap.Measurements, out: Path) -> None:
-        raise NotImplementedError
+        type(self).writer(measurements, out)
 
     def export(
         self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
@@ -54,39 +57,31 @@ class _ExtrapExporter(Exporter):
 class ExtrapTextExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-text"
     description: ClassVar[str] = "Extra-P text input (at most 4 parameters; extrap --text)"
+    writer = extrap.write_text
 
     def check(self, runs: Sequence[Run]) -> None:
         extrap.check_text_parameters(extrap.parameter_names(runs))
-
-    def write(self, measurements: extrap.Measurements, out: Path) -> None:
-        extrap.write_text(measurements, out)
 
 
 @exporters.register("extrap-json")
 class ExtrapJsonExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-json"
     description: ClassVar[str] = "Extra-P JSON input, the newer format (extrap --json)"
-
-    def write(self, measurements: extrap.Measurements, out: Path) -> None:
-        extrap.write_json(measurements, out)
+    writer = extrap.write_json
 
 
 @exporters.register("extrap-jsonl")
 class ExtrapJsonLinesExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-jsonl"
     description: ClassVar[str] = "Extra-P JSON Lines input (extrap --json)"
-
-    def write(self, measurements: extrap.Measurements, out: Path) -> None:
-        extrap.write_jsonl(measurements, out)
+    writer = extrap.write_jsonl
 
 
 @exporters.register("extrap-talpas")
 class ExtrapTalpasExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-talpas"
     description: ClassVar[str] = "Extra-P TaLPas input (extrap --talpas)"
-
-    def write(self, measurements: extrap.Measurements, out: Path) -> None:
-        extrap.write_talpas(measurements, out)
+    writer = extrap.write_talpas
 
 
 @exporters.register("extrap")
