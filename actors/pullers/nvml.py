@@ -639,32 +639,34 @@ class _Pacer(threading.Thread):
         deadline = math.floor(time.time() / interval + 1) * interval
         per_batch = max(1, round(self.batch_s / interval))
         pending: list[Tick] = []
-        while True:
-            delay = deadline - time.time()
-            if delay > 0:
-                if self._sleep(delay):
+        try:
+            while True:
+                delay = deadline - time.time()
+                if delay > 0:
+                    if self._sleep(delay):
+                        break
+                elif -delay >= interval:
+                    # Whole ticks have passed (a stalled machine, a stalled pipeline): run the one
+                    # due now rather than the missed ones back to back.
+                    missed = math.floor(-delay / interval)
+                    self.skipped_ticks += missed
+                    deadline += missed * interval
+                    logger.warning(
+                        "NVML sampler %.0f ms late: skipped %d ticks (%d in all)",
+                        -delay * 1000,
+                        missed,
+                        self.skipped_ticks,
+                    )
+                if self._stopping.is_set():
                     break
-            elif -delay >= interval:
-                # Whole ticks have passed (a stalled machine, a stalled pipeline): run the one
-                # due now rather than the missed ones back to back.
-                missed = math.floor(-delay / interval)
-                self.skipped_ticks += missed
-                deadline += missed * interval
-                logger.warning(
-                    "NVML sampler %.0f ms late: skipped %d ticks (%d in all)",
-                    -delay * 1000,
-                    missed,
-                    self.skipped_ticks,
-                )
-            if self._stopping.is_set():
-                break
-            pending.append(self.sampler.tick())
-            deadline += interval
-            if len(pending) >= per_batch:
+                pending.append(self.sampler.tick())
+                deadline += interval
+                if len(pending) >= per_batch:
+                    self._hand_batch(pending)
+                    pending = []
+        finally:  # a failing tick or a stop: what was sampled still goes down the pipeline
+            if pending:
                 self._hand_batch(pending)
-                pending = []
-        if pending:
-            self._hand_batch(pending)
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep, looking up every ``STOP_CHECK_S``; True when asked to stop.
