@@ -7,10 +7,12 @@ import csv
 import gc
 import io
 import json
+import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from wattflow.actors.pullers.files import split_lines
@@ -262,12 +264,12 @@ def test_csv_reports_of_a_tick_share_one_timestamp(tmp_path: Path) -> None:
 # --- Outputs ----------------------------------------------------------------------------------
 
 
-def power(target: str = "t", **metadata: Any) -> PowerReport:
+def power(target: str = "t", watts: float = 19.25, **metadata: Any) -> PowerReport:
     return PowerReport.trusted(
         timestamp=to_utc(1539260665189),
         sensor="s",
         target=target,
-        power=19.25,
+        power=watts,
         metadata={"socket": "0", "scope": "cpu", **metadata},
     )
 
@@ -301,6 +303,42 @@ def test_csv_output_writes_what_the_csv_module_writes(tmp_path: Path) -> None:
         timestamp=to_utc(5), sensor="s", target="m", metadata={"a": 'q"uote', "b": [1, 2]}
     )
     reports.append(formula)
+    assert_written_as_csv_module_writes(tmp_path, reports, files=3)
+
+
+FLOATS = [0.0, -0.0, 1.0, -7.25, 0.1, 1 / 3, 1e-4, 9.999999999999999e-05, 1e-7, 123456.789]
+FLOATS += [1e15, 9999999999999998.0, 1e16, 1.5e300, float("nan"), float("inf"), -float("inf")]
+
+
+def test_floats_are_written_as_str_writes_them() -> None:
+    rng = random.Random(7)
+    values = FLOATS + [rng.uniform(-1, 1) * 10.0 ** rng.randint(-8, 18) for _ in range(5000)]
+    assert powerapi.float_texts(values) == [str(v) for v in values]
+    assert powerapi.float_texts(FLOATS[:3]) == ["0.0", "-0.0", "1.0"]
+
+
+def test_csv_output_of_many_rows_and_files_writes_what_the_csv_module_writes(
+    tmp_path: Path,
+) -> None:
+    """The column-at-a-time way: floats of every magnitude, other value types, several files
+    and a file whose metadata columns differ from the others'."""
+    rng = random.Random(3)
+    values: list[Any] = [*FLOATS, 3, None, True, "text", np.float64(0.125), 2**70]
+    reports: list[Report] = []
+    for tick in range(40):
+        for target in ("a", "b", "c"):
+            ratio = values[(tick * 3 + len(target)) % len(values)]
+            watts = rng.choice(FLOATS) if tick % 7 == 0 else rng.uniform(0, 300)
+            reports.append(power(target=target, watts=watts, formula="f", ratio=ratio))
+        extra = PowerReport.trusted(
+            timestamp=to_utc(tick), sensor="s", target="d", power=1.5, metadata={"x": tick}
+        )
+        reports.append(extra)
+    assert_written_as_csv_module_writes(tmp_path, reports, files=4)
+
+
+def assert_written_as_csv_module_writes(tmp_path: Path, reports: list[Report], files: int) -> None:
+    """One batch through the CSV output gives, byte for byte, what the csv module writes."""
     pusher = CsvPusher(CsvPusherConfig(type="csv", directory=tmp_path))
 
     async def scenario() -> list[tuple[Report, str]]:
@@ -321,7 +359,7 @@ def test_csv_output_writes_what_the_csv_module_writes(tmp_path: Path) -> None:
             header = next(csv.reader(handle))
         row = powerapi.csv_output_row(report, header)
         csv.writer(expected[path], lineterminator="\r\n").writerow(row)
-    assert len(expected) == 3
+    assert len(expected) == files
     for path, text in expected.items():
         assert path.read_bytes() == text.getvalue().encode()
 

@@ -8,7 +8,7 @@ instance on the first report with that key. Instances see batches of their own r
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -36,6 +36,10 @@ class Output:
     def emit(self, report: Report) -> None:
         """Send a report on to the pushers."""
         self.reports.append(report)
+
+    def emit_all(self, reports: Iterable[Report]) -> None:
+        """Send several reports on at once (one call where a formula makes many per tick)."""
+        self.reports.extend(reports)
 
     def absorb(self, count: int = 1) -> None:
         """Note inputs that went into the formula's state without an output of their own."""

@@ -55,7 +55,13 @@ from wattflow.actors.formulas.power_model import (
     warm_up,
 )
 from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J, rapl_groups
-from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report
+from wattflow.formats.reports import (
+    FormulaReport,
+    HWPCReport,
+    PowerReport,
+    Report,
+    trusted_report,
+)
 
 COMPAT_SMARTWATTS_24 = "smartwatts-2.4"
 
@@ -554,40 +560,49 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         labels: dict[str, Any] = {"scope": scope.name, "socket": socket, "formula": model.hash}
         global_report = tick.global_report
         assert global_report is not None
-        emit = out.emit
-        emit(
-            PowerReport.trusted(
-                timestamp=timestamp,
-                sensor=sensor,
-                target="global",
-                power=raw_global,
-                metadata={**global_report.metadata, **labels, "ratio": 1.0},
+        # One PowerReport per target per socket and scope: the formula's hot loop, so the
+        # reports are built from complete field dicts and handed on in one call.
+        emitted = [
+            trusted_report(
+                PowerReport,
+                {
+                    "timestamp": timestamp,
+                    "sensor": sensor,
+                    "target": "global",
+                    "power": raw_global,
+                    "metadata": {**global_report.metadata, **labels, "ratio": 1.0},
+                },
             )
-        )
+        ]
         targets = tick.targets
+        share_measured = not self.compat
         for name, target_dynamic in zip(names, dynamic[1:], strict=True):
             if dynamic_global > 0.0 and target_dynamic > 0.0:
                 ratio = target_dynamic / dynamic_global
                 # SmartWatts shares its predicted global power; wattflow the measured one.
-                power = target_dynamic + ratio * intercept if self.compat else ratio * rapl_w
+                power = ratio * rapl_w if share_measured else target_dynamic + ratio * intercept
             else:
                 ratio = power = 0.0
-            emit(
-                PowerReport.trusted(
-                    timestamp=timestamp,
-                    sensor=sensor,
-                    target=name,
-                    power=power,
-                    metadata={**targets[name].report.metadata, **labels, "ratio": ratio},
+            emitted.append(
+                trusted_report(
+                    PowerReport,
+                    {
+                        "timestamp": timestamp,
+                        "sensor": sensor,
+                        "target": name,
+                        "power": power,
+                        "metadata": {**targets[name].report.metadata, **labels, "ratio": ratio},
+                    },
                 )
             )
+        out.emit_all(emitted)
         error = abs(rapl_w - raw_global)
         if not stored:
             model.store(rapl_w, global_features)
         model.store_error(error)
         if model.window_error(self.error_method) > scope.error_threshold:
             model.relearn(config.cpu_tdp)
-        emit(
+        out.emit(
             FormulaReport.trusted(
                 timestamp=timestamp,
                 sensor=self.sensor,

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import csv
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from functools import cache
+from itertools import chain
+from operator import itemgetter
 from pathlib import Path
-from typing import Annotated, Literal, TextIO
+from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import BeforeValidator, Field, PositiveInt
 
@@ -46,15 +50,105 @@ class CsvPusherConfig(PusherConfig):
 
 
 class _OpenFile:
-    __slots__ = ("handle", "header", "metadata_columns", "metadata_keys", "writer")
+    __slots__ = ("handle", "header", "metadata_keys", "metadata_values", "writer")
 
     def __init__(self, handle: TextIO, header: list[str]) -> None:
         self.handle = handle
         self.header = header
         self.writer = csv.writer(handle, lineterminator="\r\n")
         fixed = len(powerapi.CSV_POWER_FIXED) - 1  # socket is metadata too
-        self.metadata_columns = header[fixed:] if header[:fixed] == _POWER_START else None
-        self.metadata_keys = set(self.metadata_columns or ())
+        columns = header[fixed:] if header[:fixed] == _POWER_START else None
+        self.metadata_keys = set(columns or ())
+        # The metadata values in column order, in one C call (a tuple, whatever the count).
+        self.metadata_values: Callable[[dict[str, Any]], Iterable[Any]] | None = None
+        if columns is not None:
+            getter = itemgetter(*columns) if columns else (lambda _: ())
+            self.metadata_values = (
+                getter if len(columns) != 1 else (lambda metadata: (getter(metadata),))
+            )
+
+
+def _texts(files: list[list[list[Any]]]) -> list[str]:
+    """The CSV text of each file's rows, as PowerAPI writes them: ``str`` of each value, empty
+    for ``None``, quoted where needed, ``\\r\\n`` after each row.
+
+    This is the output's inner loop, so it works on a whole batch a column at a time: a column
+    of floats is formatted in one call (:func:`~wattflow.formats.powerapi.float_texts`), the
+    rows are joined by one ``%`` on a template and split back into the files' lines. The way
+    row by row is kept for text that needs quoting. Files with other metadata columns, so rows
+    of another width, are formatted apart.
+    """
+    texts = [""] * len(files)
+    by_width: dict[int, list[int]] = {}
+    for at, rows in enumerate(files):
+        by_width.setdefault(len(rows[0]), []).append(at)
+    for width, members in by_width.items():
+        alike = [files[at] for at in members]
+        for at, text in zip(members, _texts_of_width(width, alike), strict=True):
+            texts[at] = text
+    return texts
+
+
+def _texts_of_width(width: int, files: list[list[list[Any]]]) -> list[str]:
+    """:func:`_texts` for files whose first rows have ``width`` cells."""
+    rows = list(chain.from_iterable(files))
+    cells = list(chain.from_iterable(rows))
+    if len(cells) != width * len(rows):
+        return ["".join(_quoted_lines(file)) for file in files]
+    for column in range(width):
+        values = cells[column::width]
+        kinds = set(map(type, values))
+        if kinds == _TEXT:
+            continue
+        if kinds == _FLOAT:
+            cells[column::width] = powerapi.float_texts(values)
+        else:
+            cells[column::width] = [_cell_text(value) for value in values]
+    text: str = (_template(width) * len(rows)) % tuple(cells)
+    if (
+        text.count(",") != (width - 1) * len(rows)
+        or text.count("\n") != len(rows)
+        or text.count("\r") != len(rows)
+        or '"' in text
+    ):
+        return ["".join(_quoted_lines(file)) for file in files]
+    lines = text.split("\r\n")
+    texts = []
+    start = 0
+    for file in files:
+        end = start + len(file)
+        texts.append("\r\n".join(lines[start:end]) + "\r\n")
+        start = end
+    return texts
+
+
+_TEXT = {str}
+_FLOAT = {float}
+
+
+@cache
+def _template(width: int) -> str:
+    return ",".join(["%s"] * width) + "\r\n"
+
+
+def _cell_text(value: Any) -> str:
+    if type(value) is str:
+        return value
+    return "" if value is None else str(value)
+
+
+def _quoted_lines(rows: list[list[Any]]) -> list[str]:
+    """Row by row, quoting the cells that hold commas, quotes or line breaks."""
+    lines = []
+    for row in rows:
+        texts = list(map(_cell_text, row))
+        line = ",".join(texts)
+        if line.count(",") != len(texts) - 1 or '"' in line or "\n" in line or "\r" in line:
+            line = powerapi.csv_line(texts)
+        else:
+            line += "\r\n"
+        lines.append(line)
+    return lines
 
 
 _POWER_START = list(powerapi.CSV_POWER_FIXED[:-1])
@@ -105,18 +199,18 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         return await asyncio.to_thread(self._write, batch)
 
     def _write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        """Format every row, then write each file's rows at once.
+        """Gather every file's rows, then format and write each file's rows at once.
 
         A formula writes several rows per input report, so this loop is the output's hot path:
         files are found by (sensor, target, kind) without building paths, the timestamp's text
-        is reused across a tick, a PowerReport whose metadata matches its file's columns skips
-        the general row builder, and a row that needs no quoting is joined as text rather than
-        written by the csv module.
+        is reused across a tick, and a PowerReport whose metadata matches its file's columns
+        skips the general row builder. Cells stay values until :func:`_lines` formats a file's
+        floats in one call.
         """
         refused: list[tuple[Report, str]] = []
-        # Lines per file, with a report to reopen it by: a batch may touch more files than are
+        # Rows per file, with a report to reopen it by: a batch may touch more files than are
         # kept open, so files are looked up again when the lines are written.
-        touched: dict[tuple[str, str, str], tuple[_OpenFile, Report, list[str]]] = {}
+        touched: dict[tuple[str, str, str], tuple[_OpenFile, Report, list[list[Any]]]] = {}
         tags = self.config.tags
         last_timestamp: object = None
         millis = ""
@@ -134,18 +228,18 @@ class CsvPusher(Pusher[CsvPusherConfig]):
                 entry = touched.get(key)
                 if entry is None:
                     entry = touched[key] = (self._file(key, report), report, [])
-                opened, _, lines = entry
-                columns = opened.metadata_columns
+                opened, _, rows = entry
+                metadata_values = opened.metadata_values
                 if (
-                    columns is not None
+                    metadata_values is not None
                     and type(report) is power_kind
                     and metadata.keys() == opened.metadata_keys
                 ):
                     if report.timestamp is not last_timestamp:
                         last_timestamp = report.timestamp
                         millis = str(to_millis(report.timestamp))
-                    row = [millis, report.sensor, report.target, str(report.power)]
-                    row.extend(["" if (v := metadata[c]) is None else str(v) for c in columns])
+                    row: list[Any] = [millis, report.sensor, report.target, report.power]
+                    row.extend(metadata_values(metadata))
                 else:
                     try:
                         row = powerapi.csv_output_row(report, opened.header)
@@ -153,17 +247,13 @@ class CsvPusher(Pusher[CsvPusherConfig]):
                         path = powerapi.csv_output_path(self.config.directory, report)
                         refused.append((report, f"{path}: {error}"))
                         continue
-                line = ",".join(row)
-                if line.count(",") != len(row) - 1 or '"' in line or "\n" in line or "\r" in line:
-                    line = powerapi.csv_line(row)
-                else:
-                    line += "\r\n"
-                lines.append(line)
-            for key, (_, first, lines) in touched.items():
-                if lines:
-                    opened = self._file(key, first)
-                    opened.handle.write("".join(lines))
-                    opened.handle.flush()
+                rows.append(row)
+            files = [(key, first, rows) for key, (_, first, rows) in touched.items() if rows]
+            texts = _texts([rows for _, _, rows in files])
+            for (key, first, _), text in zip(files, texts, strict=True):
+                opened = self._file(key, first)
+                opened.handle.write(text)
+                opened.handle.flush()
         except OSError as error:
             raise PushError(f"output '{self.config.name}': {error}") from error
         return refused
