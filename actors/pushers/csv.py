@@ -204,8 +204,8 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         A formula writes several rows per input report, so this loop is the output's hot path:
         files are found by (sensor, target, kind) without building paths, the timestamp's text
         is reused across a tick, and a PowerReport whose metadata matches its file's columns
-        skips the general row builder. Cells stay values until :func:`_lines` formats a file's
-        floats in one call.
+        skips the general row builder. Cells stay values until :func:`_texts` formats the whole
+        batch a column at a time.
         """
         refused: list[tuple[Report, str]] = []
         # Rows per file, with a report to reopen it by: a batch may touch more files than are
