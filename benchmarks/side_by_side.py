@@ -6,6 +6,7 @@ recording as JSON Lines), runs both formulas on the CSV files with the same flag
 PowerAPI's CSV output, and prints for each: input reports, wall time, start-up time (the same
 command on a one-tick input), throughput in input reports per second net of start-up, memory,
 and the error of the per-target power against the ground truth on the ticks both estimated.
+With ``--repeat N`` each formula runs N times, taking turns, and the median wall time counts.
 
 wattflow runs pinned to one core (``taskset -c 0``); SmartWatts, whose actors are processes,
 gets every core of the machine. Run it from the repository root:
@@ -59,12 +60,17 @@ class Outcome:
     output_files: list[str] = field(default_factory=list)
     startups: list[float] = field(default_factory=list)
     written: int = 0
+    walls: list[float] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
         """Input reports per second, start-up left out (NaN when the input was too small)."""
         working = self.wall_s - self.startup_s
         return self.reports / working if working > 0 else math.nan
+
+
+ENV = {**os.environ, "TZ": "UTC"}
+"""PowerAPI turns CSV timestamps into local time and back; UTC rules out a DST hour."""
 
 
 def smartwatts_python(venv: Path) -> Path:
@@ -193,24 +199,66 @@ def command(
     return [*run, *io, *formula_flags(args), *shlex.split(args.wattflow_args)]
 
 
-def measure(name: str, python: Path, work: Path, args: argparse.Namespace, reports: int) -> Outcome:
-    """Start-up on the one-tick input (median of three), then the full run."""
-    # PowerAPI turns CSV timestamps into local time and back; UTC rules out a DST hour.
-    env = {**os.environ, "TZ": "UTC"}
-    startups = []
+def startup(name: str, python: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    """Wall times of three runs on the one-tick input: their median is the start-up."""
+    times = []
     for attempt in range(3):
         out = work / f"{name}-startup-{attempt}"
         shutil.rmtree(out, ignore_errors=True)
         log = work / f"{name}-startup-{attempt}.log"
-        startups.append(run_measured(command(name, python, work / "tiny", out, args), env, log)[0])
+        times.append(run_measured(command(name, python, work / "tiny", out, args), ENV, log)[0])
+    return times
+
+
+def full_run(
+    name: str, python: Path, work: Path, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    """One run on the whole input: wall time, largest RSS and tree PSS."""
     output = work / f"{name}-out"
     shutil.rmtree(output, ignore_errors=True)  # both formulas append to existing CSV files
-    log = work / f"{name}.log"
-    wall, rss, tree = run_measured(command(name, python, work / "input", output, args), env, log)
-    files = sorted({p.name for p in output.glob("*/*")})
-    written = sum(sum(1 for _ in p.open()) - 1 for p in output.glob("*/*.csv"))
-    startup = statistics.median(startups)
-    return Outcome(name, reports, wall, startup, rss, tree, output, files, startups, written)
+    return run_measured(
+        command(name, python, work / "input", output, args), ENV, work / f"{name}.log"
+    )
+
+
+def measure(
+    names: list[str], python: Path, work: Path, args: argparse.Namespace, reports: int
+) -> list[Outcome]:
+    """Start-ups, then ``--repeat`` rounds of full runs, the formulas taking turns in each.
+
+    Taking turns puts both formulas' runs of a round in the same stretch of the machine's
+    speed, which on a shared or virtual machine drifts by more than the difference being
+    measured; each outcome's wall time is the median of its rounds.
+    """
+    startups = {name: startup(name, python, work, args) for name in names}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    for _ in range(args.repeat):
+        for name in names:
+            runs[name].append(full_run(name, python, work, args))
+    outcomes = []
+    for name in names:
+        output = work / f"{name}-out"
+        files = sorted({p.name for p in output.glob("*/*")})
+        written = sum(sum(1 for _ in p.open()) - 1 for p in output.glob("*/*.csv"))
+        walls = [wall for wall, _, _ in runs[name]]
+        rss = max(r for _, r, _ in runs[name])
+        tree = max(t for _, _, t in runs[name])
+        outcomes.append(
+            Outcome(
+                name,
+                reports,
+                statistics.median(walls),
+                statistics.median(startups[name]),
+                rss,
+                tree,
+                output,
+                files,
+                startups[name],
+                written,
+                walls,
+            )
+        )
+    return outcomes
 
 
 def power_by_tick(output: Path, scope: str) -> dict[Key, float]:
@@ -279,6 +327,12 @@ def main() -> None:
         default="",
         help="flags for wattflow only, e.g. '--compat smartwatts-2.4'",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="full runs of each formula, taking turns; wall times are their medians",
+    )
     parser.add_argument("--venv", type=Path, default=SMARTWATTS_VENV)
     parser.add_argument(
         "--keep", type=Path, help="write inputs, outputs and logs here, and keep them"
@@ -290,7 +344,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     reports = write_input(work / "input", args, args.ticks)
     write_input(work / "tiny", args, 1)
-    outcomes = [measure(name, python, work, args, reports) for name in ("SmartWatts", "wattflow")]
+    outcomes = measure(["SmartWatts", "wattflow"], python, work, args, reports)
 
     print(
         f"input: {reports} reports, {args.ticks} ticks × {args.sensors} sensor(s), "
@@ -319,6 +373,15 @@ def main() -> None:
         runs = ", ".join(f"{s:.2f}" for s in o.startups)
         print(f"{o.name} one-tick runs: {runs} s (the median is its start-up)")
     smartwatts, wattflow = outcomes
+    if args.repeat > 1:
+        for o in outcomes:
+            print(f"{o.name} full runs: {', '.join(f'{w:.2f}' for w in o.walls)} s (median used)")
+        rounds = [
+            (wattflow.reports / (w - wattflow.startup_s))
+            / (smartwatts.reports / (s - smartwatts.startup_s))
+            for s, w in zip(smartwatts.walls, wattflow.walls, strict=True)
+        ]
+        print(f"ratio per round: {', '.join(f'{r:.2f}×' for r in rounds)}")
     ratio = wattflow.throughput / smartwatts.throughput
     print(f"\nthroughput ratio wattflow / SmartWatts: {ratio:.2f}×")
     if any(o.wall_s < 2 * o.startup_s for o in outcomes):
