@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from wattflow.formats.reports import report_kind
 
 
 class BackendConfig(BaseModel):
@@ -28,6 +30,13 @@ class BackendConfig(BaseModel):
         description="Name in logs and statistics (default: <role>_<type>, as PowerAPI names it).",
         json_schema_extra={"flags": ["-n", "--name"]},
     )
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        """A misspelt ``--model`` would match no report: an output would write nothing."""
+        report_kind(value)
+        return value
 
     @classmethod
     def example(cls) -> Self:

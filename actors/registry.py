@@ -59,7 +59,7 @@ class Registry(Generic[T]):
         try:
             return self._by_name[name]
         except KeyError:
-            known = ", ".join(sorted(self._by_name))
+            known = ", ".join(self.names())
             raise ValueError(f"unknown {self.role} {name!r}; known: {known}") from None
 
     def names(self) -> list[str]:

@@ -27,6 +27,8 @@ from typing import Any, Generic, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from wattflow.formats.errors import WattflowError
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -162,6 +164,24 @@ class DeadLetters:
     def total(self) -> int:
         """Number of dead letters so far."""
         return sum(self.by_reason.values())
+
+    def open(self) -> None:
+        """Open the dead-letter file before the pipeline starts.
+
+        Opening it on the first dead letter would find an unwritable path only mid-run, in the
+        actor that was rejecting something, and lose what that actor held.
+
+        Raises:
+            WattflowError: naming the path and why it cannot be written.
+        """
+        if self.path is None or self._file is not None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise WattflowError(f"--dead-letters {self.path}: {reason}") from None
 
     def add(self, letter: DeadLetter) -> None:
         """Record one dead letter (``letter.count`` items)."""

@@ -173,7 +173,8 @@ def _error_line(prefix: str, error: ValidationError) -> str:
         return f"{where}: required setting is missing"
     if item["type"] == "extra_forbidden":
         return f"{where}: unknown setting"
-    return f"{where}: {item['msg']}"
+    message = str(item["msg"]).removeprefix("Value error, ")  # pydantic's, for our own checks
+    return f"{where}: {message}" if where else message
 
 
 def _backend(group: str, name: str, settings: Mapping[str, Any]) -> Any:

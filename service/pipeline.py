@@ -44,7 +44,9 @@ def assemble(config: ServiceConfig) -> Pipeline:
 
 
 async def check(pipeline: Pipeline) -> None:
-    """Probe every input and output before starting, so a bad one fails with exit 2."""
+    """Probe every input and output, and open the dead-letter file, before starting, so a bad
+    one fails with exit 2."""
+    pipeline.dead_letters.open()
     for puller in pipeline.pullers:
         await puller.puller.check()
     for pusher in pipeline.pushers:

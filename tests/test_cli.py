@@ -104,6 +104,9 @@ def test_a_bad_fixture_gives_one_clear_line_and_no_traceback(
     assert lines == [f"wattflow: error: {bad}:1: missing field '{field}' in the CSV header"]
 
 
+JSONL_IN_OUT = ["--input", "jsonl", "--files", "a", "--output", "jsonl", "--file", "x"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -139,6 +142,22 @@ def test_a_bad_fixture_gives_one_clear_line_and_no_traceback(
             ["--input", "jsonl", "--files", "missing.jsonl", "--output", "jsonl", "--file", "x"],
             "missing.jsonl: input 'puller_jsonl': no such file",
         ),
+        (
+            ["--input", "jsonl", "--files", "a", "--output", "jsonl", "-m", "powerreport"],
+            "output.pusher_jsonl.model: unknown report model 'powerreport'; known: EventReport",
+        ),
+        (
+            ["--input", "csvx", "--files", "a", "--output", "csv", "--directory", "d"],
+            "--input csvx: unknown input 'csvx'; known: csv, jsonl, meter, mongodb",
+        ),
+        (
+            [*JSONL_IN_OUT, "--disable-cpu-formula", "--disable-dram-formula"],
+            "error: --disable-cpu-formula with --disable-dram-formula leaves SmartWatts nothing",
+        ),
+        (
+            [*JSONL_IN_OUT, "--dead-letters", "."],
+            "--dead-letters .: Is a directory",
+        ),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--output", "csv", "--directory", "d"], "input: no input given"),
     ],
@@ -152,6 +171,7 @@ def test_bad_configuration_gets_one_line_naming_the_field_and_exit_2(
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("wattflow: error: ")
     assert message in lines[0]
+    assert "Value error" not in lines[0]
 
 
 def test_config_file_environment_and_flags_layer_in_that_order(
