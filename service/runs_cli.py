@@ -123,6 +123,20 @@ def import_files(
         existing: Run | None = store.get(identifier)
     except StoreError:
         existing = None
+    if existing is not None:
+        conflicts = [
+            f"{name}={existing.parameters[name]:g}"
+            for name, value in parameters.items()
+            if name in existing.parameters and existing.parameters[name] != value
+        ]
+        if conflicts:
+            raise StoreError(
+                f"run {identifier} already exists with {', '.join(conflicts)}: a run is named by "
+                f"its experiment, benchmark, settings and repetition, so a run at other "
+                f"parameters needs its own --settings (e.g. {settings}-"
+                + "-".join(f"{n}{v:g}" for n, v in parameters.items())
+                + ") or --repetition; to add files to this run, give its parameters"
+            )
     first: datetime | None = existing.start if existing else None
     last: datetime | None = existing.end if existing else None
     begin = end = None
@@ -209,7 +223,13 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
                 settings=args.settings, repetition=args.repetition,
                 parameters=_parameters(args.param), model=args.model,
             )  # fmt: skip
+            held = store.count(run)
             console.print(f"imported {count} reports into {run.id} ({run.start} – {run.end})")
+            if held > count:
+                console.print(
+                    f"{run.id} already held reports; it now holds {held} (importing "
+                    f"a file twice stores its reports twice)"
+                )
         elif args.action == "list":
             header = ("run", "parameters", "start (UTC)", "duration s", "reports")
             rows = [

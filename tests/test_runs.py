@@ -150,6 +150,29 @@ def check_gpu_directory(root: Path, reports: list[Report]) -> None:
     assert {"device_name", "driver_version", "platform", "python_version"} <= set(info)
 
 
+def test_importing_other_parameters_into_an_existing_run_is_refused(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    source = write_jsonl(tmp_path / "run.jsonl", recording())
+    import_run(store, source, p=4)
+    before = wattflow("runs", "--store", store, "list").stdout
+    again = wattflow(
+        "runs", "import", str(source), "--store", store, "--experiment", "clock-limit",
+        "--benchmark", "bert", "--settings", "877MHz,1065MHz", "--repetition", "0",
+        "--param", "p=8",
+    )  # fmt: skip
+    assert again.returncode == 2
+    assert "run clock-limit/bert/877MHz,1065MHz/0 already exists with p=4" in again.stderr
+    assert "--settings (e.g. 877MHz,1065MHz-p8)" in again.stderr
+    assert wattflow("runs", "--store", store, "list").stdout == before  # nothing was added
+    added = wattflow(
+        "runs", "import", str(source), "--store", store, "--experiment", "clock-limit",
+        "--benchmark", "bert", "--settings", "877MHz,1065MHz", "--repetition", "0",
+        "--param", "p=4",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "already held reports; it now holds" in " ".join(added.stdout.split())
+
+
 def test_import_list_show_mark_and_export_a_gpu_directory(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'runs.db'}"
     reports = recording()
