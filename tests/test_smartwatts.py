@@ -288,6 +288,20 @@ def test_bad_counters_are_dead_letters_with_a_reason(counter: int, reason: str) 
     assert "INSTRUCTIONS_RETIRED" in out.rejected[0][1]
 
 
+def test_a_target_report_without_counters_is_a_dead_letter_with_a_reason() -> None:
+    reports = reports_of(workload(12))
+    empty = target_report(6, "web", 1e9)
+    for cpus in empty.groups["core"].values():
+        for cpu in cpus:
+            cpus[cpu] = {}
+    index = next(i for i, r in enumerate(reports) if r.target == "web" and r.timestamp == stamp(6))
+    reports[index] = empty
+    out = feed(formula(), reports)
+    assert [r for r, _ in out.rejected] == [empty]
+    assert "its cpus report no events" in out.rejected[0][1]
+    assert stamp(6) in {r.timestamp for r in powers(out)}
+
+
 def test_a_bad_global_report_takes_its_tick_with_it() -> None:
     reports = reports_of(workload(12))
     index = next(i for i, r in enumerate(reports) if r.target == "all" and r.timestamp == stamp(7))

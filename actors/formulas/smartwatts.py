@@ -368,6 +368,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         names = tuple(sorted(e for e in events if e not in TIME_EVENTS))
         timed = events.keys() >= TIME_EVENTS
         keys = (*names, "time_enabled", "time_running") if timed else names
+        if not keys:  # no counters at all: the slow way says so
+            return ((), tuple, False)
         layout: Layout = (names, itemgetter(*keys), timed)
         if len(keys) == 1:
             only = itemgetter(keys[0])
@@ -402,6 +404,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 if not 0 <= value < WRAPPED_COUNTER:
                     raise BadCounters(_bad_counter(event, value, socket, cpu))
                 sums[event] = sums.get(event, 0.0) + value * scale
+        if not sums:
+            raise BadCounters(f"no counters on socket {socket}: its cpus report no events")
         names = tuple(sorted(sums))
         return names, [sums[name] for name in names]
 
