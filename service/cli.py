@@ -320,9 +320,19 @@ def _runs(command: str, argv: Sequence[str]) -> int:
         return _fail(str(error), 2)
 
 
+CHECK_USAGE = """usage: wattflow check [--input TYPE [its flags]] … [--output TYPE [its flags]] …
+
+Check this node before running the service: RAPL through powercap and perf, and NVML. Given the
+flags of a `wattflow run` command, it also contacts each input and output they configure, and
+exits 1 when one cannot work. `wattflow run --input TYPE --help` lists a backend's flags."""
+
+
 def _check(argv: Sequence[str]) -> int:
     from wattflow.service.check import check_command
 
+    if argv[:1] in (["-h"], ["--help"]):
+        print(CHECK_USAGE)
+        return 0
     try:
         return check_command(argv)
     except WattflowError as error:

@@ -53,3 +53,10 @@ def test_check_without_servers_reports_the_machine_and_exits_0() -> None:
     bad = wattflow("check", "--output", "nowhere")
     assert bad.returncode == 2
     assert "unknown output 'nowhere'" in bad.stderr
+
+
+def test_check_help_describes_check() -> None:
+    done = wattflow("check", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: wattflow check")
+    assert "wattflow run" in done.stdout  # it takes run's flags, and says where they are listed
