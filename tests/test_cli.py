@@ -367,6 +367,37 @@ def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
     assert len(out.read_text().splitlines()) == 19
 
 
+@pytest.mark.parametrize("cut", [False, True])
+def test_stream_mode_reads_a_last_line_without_newline_at_a_stop(tmp_path: Path, cut: bool) -> None:
+    """A file whose writer has not ended its last line yet: at the stop, that line is a report
+    (it was whole) or a dead letter naming its line (it was cut off), never dropped."""
+    last = rapl_line(5)[:20] if cut else rapl_line(5)
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text("".join(rapl_line(i) + "\n" for i in range(5)) + last)
+    out, letters = tmp_path / "recorded.jsonl", tmp_path / "dead.jsonl"
+    process = start_service(
+        "-s", "--dead-letters", str(letters),
+        "--input", "jsonl", "--files", str(source), "--poll-interval-s", "0.05",
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not out.exists() or len(out.read_text().splitlines()) < 5:
+        assert time.monotonic() < deadline, "the complete lines never came out"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    recorded = out.read_text().splitlines()
+    if cut:
+        assert len(recorded) == 5
+        [letter] = [json.loads(line) for line in letters.read_text().splitlines()]
+        assert f"{source}:6:" in letter["reason"]
+    else:
+        assert len(recorded) == 6
+        assert json.loads(recorded[-1])["timestamp"] == json.loads(rapl_line(5))["timestamp"]
+        assert not letters.exists() or letters.read_text() == ""
+
+
 def test_an_output_that_cannot_be_written_fails_the_run_and_keeps_the_reports(
     fixtures: Path, tmp_path: Path
 ) -> None:

@@ -134,6 +134,13 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                 )
                 line_number += len(lines)
                 await batcher.add_decoded(reports, errors)
+            if partial.strip():
+                # A last line without its newline: at a stop it is read as it is, a report or
+                # (a writer cut off mid-line) a dead letter naming its line, never dropped.
+                reports, errors = powerapi.decode_json_lines(
+                    kind, [partial], str(path), line_number + 1
+                )
+                await batcher.add_decoded(reports, errors)
         finally:
             await batcher.flush()
             if handle is not None:
