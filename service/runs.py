@@ -70,12 +70,26 @@ def default_store_uri() -> str:
     return f"sqlite:///{base / 'wattflow' / 'runs.db'}"
 
 
-def open_store(uri: str | None) -> RunStore:
-    """The store a URI names (see the module's docstring)."""
+def open_store(uri: str | None, *, create: bool = True) -> RunStore:
+    """The store a URI names (see the module's docstring).
+
+    Commands that only read (``runs list``, ``export``) pass ``create=False``: a mistyped
+    SQLite path then says so, rather than becoming a new empty store that matches no run.
+
+    Raises:
+        StoreError: for a URI of another scheme, or a missing SQLite file when not creating.
+    """
     uri = uri or default_store_uri()
     if uri.startswith(("mongodb://", "mongodb+srv://")):
         return MongoRunStore(uri)
+    scheme, separator, _ = uri.partition("://")
+    if separator and scheme != "sqlite":
+        raise StoreError(
+            f"store {uri!r}: give sqlite:///PATH, a path, or mongodb://HOST/DB, not {scheme}://"
+        )
     path = Path(uri.removeprefix("sqlite:///").removeprefix("sqlite://"))
+    if not create and not path.exists():
+        raise StoreError(f"no run store at {path}: check --store (runs import creates one)")
     return SqliteRunStore(path)
 
 

@@ -216,7 +216,7 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
                          "latest run)")  # fmt: skip
     args = parser.parse_args(argv)
-    with open_store(args.store_ or args.store) as store:
+    with open_store(args.store_ or args.store, create=args.action == "import") as store:
         if args.action == "import":
             run, count = import_files(
                 store, args.files, experiment=args.experiment, benchmark=args.benchmark,
@@ -304,7 +304,7 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
     parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
     args = parser.parse_args(argv)
     exporter = exporters.get(args.format)(model=args.model)
-    with open_store(args.store) as store:
+    with open_store(args.store, create=False) as store:
         runs = store.runs(args.experiment, args.benchmark)
         if not runs:
             raise StoreError("no run matches: see `wattflow runs list`")

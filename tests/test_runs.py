@@ -337,7 +337,9 @@ def test_bad_runs_and_stores_are_one_line_and_exit_2(
     tmp_path: Path, arguments: list[str], message: str
 ) -> None:
     (tmp_path / "x.jsonl").write_text("")
-    done = wattflow(*arguments, "--store", f"sqlite:///{tmp_path / 'runs.db'}", cwd=tmp_path)
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    open_store(store).close()  # an empty store: the messages are about the runs asked for
+    done = wattflow(*arguments, "--store", store, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
@@ -406,3 +408,16 @@ def test_powerapi_recording_documents_import_as_the_jsonl_input_reads_them(
         datetime.fromisoformat(e["timestamp"]).replace(tzinfo=UTC) for e in expected
     )
     assert {r.target for r in stored} == {e["target"] for e in expected}
+
+
+def test_a_mistyped_store_is_an_error_not_a_new_empty_store(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    for command in (("runs", "list"), ("export", "extrap-text", "--out", str(tmp_path / "o"))):
+        done = wattflow(*command, "--store", f"sqlite:///{missing}")
+        assert done.returncode == 2
+        assert f"no run store at {missing}" in done.stderr
+    assert not missing.exists()
+    other = wattflow("runs", "list", "--store", "foo:///x", cwd=tmp_path)
+    assert other.returncode == 2
+    assert "give sqlite:///PATH, a path, or mongodb://HOST/DB, not foo://" in other.stderr
+    assert list(tmp_path.iterdir()) == []
