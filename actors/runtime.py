@@ -191,8 +191,8 @@ class DeadLetters:
         self.by_reason[key] += letter.count
         if self.path is not None:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = self.path.open("a", encoding="utf-8")
+                self.open()
+            assert self._file is not None
             self._file.write(json.dumps(_dead_letter_record(letter), default=str) + "\n")
 
     def close(self) -> None:

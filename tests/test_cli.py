@@ -333,6 +333,18 @@ def test_socket_input_skips_overlong_and_malformed_lines(tmp_path: Path) -> None
     assert "not valid JSON" in reasons[1]
 
 
+def stop_once_written(process: subprocess.Popen[str], out: Path, lines: int) -> None:
+    """Wait until a streaming service has written ``lines`` lines, then stop it with SIGTERM;
+    it must drain and exit 0."""
+    deadline = time.monotonic() + 20
+    while not out.exists() or len(out.read_text().splitlines()) < lines:
+        assert time.monotonic() < deadline, f"{out} never reached {lines} lines"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+
+
 def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
     source = tmp_path / "hwpc.jsonl"
     source.write_text(rapl_line(0) + "\n")
@@ -357,13 +369,7 @@ def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
             time.sleep(0.01)
             growing.write(rapl_line(index)[20:] + "\n")
             growing.flush()
-    deadline = time.monotonic() + 20
-    while not out.exists() or len(out.read_text().splitlines()) < 19:
-        assert time.monotonic() < deadline, "the followed lines never came out"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
+    stop_once_written(process, out, 19)
     assert len(out.read_text().splitlines()) == 19
 
 
@@ -380,13 +386,7 @@ def test_stream_mode_reads_a_last_line_without_newline_at_a_stop(tmp_path: Path,
         "--input", "jsonl", "--files", str(source), "--poll-interval-s", "0.05",
         "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
     )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while not out.exists() or len(out.read_text().splitlines()) < 5:
-        assert time.monotonic() < deadline, "the complete lines never came out"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
+    stop_once_written(process, out, 5)
     recorded = out.read_text().splitlines()
     if cut:
         assert len(recorded) == 5
