@@ -13,7 +13,7 @@ import asyncio
 import gc
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -32,6 +32,7 @@ from wattflow.actors.runtime import (
     RestartPolicy,
     Supervisor,
 )
+from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
@@ -71,12 +72,12 @@ class _Emitter:
         self._name = name
         self.stopping = pipeline.stopping
 
-    async def emit(self, batch: list[Report]) -> None:
+    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if batch:
             if self._pipeline.passed_through:
-                await self._pipeline.pass_through(batch)
+                await self._pipeline.pass_through(expand(batch))
             await self._pipeline.router.mailbox.put(batch)
-            self._pipeline.ledger.entered += len(batch)
+            self._pipeline.ledger.entered += batch_size(batch)
 
     def reject(self, payload: Any, reason: str) -> None:
         self._pipeline.ledger.rejected_input += 1
@@ -132,6 +133,8 @@ class Pipeline:
             PusherActor(p, queue=self.queue, ledger=self.ledger, dead_letters=self.dead_letters)
             for p in pushers
         ]
+        for formula, config in formulas:
+            formula.prepare(config)
         self.formulas = [
             FormulaActor(
                 formula,
@@ -174,14 +177,19 @@ class Pipeline:
             ]
         return found
 
-    async def _dispatch(self, reports: list[Report]) -> None:
+    async def _dispatch(self, reports: list[Report | Frame]) -> None:
         """Hand a formula's output to the pushers that take each kind, in order.
 
         A formula's output is mostly of one kind (PowerReports, with a FormulaReport per model
         in SmartWatts' case), so each pusher's share is picked out by kind in one pass, rather
-        than each report looked up and appended on its own.
+        than each report looked up and appended on its own. Frames go whole to the pushers that
+        write frames, and as their reports to the others; a frame of a kind no pusher takes is
+        counted and never turned into reports.
         """
         if not reports:
+            return
+        if any(isinstance(item, Frame) for item in reports):
+            await self._dispatch_frames(reports)
             return
         counts = Counter(map(_kind, reports))
         takers = {kind: self._pushers_for(kind) for kind in counts}
@@ -196,6 +204,31 @@ class Pipeline:
                 batch = [report for report in reports if report.kind in accepted]
             self.ledger.dispatched += len(batch)
             await actor.mailbox.put(batch)
+
+    async def _dispatch_frames(self, items: list[Report | Frame]) -> None:
+        plain: list[Report] = []
+        for item in items:
+            if not isinstance(item, Frame):
+                plain.append(item)
+                continue
+            if plain:
+                await self._dispatch(plain)  # type: ignore[arg-type]
+                plain = []
+            takers = self._pushers_for(item.kind)
+            if not takers:
+                self.ledger.unrequested += len(item)
+                continue
+            reports: list[Report] | None = None
+            for actor in takers:
+                self.ledger.dispatched += len(item)
+                if actor.pusher.takes_frames:
+                    await actor.mailbox.put([item])
+                    continue
+                if reports is None:
+                    reports = item.reports()
+                await actor.mailbox.put(reports)
+        if plain:
+            await self._dispatch(plain)  # type: ignore[arg-type]
 
     def _wire_second_stage(self) -> None:
         """Let formulas that read the others' output (the node formula's shares) get it.
@@ -214,7 +247,8 @@ class Pipeline:
 
         for actor in first:
 
-            async def dispatch(reports: list[Report]) -> None:
+            async def dispatch(produced: list[Report | Frame]) -> None:
+                reports = expand(produced)
                 for taker in second:
                     pairs = [
                         (key, report)
@@ -224,7 +258,7 @@ class Pipeline:
                     if pairs:
                         self.ledger.routed += len(pairs)
                         await taker.mailbox.put(pairs)
-                await self._dispatch(reports)
+                await self._dispatch(produced)
 
             async def done() -> None:
                 for taker in second:

@@ -9,6 +9,7 @@ from operator import attrgetter
 
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
+from wattflow.formats.frames import Frame, batch_size, expand, holds_frame
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Router(Actor):
     ) -> None:
         super().__init__("router")
         self.queue = queue
-        self.mailbox: Mailbox[Report] = Mailbox(queue.max_reports, self.name)
+        self.mailbox: Mailbox[Report | Frame] = Mailbox(queue.max_reports, self.name)
         self.ledger = ledger
         self.dead_letters = dead_letters
         self.formulas = formulas
@@ -43,16 +44,48 @@ class Router(Actor):
         for actor in formulas:
             for kind in actor.formula.inputs:
                 self.by_kind.setdefault(kind, []).append(actor)
-        self._in_flight: list[Report] = []
+        self._in_flight: list[Report | Frame] = []
 
     async def run(self) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
             self._in_flight = batch
-            for actor, items in self._route(batch).items():
-                self.ledger.routed += len(items)
-                await actor.mailbox.put(items)
-            self.ledger.sorted += len(batch)
+            size = batch_size(batch)
+            parts = self._route_frame(batch[0]) if holds_frame(batch) else None  # type: ignore[arg-type]
+            if parts is not None:
+                for actor, pairs in parts.items():
+                    for pair in pairs:  # a frame travels alone
+                        self.ledger.routed += len(pair[1])  # type: ignore[arg-type]
+                        await actor.mailbox.put([pair])
+            else:
+                for actor, items in self._route(expand(batch)).items():
+                    self.ledger.routed += len(items)
+                    await actor.mailbox.put(items)
+            self.ledger.sorted += size
             self._in_flight = []
+
+    def _route_frame(
+        self, frame: Frame
+    ) -> dict[FormulaActor, list[tuple[Hashable, Report | Frame]]] | None:
+        """Each formula's parts of a frame, or ``None`` when the frame must go as reports.
+
+        A frame goes whole only when every formula that takes its kind takes frames, and one of
+        them takes all of its reports, so that none goes unused uncounted.
+        """
+        actors = self.by_kind.get(frame.kind, [])
+        routes: dict[FormulaActor, list[tuple[Hashable, Report | Frame]]] = {}
+        covered = False
+        for actor in actors:
+            parts = actor.formula.frame_parts(frame)
+            if parts is None:
+                return None
+            covered |= sum(len(part) for _, part in parts) == len(frame)
+            for key, part in parts:
+                if len(part):
+                    # one frame per batch: several parts are put one after another
+                    routes.setdefault(actor, []).append((key, part))
+        if not covered:
+            return None
+        return routes
 
     def _route(self, batch: list[Report]) -> dict[FormulaActor, list[tuple[Hashable, Report]]]:
         """Each formula's share of a batch, in arrival order, keyed by its dispatch key.
@@ -107,16 +140,16 @@ class Router(Actor):
             self.ledger.unused[reason] += count
 
     async def on_crash(self, error: BaseException) -> None:
-        for report in self._in_flight:
+        for report in expand(self._in_flight):
             self.dead_letters.add(DeadLetter(self.name, f"router crashed: {error!r}", report))
-        self.ledger.sorted += len(self._in_flight)
+        self.ledger.sorted += batch_size(self._in_flight)
         self._in_flight = []
 
     async def run_abandoned(self, reason: str) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
-            for report in batch:
+            for report in expand(batch):
                 self.dead_letters.add(DeadLetter(self.name, f"abandoned: {reason}", report))
-            self.ledger.sorted += len(batch)
+            self.ledger.sorted += batch_size(batch)
 
     async def on_finished(self) -> None:
         for actor in self.formulas:

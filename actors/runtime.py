@@ -28,6 +28,7 @@ from typing import Any, Generic, Literal, TextIO, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from wattflow.formats.errors import WattflowError
+from wattflow.formats.frames import batch_size, expand, holds_frame
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +60,18 @@ class QueueConfig(BaseModel):
 
 
 class Mailbox(Generic[T]):
-    """A FIFO of batches bounded by the number of items it holds.
+    """A FIFO of batches bounded by the number of reports it holds.
 
     A batch is accepted when it fits, or when the mailbox is empty (so a batch larger than the
     capacity cannot deadlock its producer). The bound is therefore ``capacity`` plus one batch.
+    A frame (:mod:`wattflow.formats.frames`) counts as the reports it stands for, and is taken
+    alone: a reader gets either one frame or a list of reports.
     """
 
     def __init__(self, capacity: int, name: str = "mailbox") -> None:
         self.name = name
         self.capacity = capacity
-        self._batches: deque[list[T]] = deque()
+        self._batches: deque[tuple[Sequence[T], int, bool]] = deque()
         self._size = 0
         self._closed = False
         self._producers = 1
@@ -78,7 +81,7 @@ class Mailbox(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    async def put(self, batch: list[T]) -> None:
+    async def put(self, batch: Sequence[T]) -> None:
         """Queue a batch, waiting while the mailbox is full.
 
         Raises:
@@ -86,13 +89,15 @@ class Mailbox(Generic[T]):
         """
         if not batch:
             return
+        size = batch_size(batch)
+        framed = holds_frame(batch)
         async with self._changed:
-            while not self._closed and self._size and self._size + len(batch) > self.capacity:
+            while not self._closed and self._size and self._size + size > self.capacity:
                 await self._changed.wait()
             if self._closed:
                 raise ActorClosed(f"{self.name} is closed")
-            self._batches.append(batch)
-            self._size += len(batch)
+            self._batches.append((batch, size, framed))
+            self._size += size
             self.high_water = max(self.high_water, self._size)
             self._changed.notify_all()
 
@@ -108,15 +113,23 @@ class Mailbox(Generic[T]):
             if not self._batches:
                 return None
             taken: list[T] = []
-            while self._batches and len(taken) < max_items:
-                head = self._batches[0]
-                room = max_items - len(taken)
-                if len(head) <= room:
-                    taken.extend(self._batches.popleft())
+            count = 0
+            while self._batches and count < max_items:
+                head, size, framed = self._batches[0]
+                if framed:
+                    if not taken:  # a frame goes alone, whatever its size
+                        self._batches.popleft()
+                        taken, count = list(head), size
+                    break
+                room = max_items - count
+                if size <= room:
+                    taken.extend(self._batches.popleft()[0])
+                    count += size
                 else:
                     taken.extend(head[:room])
-                    self._batches[0] = head[room:]
-            self._size -= len(taken)
+                    self._batches[0] = (head[room:], size - room, False)
+                    count += room
+            self._size -= count
             self._changed.notify_all()
             return taken
 
@@ -182,6 +195,11 @@ class DeadLetters:
         except OSError as error:
             reason = error.strerror or str(error)
             raise WattflowError(f"--dead-letters {self.path}: {reason}") from None
+
+    def add_all(self, actor: str, reason: str, batch: Sequence[Any]) -> None:
+        """Record every report of a batch (frames replaced by their reports) as dead letters."""
+        for report in expand(batch):
+            self.add(DeadLetter(actor, reason, report))
 
     def add(self, letter: DeadLetter) -> None:
         """Record one dead letter (``letter.count`` items)."""

@@ -23,7 +23,7 @@ import heapq
 import io
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TextIO, cast
@@ -446,7 +446,9 @@ def _events_maker(names: tuple[str, ...]) -> Callable[[list[list[int | float]]],
     return made
 
 
-def _hwpc_blocks(path: Path, handle: TextIO, index: int) -> Iterator[Block | DecodeError]:
+def _hwpc_blocks(
+    path: Path, handle: TextIO, index: int, resume: tuple[list[str], int] | None = None
+) -> Iterator[Block | DecodeError]:
     """One events file as blocks of rows sharing a timestamp, with bad rows as errors in place.
 
     The file is read a chunk of many rows at a time. A chunk of plain rows (PowerAPI's column
@@ -454,17 +456,24 @@ def _hwpc_blocks(path: Path, handle: TextIO, index: int) -> Iterator[Block | Dec
     whole chunk: each row split once, every counter of the chunk parsed and type-checked by
     msgspec in one go, and each cpu's dict built by :func:`_events_maker`. Any other chunk is read
     row by row as the csv module reads it, which also finds the line and the problem of a bad row.
+
+    ``resume`` is (header, lines already read) for a handle positioned at the start of a row,
+    where the columnar reader hands a file over.
     """
     reader = csv.reader(handle)
-    header = next(reader, None)
-    check_csv_header(path, header, CSV_HWPC)
+    if resume is None:
+        header = next(reader, None)
+        check_csv_header(path, header, CSV_HWPC)
+        offset = 0
+    else:
+        header, offset = resume
     assert header is not None
     layout = _EventsLayout(header)
     blocks = itertools.count()
     if not layout.plain:
-        yield from _row_blocks(_hwpc_rows(path, reader, layout, 0), index, blocks)
+        yield from _row_blocks(_hwpc_rows(path, reader, layout, offset), index, blocks)
         return
-    line = reader.line_num
+    line = offset + reader.line_num
     carry = ""
     while text := handle.read(_CSV_CHUNK_CHARS):
         text = carry + text
@@ -672,7 +681,9 @@ def _bad_cells(header: list[str], cells: list[str]) -> str:
     return f"empty value for '{header[len(cells)]}'"
 
 
-def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
+def read_hwpc_csv(
+    paths: list[Path], resume: Sequence[tuple[TextIO, list[str], int]] | None = None
+) -> Iterator[HWPCReport | DecodeError]:
     """Merge PowerAPI's per-group CSV files into HWPCReports, in timestamp order.
 
     Each file must be sorted by timestamp, as hwpc-sensor writes it. Rows with the same timestamp,
@@ -684,14 +695,24 @@ def read_hwpc_csv(paths: list[Path]) -> Iterator[HWPCReport | DecodeError]:
     among the files gives the rows in the order picking the earliest row would, with one step
     per block instead of one per row.
 
+    ``resume`` goes on reading files another reader started: for each path, a text handle at
+    the start of a row, the header and the number of lines before that row.
+
     Raises:
         DecodeError: when a file's header lacks a required column (nothing could be read).
     """
-    handles = [path.open(newline="", encoding="utf-8") for path in paths]
+    handles: list[TextIO]
+    if resume is None:
+        handles = [path.open(newline="", encoding="utf-8") for path in paths]
+        positions: list[tuple[list[str], int] | None] = [None] * len(paths)
+    else:
+        handles = [handle for handle, _, _ in resume]
+        positions = [(header, line) for _, header, line in resume]
     groups = [csv_group_name(path) for path in paths]
     try:
         streams = [
-            _hwpc_blocks(p, h, i) for i, (p, h) in enumerate(zip(paths, handles, strict=True))
+            _hwpc_blocks(p, h, i, at)
+            for i, (p, h, at) in enumerate(zip(paths, handles, positions, strict=True))
         ]
         errors: list[DecodeError] = []
         # Tuples order by (ms, file index, block number): unique, so the rest is never compared.

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +27,7 @@ from wattflow.actors.pushers.jsonl import JsonlPusher, JsonlPusherConfig
 from wattflow.actors.pushers.zeromq import ZeroMQPusher, ZeroMQPusherConfig
 from wattflow.actors.runtime import DeadLetters
 from wattflow.formats import powerapi
+from wattflow.formats.frames import Frame, expand
 from wattflow.formats.reports import PowerReport, Report
 
 from .conftest import run_async, wattflow
@@ -57,10 +58,10 @@ class Collector:
         self.rejected: list[tuple[Any, str]] = []
         self.slow_s = slow_s
 
-    async def emit(self, batch: list[Report]) -> None:
+    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if self.slow_s:
             await asyncio.sleep(self.slow_s)
-        self.reports.extend(batch)
+        self.reports.extend(expand(batch))
 
     def reject(self, payload: Any, reason: str) -> None:
         self.rejected.append((payload, reason))

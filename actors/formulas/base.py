@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
+from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
 
 
@@ -26,12 +27,29 @@ class FormulaConfig(BaseModel):
 class Output:
     """What one call of a formula produced: reports, absorbed inputs and rejected inputs."""
 
-    __slots__ = ("absorbed", "rejected", "reports")
+    __slots__ = ("absorbed", "frames", "rejected", "reports")
 
     def __init__(self) -> None:
         self.reports: list[Report] = []
+        self.frames: list[Frame] = []
+        """Frames of reports, which go on after ``reports``: a formula that makes both in one
+        call makes the reports of earlier ticks."""
         self.absorbed = 0
         self.rejected: list[tuple[Report, str]] = []
+
+    @property
+    def produced(self) -> int:
+        """The number of reports produced, a frame counting as the reports it stands for."""
+        return len(self.reports) + sum(len(frame) for frame in self.frames)
+
+    def items(self) -> list[Report | Frame]:
+        """Everything produced, in the order it goes on."""
+        return [*self.reports, *self.frames]
+
+    def emit_frame(self, frame: Frame) -> None:
+        """Send a frame of many reports on at once; an empty frame is not sent."""
+        if len(frame):
+            self.frames.append(frame)
 
     def emit(self, report: Report) -> None:
         """Send a report on to the pushers."""
@@ -65,6 +83,10 @@ class Formula(ABC, Generic[C]):
         self.key = key
 
     @classmethod
+    def prepare(cls, config: FormulaConfig) -> None:
+        """Load what the instances will need (a library), before the pipeline starts."""
+
+    @classmethod
     def takes_formula_output(cls, config: FormulaConfig) -> bool:
         """Whether this formula also reads what the other formulas produce (the node formula
         sharing node power among the targets the CPU and GPU formulas estimated)."""
@@ -75,15 +97,27 @@ class Formula(ABC, Generic[C]):
     def dispatch_key(cls, report: Report) -> Hashable | None:
         """The instance a report belongs to; ``None`` when it holds nothing for this formula."""
 
+    @classmethod
+    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+        """A frame's parts for each instance, each standing for the reports ``dispatch_key``
+        would send that instance; ``None`` for a formula that takes the frame's reports instead.
+
+        A formula that returns parts receives them in :meth:`process`, alone in their batch.
+        """
+        return None
+
     @abstractmethod
     def process(self, reports: list[Report], out: Output) -> None:
-        """Turn a batch of this instance's reports into outputs."""
+        """Turn a batch of this instance's reports into outputs.
+
+        A formula whose :meth:`frame_parts` gives parts also gets batches of one frame.
+        """
 
     def flush(self, out: Output) -> None:
         """At shutdown, emit or reject whatever the instance still holds."""
 
 
-Dispatch = Callable[[list[Report]], Awaitable[None]]
+Dispatch = Callable[[list[Report | Frame]], Awaitable[None]]
 
 
 class FormulaActor(Actor):
@@ -107,13 +141,15 @@ class FormulaActor(Actor):
         self.formula = formula
         self.config = config
         self.queue = queue
-        self.mailbox: Mailbox[tuple[Hashable, Report]] = Mailbox(queue.max_reports, self.name)
+        self.mailbox: Mailbox[tuple[Hashable, Report | Frame]] = Mailbox(
+            queue.max_reports, self.name
+        )
         self.instances: dict[Hashable, Formula[Any]] = {}
         self.ledger = ledger
         self.dead_letters = dead_letters
         self.dispatch = dispatch
         self.on_done: Callable[[], Awaitable[None]] | None = None
-        self._in_flight: list[tuple[Hashable, Report]] = []
+        self._in_flight: list[tuple[Hashable, Report | Frame]] = []
 
     def instance(self, key: Hashable) -> Formula[Any]:
         """The instance for ``key``, created on first use."""
@@ -125,10 +161,10 @@ class FormulaActor(Actor):
     async def run(self) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
             self._in_flight = batch
-            groups: dict[Hashable, list[Report]] = {}
+            groups: dict[Hashable, list[Report | Frame]] = {}
             for key, report in batch:
                 groups.setdefault(key, []).append(report)
-            produced: list[Report] = []
+            produced: list[Report | Frame] = []
             for key, reports in groups.items():
                 produced.extend(self._process(self.instance(key), reports))
             self._in_flight = []
@@ -140,16 +176,20 @@ class FormulaActor(Actor):
             produced.extend(self._settle(out, 0))
         await self.dispatch(produced)
 
-    def _process(self, formula: Formula[Any], reports: list[Report]) -> list[Report]:
+    def _process(
+        self, formula: Formula[Any], reports: list[Report | Frame]
+    ) -> list[Report | Frame]:
         out = Output()
         try:
-            formula.process(reports, out)
+            formula.process(reports, out)  # type: ignore[arg-type]
         except Exception:
-            return self._process_one_by_one(formula, reports)
-        return self._settle(out, len(reports))
+            return self._process_one_by_one(formula, expand(reports))
+        return self._settle(out, batch_size(reports))
 
-    def _process_one_by_one(self, formula: Formula[Any], reports: list[Report]) -> list[Report]:
-        produced: list[Report] = []
+    def _process_one_by_one(
+        self, formula: Formula[Any], reports: list[Report]
+    ) -> list[Report | Frame]:
+        produced: list[Report | Frame] = []
         for report in reports:
             out = Output()
             try:
@@ -160,26 +200,26 @@ class FormulaActor(Actor):
             produced.extend(self._settle(out, 1))
         return produced
 
-    def _settle(self, out: Output, taken: int) -> list[Report]:
+    def _settle(self, out: Output, taken: int) -> list[Report | Frame]:
         for report, reason in out.rejected:
             self._reject(report, reason)
         self.ledger.consumed += taken - len(out.rejected)
         self.ledger.absorbed += out.absorbed
-        self.ledger.produced += len(out.reports)
-        return out.reports
+        self.ledger.produced += out.produced
+        return out.items()
 
     def _reject(self, report: Report, reason: str) -> None:
         self.ledger.dead_in += 1
         self.dead_letters.add(DeadLetter(self.name, reason, report))
 
     async def on_crash(self, error: BaseException) -> None:
-        for _, report in self._in_flight:
+        for report in expand([report for _, report in self._in_flight]):
             self._reject(report, f"{self.name} crashed: {error!r}")
         self._in_flight = []
 
     async def run_abandoned(self, reason: str) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
-            for _, report in batch:
+            for report in expand([report for _, report in batch]):
                 self._reject(report, f"abandoned: {reason}")
 
     async def on_finished(self) -> None:

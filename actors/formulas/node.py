@@ -38,8 +38,23 @@ from pydantic import Field
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
-from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J, rapl_groups
-from wattflow.formats.reports import GPUReport, HWPCReport, MeterReport, PowerReport, Report
+from wattflow.actors.formulas.rapl import (
+    GLOBAL_TARGETS,
+    RAPL_UNIT_J,
+    first_rows_per_socket,
+    global_parts,
+    rapl_groups,
+    rapl_table,
+)
+from wattflow.formats.frames import Frame, HWPCFrame, datetime_of
+from wattflow.formats.reports import (
+    GPUReport,
+    HWPCReport,
+    MeterReport,
+    PowerReport,
+    Report,
+    trusted_report,
+)
 
 FORMULA_NAME = "node"
 SOURCES = ("meter", "cpu", "dram", "gpu")
@@ -141,6 +156,10 @@ class NodeFormula(Formula[NodeConfig]):
         return isinstance(config, NodeConfig) and config.node_shares
 
     @classmethod
+    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+        return global_parts(frame)
+
+    @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
         if isinstance(report, MeterReport | GPUReport):
             return report.sensor
@@ -153,6 +172,11 @@ class NodeFormula(Formula[NodeConfig]):
         return None
 
     def process(self, reports: list[Report], out: Output) -> None:
+        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
+            if self._rapl_frame(reports[0], out):
+                self._report_ready(out, flushing=False)
+                return
+            reports = reports[0].reports()
         for report in reports:
             if isinstance(report, MeterReport):
                 self._meter(report, out)
@@ -191,6 +215,41 @@ class NodeFormula(Formula[NodeConfig]):
                     break  # RAPL is per socket: every cpu of a socket repeats it
         self._interval("rapl", report, dict(energy), out, deltas=True)
 
+    def _rapl_frame(self, frame: HWPCFrame, out: Output) -> bool:
+        """:meth:`_rapl` for every tick of a frame of global reports, without building them;
+        ``False``, having changed nothing, when a tick is not after the previous one."""
+        rapl = rapl_table(frame)
+        first = first_rows_per_socket(rapl)
+        millis = rapl.millis[first].tolist()
+        previous = self.previous.get("rapl")
+        if previous is not None and millis[0] <= previous[0]:
+            return False
+        columns = [(at, _DOMAIN_SCOPE[e]) for at, e in enumerate(rapl.events) if e in _DOMAIN_SCOPE]
+        values = rapl.values[first][:, [at for at, _ in columns]].tolist()
+        sensor = frame.names[int(rapl.sensors[0])]
+        ticks: list[tuple[int, dict[str, float]]] = []
+        for end, row in zip(millis, values, strict=True):
+            if not ticks or ticks[-1][0] != end:
+                ticks.append((end, defaultdict(float)))
+            energy = ticks[-1][1]
+            for (_, scope), value in zip(columns, row, strict=True):
+                energy[scope] += float(value) * RAPL_UNIT_J
+        for end, energy in ticks:
+            template = None
+            if self.template is None or "rapl" not in self.previous:
+                template = trusted_report(
+                    HWPCReport,
+                    {
+                        "timestamp": datetime_of(end),
+                        "sensor": sensor,
+                        "target": "all",
+                        "metadata": {},
+                        "groups": {},
+                    },
+                )
+            self._interval_at("rapl", end, dict(energy), out, deltas=True, template=template)
+        return True
+
     def _gpu(self, report: GPUReport, out: Output) -> None:
         energy_j = 0.0
         power_w = 0.0
@@ -228,20 +287,37 @@ class NodeFormula(Formula[NodeConfig]):
         the report, which starts at the previous report of the same source."""
         end = _millis(report.timestamp)
         previous = self.previous.get(name)
+        if previous is not None and end <= previous[0]:
+            self.previous[name] = (end, values)
+            out.reject(report, f"{name} reading at {report.timestamp.isoformat()} is not new")
+            return
+        self._interval_at(name, end, values, out, deltas=deltas, template=report)
+
+    def _interval_at(
+        self,
+        name: str,
+        end: int,
+        values: dict[str, float],
+        out: Output,
+        *,
+        deltas: bool,
+        template: Report | None,
+    ) -> None:
+        """:meth:`_interval` for a reading ending at ``end`` ms, later than the previous one;
+        ``template`` (a report at about that time) dates the node's reports."""
+        previous = self.previous.get(name)
         self.previous[name] = (end, values)
         if previous is None:
-            self.template = self.template or report
+            self.template = self.template or template
             out.absorb()
             return
         start = previous[0]
-        if end <= start:
-            out.reject(report, f"{name} reading at {report.timestamp.isoformat()} is not new")
-            return
         seconds = (end - start) / 1000.0
         for source, value in values.items():
             self.series[source].add(start, end, value / seconds if deltas else value)
         self._anchor(name, previous[0], end)
-        self.template = report
+        if template is not None:
+            self.template = template
         out.absorb()
 
     def _counter_interval(self, name: str, report: Report, energy_j: float, out: Output) -> None:

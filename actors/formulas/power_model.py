@@ -13,15 +13,16 @@ window of recent errors says it drifted. Two ways to fit it:
   stops far from the optimum; scaled NNLS finds it, and costs tens of microseconds, so relearning
   never slows the stream.
 
-scikit-learn and SciPy are imported in the background once a formula starts (see :func:`warm_up`).
+scikit-learn or SciPy is imported when the service starts (see :func:`load_regression`).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import importlib
+import math
 import statistics
-import threading
 from collections import deque
 from typing import Literal
 
@@ -49,6 +50,7 @@ class PowerModel:
         "min_samples",
         "powers",
         "samples",
+        "sorted_errors",
         "window",
     )
 
@@ -68,6 +70,8 @@ class PowerModel:
         self.samples: deque[list[float]] = deque(maxlen=history_window)
         self.powers: deque[float] = deque(maxlen=history_window)
         self.errors: deque[float] = deque(maxlen=error_window)
+        self.sorted_errors: list[float] | None = []
+        """The error window in order, kept as errors come and go (``None`` after a NaN)."""
         self.coef: FloatArray | None = None
         self.coef_text = ""
         self.intercept = 0.0
@@ -86,7 +90,7 @@ class PowerModel:
             self.events = events
             self.samples.clear()
             self.powers.clear()
-            self.errors.clear()
+            self.clear_errors()
             self.coef = None
             self.intercept = 0.0
             self.hash = "uninitialized"
@@ -98,13 +102,36 @@ class PowerModel:
 
     def store_error(self, error: float) -> None:
         """Add one tick's |reference − predicted| to the error window."""
+        ordered = self.sorted_errors
+        if ordered is not None:
+            if math.isnan(error):
+                self.sorted_errors = ordered = None
+            else:
+                if len(self.errors) == self.errors.maxlen:
+                    del ordered[bisect.bisect_left(ordered, self.errors[0])]
+                bisect.insort(ordered, error)
         self.errors.append(error)
 
+    def clear_errors(self) -> None:
+        """Start a new error window."""
+        self.errors.clear()
+        self.sorted_errors = []
+
     def window_error(self, method: ErrorMethod) -> float:
-        """The error window's median or mean, which decides when to relearn."""
-        if method == "median":
+        """The error window's median or mean, which decides when to relearn.
+
+        The median is :func:`statistics.median`'s, read from the window kept in order, since
+        sorting it again on every tick of every socket and scope costs more than the rest.
+        """
+        if method == "mean":
+            return statistics.fmean(self.errors)
+        ordered = self.sorted_errors
+        if ordered is None:
             return statistics.median(self.errors)
-        return statistics.fmean(self.errors)
+        middle = len(ordered) // 2
+        if len(ordered) % 2:
+            return ordered[middle]
+        return (ordered[middle - 1] + ordered[middle]) / 2
 
     def relearn(self, max_intercept: float) -> None:
         """Learn from the sample window, then start a new error window, as SmartWatts does.
@@ -113,7 +140,7 @@ class PowerModel:
         discarded and the previous one kept.
         """
         self.learn(max_intercept)
-        self.errors.clear()
+        self.clear_errors()
 
     def learn(self, max_intercept: float) -> bool:
         """Fit a model on the sample window; whether it was accepted."""
@@ -140,8 +167,19 @@ class PowerModel:
     def predict(self, features: FloatArray) -> FloatArray:
         """Raw power predictions, intercept included, one per row of ``features``."""
         assert self.coef is not None
-        result: FloatArray = features @ self.coef + self.intercept
-        return result
+        return dynamic_power(features, self.coef) + self.intercept
+
+
+def dynamic_power(features: FloatArray, coef: FloatArray) -> FloatArray:
+    """The model's power without its intercept, one value per row of ``features``.
+
+    Written as a row-wise sum of products rather than a matrix product: a row's result then
+    does not depend on how many rows are computed at once (BLAS may order a dot product
+    differently for other shapes), so a tick estimated alone and a tick estimated among
+    thousands give the same watts to the last bit.
+    """
+    result: FloatArray = (features * coef).sum(axis=-1)
+    return result
 
 
 def _fit_elastic_net(
@@ -172,24 +210,14 @@ def _fit_scaled_nnls(x: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
     return solution[:-1] / scale, float(solution[-1])
 
 
-_warming: set[str] = set()
+def load_regression(compat: bool) -> None:
+    """Import the regression library now, at start-up.
 
-
-def warm_up(compat: bool) -> None:
-    """Import the regression library in the background.
-
-    scikit-learn takes about a second to import and SciPy about half of one; importing on the
-    first fit would stall the stream (and backpressure the sensors) for that long, while
-    importing at start-up would slow every start. A thread does it while the first samples
-    arrive; the first fit waits on the import lock only if it has not finished.
+    scikit-learn takes about a second to import and SciPy about a fifth of one. Imported on the
+    first fit they would stall the stream (and backpressure the sensors) for that long; imported
+    in the background they would take that time from the first reports on a busy core.
     """
-    module = "sklearn.linear_model" if compat else "scipy.optimize"
-    if module in _warming:
-        return
-    _warming.add(module)
-    threading.Thread(
-        target=importlib.import_module, args=(module,), name=f"import {module}", daemon=True
-    ).start()
+    importlib.import_module("sklearn.linear_model" if compat else "scipy.optimize")
 
 
 class FrequencyLayers:

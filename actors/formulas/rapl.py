@@ -15,11 +15,21 @@ from collections.abc import Hashable
 from datetime import datetime
 from typing import ClassVar, Literal
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import Field, PositiveInt
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
-from wattflow.formats.reports import HWPCReport, PowerReport, Report
+from wattflow.formats.frames import (
+    Column,
+    EventsTable,
+    Frame,
+    HWPCFrame,
+    PowerFrame,
+    datetime_of,
+)
+from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_millis
 
 RAPL_UNIT_J = 2.0**-32
 """Energy of one unit of hwpc-sensor's RAPL counters, in J."""
@@ -67,6 +77,50 @@ def rapl_groups(report: HWPCReport) -> list[str]:
     return found
 
 
+def global_parts(frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+    """Each sensor's global reports in a frame, as ``dispatch_key`` of a formula reading RAPL
+    energy picks them; ``None`` unless every global report has a ``rapl`` group."""
+    if not isinstance(frame, HWPCFrame):
+        return None
+    if "global parts" not in frame.memo:
+        frame.memo["global parts"] = _global_parts(frame)
+    parts: list[tuple[Hashable, Frame]] | None = frame.memo["global parts"]
+    return parts
+
+
+def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
+    tables = {table.group: table for table in frame.tables}
+    rapl = tables.get("rapl")
+    if rapl is None or len(tables) != len(frame.tables):
+        return None
+    codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
+    if not bool(np.isin(rapl.targets, codes).all()):
+        return None  # a target's RAPL rows
+    width = len(frame.names)
+    keys = []
+    for table in frame.tables:
+        chosen = np.isin(table.targets, codes)
+        keys.append(np.unique(table.millis[chosen] * width + table.sensors[chosen]))
+    if not all(np.array_equal(found, keys[0]) or np.isin(found, keys[0]).all() for found in keys):
+        return None  # a global report without RAPL energy
+    only_global = frame.of_targets(GLOBAL_TARGETS)
+    return [(sensor, only_global.of_sensor(sensor)) for sensor in only_global.sensors()]
+
+
+def rapl_table(frame: HWPCFrame) -> EventsTable:
+    """The ``rapl`` group's rows of a frame that :func:`global_parts` made."""
+    return next(table for table in frame.tables if table.group == "rapl")
+
+
+def first_rows_per_socket(rapl: EventsTable) -> npt.NDArray[np.int64]:
+    """Each tick's first row of each socket, in row order: RAPL is per socket, and every cpu
+    of a socket repeats it."""
+    slot = rapl.millis * (int(rapl.sockets.max()) + 1) + rapl.sockets
+    first: npt.NDArray[np.int64] = np.unique(slot, return_index=True)[1]
+    first.sort()
+    return first
+
+
 @formulas.register("rapl")
 class RaplFormula(Formula[RaplConfig]):
     """One instance per sensor: every socket of a sensor shares its tick timestamps."""
@@ -90,10 +144,73 @@ class RaplFormula(Formula[RaplConfig]):
             return report.sensor
         return None
 
+    @classmethod
+    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+        return global_parts(frame)
+
     def process(self, reports: list[Report], out: Output) -> None:
+        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
+            frame = reports[0]
+            if self.config.compat is None and self._frame(frame, out):
+                return
+            reports = frame.reports()
         for report in reports:
             assert isinstance(report, HWPCReport)
             self._tick(report, out)
+
+    def _frame(self, frame: HWPCFrame, out: Output) -> bool:
+        """Every tick of a frame of global reports at once; ``False``, having changed nothing,
+        when a tick needs the report-by-report way (a dead letter to write)."""
+        rapl = rapl_table(frame)
+        columns = [at for at, e in enumerate(rapl.events) if e.startswith(RAPL_EVENT_PREFIX)]
+        if not columns or bool((rapl.values[:, columns] < 0).any()):
+            return False
+        first = first_rows_per_socket(rapl)
+        millis = rapl.millis[first]
+        ticks, tick_of = np.unique(millis, return_inverse=True)
+        previous = None if self.previous is None else to_millis(self.previous)
+        if previous is not None and int(ticks[0]) <= previous:
+            return False
+        gaps = np.diff(ticks, prepend=ticks[0] if previous is None else previous)
+        interval_s = (gaps * 1000) / 1e6
+        start = 1 if previous is None else 0
+        if bool((interval_s[start:] < self.min_interval_s).any()):
+            return False
+        self.previous = datetime_of(int(ticks[-1]))
+        if start:
+            out.absorb()
+            keep = tick_of.reshape(-1) >= 1
+            first, tick_of = first[keep], tick_of.reshape(-1)[keep]
+        else:
+            tick_of = tick_of.reshape(-1)
+        if not len(first):
+            return True
+        energy = rapl.values[first][:, columns]
+        power = energy * RAPL_UNIT_J / interval_s[tick_of][:, None]
+        events = [rapl.events[at] for at in columns]
+        domains = [event[len(RAPL_EVENT_PREFIX) :] for event in events]
+        scopes = [SCOPE_OF_DOMAIN.get(domain, domain.lower()) for domain in domains]
+        socket_texts, socket_codes = np.unique(rapl.sockets[first], return_inverse=True)
+        rows = len(first) * len(columns)
+        out.emit_frame(
+            PowerFrame(
+                sensor=frame.names[int(rapl.sensors[0])],
+                millis=np.repeat(rapl.millis[first], len(columns)),
+                targets=np.zeros(rows, dtype=np.int64),
+                target_names=["rapl"],
+                power=power.reshape(-1),
+                metadata={
+                    "scope": Column(np.tile(np.arange(len(columns)), len(first)), scopes),
+                    "socket": Column(
+                        np.repeat(socket_codes.reshape(-1), len(columns)),
+                        [str(s) for s in socket_texts.tolist()],
+                    ),
+                    "formula": Column(np.tile(np.arange(len(columns)), len(first)), events),
+                    "ratio": np.ones(rows),
+                },
+            )
+        )
+        return True
 
     def _tick(self, report: HWPCReport, out: Output) -> None:
         if self.config.compat is not None:

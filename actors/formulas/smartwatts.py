@@ -44,6 +44,7 @@ from operator import itemgetter
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from wattflow.actors.formulas import formulas
@@ -52,14 +53,25 @@ from wattflow.actors.formulas.power_model import (
     ErrorMethod,
     FloatArray,
     FrequencyLayers,
-    warm_up,
+    dynamic_power,
+    load_regression,
 )
 from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J, rapl_groups
+from wattflow.actors.formulas.smartwatts_frames import FrameTicks, frame_ticks
+from wattflow.formats.frames import (
+    Column,
+    FormulaFrame,
+    Frame,
+    HWPCFrame,
+    PowerFrame,
+    datetime_of,
+)
 from wattflow.formats.reports import (
     FormulaReport,
     HWPCReport,
     PowerReport,
     Report,
+    to_millis,
     trusted_report,
 )
 
@@ -245,11 +257,17 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 Scope("dram", config.dram_rapl_ref_event, config.dram_error_threshold)
             )
         self.error_method: ErrorMethod = config.learn_error_window_method
-        warm_up(self.compat)
         self.ticks: dict[datetime, Tick] = {}
+        self.held: HWPCFrame | None = None
+        """The last ticks of a frame, waiting ``--tick-lateness`` for the next frame."""
         self.latest: datetime | None = None
         self.last_tick: datetime | None = None
         self._layouts: dict[tuple[str, ...], Layout] = {}
+
+    @classmethod
+    def prepare(cls, config: FormulaConfig) -> None:
+        assert isinstance(config, SmartWattsConfig)
+        load_regression(config.compat is not None)
 
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
@@ -257,7 +275,24 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             return report.sensor
         return None
 
+    @classmethod
+    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+        if not isinstance(frame, HWPCFrame):
+            return None
+        return [(sensor, frame.of_sensor(sensor)) for sensor in frame.sensors()]
+
     def process(self, reports: list[Report], out: Output) -> None:
+        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
+            self._process_frame(reports[0], out, final=False)
+            return
+        if self.held is not None:  # a frame's last ticks come before these reports
+            held, self.held = self.held, None
+            for report in held.reports():
+                assert isinstance(report, HWPCReport)
+                self._receive(report, out)
+        self._process_reports(reports, out)
+
+    def _process_reports(self, reports: list[Report], out: Output) -> None:
         for report in reports:
             assert isinstance(report, HWPCReport)
             self._receive(report, out)
@@ -273,6 +308,9 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
 
     def flush(self, out: Output) -> None:
         """Process every buffered tick: at shutdown nothing waits for later reports any more."""
+        if self.held is not None:
+            held, self.held = self.held, None
+            self._process_frame(held, out, final=True)
         order = list(self.ticks) if self.compat else sorted(self.ticks)
         for timestamp in order:
             self._process_tick(self.ticks.pop(timestamp), out)
@@ -520,6 +558,20 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         if not estimated:
             out.absorb(1 + len(tick.targets))
 
+    def _layers(self, scope: Scope, socket: str) -> FrequencyLayers:
+        """The models of one scope and socket, created on first use."""
+        layers = scope.layers.get(socket)
+        if layers is None:
+            config = self.config
+            layers = scope.layers[socket] = FrequencyLayers(
+                base_clock=config.cpu_base_clock,
+                min_samples=config.learn_min_samples_required,
+                history_window=config.learn_history_window_size,
+                error_window=config.learn_error_window_size,
+                compat=self.compat,
+            )
+        return layers
+
     def _estimate(
         self,
         scope: Scope,
@@ -534,15 +586,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
     ) -> bool:
         """One socket and scope of a tick; whether it produced estimates."""
         config = self.config
-        layers = scope.layers.get(socket)
-        if layers is None:
-            layers = scope.layers[socket] = FrequencyLayers(
-                base_clock=config.cpu_base_clock,
-                min_samples=config.learn_min_samples_required,
-                history_window=config.learn_history_window_size,
-                error_window=config.learn_error_window_size,
-                compat=self.compat,
-            )
+        layers = self._layers(scope, socket)
         model = layers.model(package_frequency)
         model.use_events(events)
         global_features = matrix[0].tolist()
@@ -551,11 +595,12 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             model.store(rapl_w, global_features)
             stored = True
             learned = model.learn(config.cpu_tdp)
-            model.errors.clear()
+            model.clear_errors()
             if self.compat or not learned:
                 return False
         assert model.coef is not None
-        dynamic = (matrix @ model.coef).tolist()  # the intercept cancels out of every share
+        # The intercept cancels out of every share.
+        dynamic = dynamic_power(matrix, model.coef).tolist()
         intercept = model.intercept
         dynamic_global = dynamic[0]
         raw_global = dynamic_global + intercept
@@ -625,6 +670,289 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             )
         )
         return True
+
+    # --- frames: every tick of a frame with array operations --------------------------------
+
+    def _process_frame(self, frame: HWPCFrame, out: Output, *, final: bool) -> None:
+        """Estimate a frame's ticks, holding the last ``--tick-lateness`` of them unless final.
+
+        The ticks go the report-by-report way when anything in them needs it (see
+        :func:`~wattflow.actors.formulas.smartwatts_frames.frame_ticks`), with the same result.
+        """
+        if self.held is not None:
+            held, self.held = self.held, None
+            try:
+                frame = held.joined(frame)
+            except ValueError:
+                self._by_reports(held, out)
+        if self.compat or self.ticks:
+            self._by_reports(frame, out)
+            return
+        ripe: HWPCFrame | None = frame
+        last = int(max(t.millis.max() for t in frame.tables if len(t)))
+        if not final:
+            if self.latest is not None:
+                last = max(last, to_millis(self.latest))
+            ripe, self.held = frame.after(last - self.config.tick_lateness)
+        self.latest = datetime_of(last)
+        if ripe is None:
+            return
+        ticks = frame_ticks(ripe, self.base_frequency, scale_multiplexed=True)
+        if ticks is None or not self._estimate_frame(ripe, ticks, out):
+            self._by_reports(ripe, out)
+
+    def _by_reports(self, frame: HWPCFrame, out: Output) -> None:
+        """A frame's ticks the report-by-report way, all of them due (none held)."""
+        latest = self.latest
+        for report in frame.reports():
+            assert isinstance(report, HWPCReport)
+            self._receive(report, out)
+        if latest is not None and (self.latest is None or latest > self.latest):
+            self.latest = latest
+        self.flush(out)
+
+    def _estimate_frame(self, frame: HWPCFrame, ticks: FrameTicks, out: Output) -> bool:
+        """Every tick of a frame; ``False``, having changed nothing, if a tick needs the slow way
+        (it comes after a tick already processed, or too soon after the previous one).
+
+        Each socket and scope has its own models, so their ticks are stepped through one
+        (socket, scope) at a time; the estimates are put back in the order of ticks, sockets
+        and scopes that the report-by-report way makes them in.
+        """
+        millis = ticks.millis
+        previous = None if self.last_tick is None else to_millis(self.last_tick)
+        if previous is not None and int(millis[0]) <= previous:
+            return False
+        first = 1 if previous is None else 0
+        gaps = np.diff(millis, prepend=millis[0] - self.config.sensor_reports_frequency)
+        if previous is not None:
+            gaps[0] = millis[0] - previous
+        interval_s = (gaps * 1000) / 1e6  # as timedelta.total_seconds() computes it
+        if bool((interval_s[first:] < self.period_s / 4).any()):
+            return False
+        self.last_tick = datetime_of(int(millis[-1]))
+        targets = ticks.targets
+        if first:
+            out.absorb(int(targets[0]) + 1)
+        estimates = _FrameEstimates(self, ticks, interval_s, first)
+        for at, socket in enumerate(ticks.sockets):
+            for number, scope in enumerate(self.scopes):
+                energy = ticks.energy.get(scope.rapl_event)
+                if energy is not None:
+                    estimates.run(at, socket, number, scope, energy[:, at] * RAPL_UNIT_J)
+        estimated = estimates.ticks_estimated()
+        with_targets = targets > 0
+        with_targets[:first] = False
+        absorbed = np.where(estimated, 0, 1 + targets)[with_targets]
+        out.absorb(int(absorbed.sum()) + int((targets[first:] == 0).sum()))
+        estimates.emit(frame, out)
+        return True
+
+
+class _FrameEstimates:
+    """The model steps of a frame's ticks, then their reports as frames."""
+
+    def __init__(
+        self, formula: SmartWattsFormula, ticks: FrameTicks, interval_s: FloatArray, first: int
+    ) -> None:
+        self.formula = formula
+        self.ticks = ticks
+        self.interval_s = interval_s
+        self.first = first
+        self.rates = ticks.global_counts / interval_s[:, None, None]  # the global features
+        base_clock = formula.config.cpu_base_clock
+        self.layers = (np.clip(ticks.frequency // base_clock, 1, 100) * base_clock).tolist()
+        self.frequency = ticks.frequency.tolist()
+        self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
+        self.millis = ticks.millis.tolist()
+        self.done: list[tuple[int, int, int, FloatArray, float, int, float, float]] = []
+        """(tick, socket, scope, coef, RAPL W, hash code, dynamic W, global W) of each
+        estimate, the dynamic power being the model's without its intercept."""
+        self.hashes: list[str] = []
+        self.hash_codes: dict[str, int] = {}
+        self.described: list[tuple[int, str, tuple[Any, ...]]] = []
+
+    def run(self, at: int, socket: str, number: int, scope: Scope, energy_w_s: FloatArray) -> None:
+        """What ``_estimate`` does, for one socket and scope, tick after tick; the targets'
+        shares are left for :meth:`emit`."""
+        formula = self.formula
+        config = formula.config
+        layers = formula._layers(scope, socket)
+        models = layers.models
+        events = self.ticks.events
+        tdp = config.cpu_tdp
+        threshold = scope.error_threshold
+        median = formula.error_method == "median"
+        rapl_w = (energy_w_s / self.interval_s).tolist()
+        rates = self.rates[:, at, :]
+        features = rates.tolist()
+        frequencies = [row[at] for row in self.frequency]
+        layer_of = [row[at] for row in self.layers]
+        filled = self.filled[at]
+        millis = self.millis
+        dynamic_of: dict[int, list[float]] = {}
+        hash_codes = self.hash_codes
+        done = self.done
+        described = self.described
+        name = scope.name
+        for tick in range(self.first, len(millis)):
+            if not filled[tick]:
+                continue
+            layer = layer_of[tick]
+            model = models.get(layer)
+            if model is None:
+                model = layers.model(layer)
+            if model.events != events:
+                model.use_events(events)
+            power = rapl_w[tick]
+            stored = False
+            if model.coef is None:
+                model.store(power, features[tick])
+                stored = True
+                learned = model.learn(tdp)
+                model.clear_errors()
+                if not learned:
+                    continue
+            coef = model.coef
+            assert coef is not None
+            dynamic = dynamic_of.get(id(coef))
+            if dynamic is None:  # once per model, for every tick: the global features' power
+                dynamic = dynamic_of[id(coef)] = dynamic_power(rates, coef).tolist()
+            dynamic_global = dynamic[tick]
+            raw_global = dynamic_global + model.intercept
+            code = hash_codes.get(model.hash)
+            if code is None:
+                code = hash_codes[model.hash] = len(self.hashes)
+                self.hashes.append(model.hash)
+            done.append((tick, at, number, coef, power, code, dynamic_global, raw_global))
+            error = abs(power - raw_global)
+            if not stored:
+                model.store(power, features[tick])
+            model.store_error(error)
+            ordered = model.sorted_errors
+            if median and ordered is not None:
+                middle = len(ordered) // 2
+                window = (
+                    ordered[middle]
+                    if len(ordered) % 2
+                    else (ordered[middle - 1] + ordered[middle]) / 2
+                )
+            else:
+                window = model.window_error(formula.error_method)
+            if window > threshold:
+                model.relearn(tdp)
+            described.append(
+                (
+                    millis[tick],
+                    model.hash,
+                    (
+                        name,
+                        socket,
+                        model.frequency,
+                        frequencies[tick],
+                        len(model.samples),
+                        model.id,
+                        error,
+                        model.intercept,
+                        model.coef_text,
+                    ),
+                )
+            )
+
+    def ticks_estimated(self) -> npt.NDArray[np.bool_]:
+        """Which ticks got at least one estimate."""
+        estimated = np.zeros(len(self.millis), dtype=np.bool_)
+        if self.done:
+            estimated[[entry[0] for entry in self.done]] = True
+        return estimated
+
+    def emit(self, frame: HWPCFrame, out: Output) -> None:
+        """Every estimate's global and target PowerReports, in the order ``_estimate`` makes
+        them (tick, socket, scope; the global report, then the targets), and FormulaReports."""
+        formula = self.formula
+        if not self.done:
+            return
+        ticks = self.ticks
+        order = np.lexsort(
+            (
+                np.array([entry[2] for entry in self.done]),
+                np.array([entry[1] for entry in self.done]),
+                np.array([entry[0] for entry in self.done]),
+            )
+        ).tolist()
+        done = [self.done[at] for at in order]
+        described = [self.described[at] for at in order]
+        tick, at, scope, coefs, rapl_w, code, dynamic_w, raw_global = zip(*done, strict=True)
+        tick_of = np.array(tick, dtype=np.int64)
+        at_of = np.array(at, dtype=np.int64)
+        start = ticks.block_start[tick_of, at_of]
+        size = ticks.block_stop[tick_of, at_of] - start
+        # Target rows: each estimate's block of targets.
+        estimate_of_row = np.repeat(np.arange(len(tick_of)), size)
+        first_row = np.cumsum(size) - size
+        rows = start[estimate_of_row] + (
+            np.arange(len(estimate_of_row)) - first_row[estimate_of_row]
+        )
+        features = ticks.counts[rows] / self.interval_s[tick_of[estimate_of_row]][:, None]
+        coef = np.array(coefs)[estimate_of_row]
+        dynamic = dynamic_power(features, coef)
+        global_w = np.array(raw_global)
+        rapl = np.array(rapl_w)
+        dynamic_global = np.array(dynamic_w)[estimate_of_row]
+        shared = (dynamic_global > 0.0) & (dynamic > 0.0)
+        ratio = np.zeros(len(rows))
+        np.divide(dynamic, dynamic_global, out=ratio, where=shared)
+        power = np.zeros(len(rows))
+        np.multiply(ratio, rapl[estimate_of_row], out=power, where=shared)
+        # Interleave: each estimate's global row, then its targets.
+        count = len(tick_of) + len(rows)
+        global_at = first_row + np.arange(len(tick_of))
+        target_at = np.ones(count, dtype=np.bool_)
+        target_at[global_at] = False
+        names = [*frame.names, "global"]
+        column_target = np.empty(count, dtype=np.int64)
+        column_target[global_at] = len(names) - 1
+        column_target[target_at] = ticks.target_codes[rows]
+        column_power = np.empty(count)
+        column_power[global_at] = global_w
+        column_power[target_at] = power
+        column_ratio = np.empty(count)
+        column_ratio[global_at] = 1.0
+        column_ratio[target_at] = ratio
+        estimate = np.repeat(np.arange(len(tick_of)), size + 1)
+        out.emit_frame(
+            PowerFrame(
+                sensor=formula.sensor,
+                millis=ticks.millis[tick_of][estimate],
+                targets=column_target,
+                target_names=names,
+                power=column_power,
+                metadata={
+                    "scope": Column(
+                        np.array(scope, dtype=np.int64)[estimate],
+                        [s.name for s in formula.scopes],
+                    ),
+                    "socket": Column(at_of[estimate], list(ticks.sockets)),
+                    "formula": Column(np.array(code, dtype=np.int64)[estimate], self.hashes),
+                    "ratio": column_ratio,
+                },
+            )
+        )
+        out.emit_frame(FormulaFrame(formula.sensor, FORMULA_KEYS, described))
+
+
+FORMULA_KEYS = (
+    "scope",
+    "socket",
+    "layer_frequency",
+    "pkg_frequency",
+    "samples",
+    "id",
+    "error",
+    "intercept",
+    "coef",
+)
+"""The metadata of SmartWatts' FormulaReports, in the order it writes them."""
 
 
 def _bad_counter(event: str, value: float, socket: str, cpu: str) -> str:

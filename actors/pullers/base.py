@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
 
@@ -33,8 +35,9 @@ class Emitter(Protocol):
 
     stopping: asyncio.Event
 
-    async def emit(self, batch: list[Report]) -> None:
-        """Hand decoded reports to the router, waiting while its mailbox is full."""
+    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+        """Hand decoded reports, or one frame, to the router, waiting while its mailbox is
+        full."""
 
     def reject(self, payload: Any, reason: str) -> None:
         """Dead-letter input that could not become a report, naming where it came from."""

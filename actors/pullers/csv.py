@@ -11,7 +11,9 @@ from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller
 from wattflow.actors.pullers.files import BatchEmitter, FilePullerConfig, check_files_exist
 from wattflow.formats import powerapi
+from wattflow.formats.csv_frames import read_hwpc_csv_frames
 from wattflow.formats.errors import DecodeError
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import HWPCReport, PowerReport, Report
 
 
@@ -53,10 +55,10 @@ class CsvPuller(Puller[CsvPullerConfig]):
     async def pull(self, emitter: Emitter) -> None:
         batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
         if self.config.model == HWPCReport.kind:
-            items = powerapi.read_hwpc_csv(list(self.config.files))
             if self.config.replay_speed is None:
-                await self._pull_unpaced(items, emitter)
+                await self._pull_unpaced(read_hwpc_csv_frames(list(self.config.files)), emitter)
                 return
+            items = powerapi.read_hwpc_csv(list(self.config.files))
             for item in items:
                 await batcher.add(item)
                 if emitter.stopping.is_set():
@@ -70,14 +72,21 @@ class CsvPuller(Puller[CsvPullerConfig]):
         await batcher.flush()
 
     async def _pull_unpaced(
-        self, items: Iterator[HWPCReport | DecodeError], emitter: Emitter
+        self, items: Iterator[Frame | HWPCReport | DecodeError], emitter: Emitter
     ) -> None:
-        """Hand reports on a full batch at a time, with no call per report."""
+        """Hand frames on as they come, and reports a full batch at a time."""
         batch: list[Report] = []
         max_batch = self.config.max_batch
         for item in items:
             if isinstance(item, DecodeError):
                 emitter.reject(None, str(item))
+                continue
+            if isinstance(item, Frame):
+                await emitter.emit(batch)
+                batch = []
+                await emitter.emit([item])
+                if emitter.stopping.is_set():
+                    break
                 continue
             batch.append(item)
             if len(batch) >= max_batch:

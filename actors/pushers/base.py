@@ -11,13 +11,13 @@ from wattflow.actors.backend import BackendConfig
 from wattflow.actors.errors import PushError
 from wattflow.actors.runtime import (
     Actor,
-    DeadLetter,
     DeadLetters,
     Ledger,
     Mailbox,
     QueueConfig,
     retry_with_backoff,
 )
+from wattflow.formats.frames import Frame, batch_size
 from wattflow.formats.reports import Report
 
 
@@ -52,6 +52,8 @@ class Pusher(ABC, Generic[C]):
     """
 
     config_model: ClassVar[type[PusherConfig]]
+    takes_frames: ClassVar[bool] = False
+    """Whether ``write`` also takes a batch of one frame; other pushers get its reports."""
 
     def __init__(self, config: C) -> None:
         self.config = config
@@ -101,11 +103,11 @@ class PusherActor(Actor):
         super().__init__(f"pusher:{pusher.config.name}")
         self.pusher = pusher
         self.queue = queue
-        self.mailbox: Mailbox[Report] = Mailbox(queue.max_reports, self.name)
+        self.mailbox: Mailbox[Report | Frame] = Mailbox(queue.max_reports, self.name)
         self.ledger = ledger
         self.dead_letters = dead_letters
         self._opened = False
-        self._in_flight: list[Report] = []
+        self._in_flight: list[Report | Frame] = []
 
     async def run(self) -> None:
         if not self._opened:
@@ -115,7 +117,7 @@ class PusherActor(Actor):
             self._in_flight = batch
             try:
                 refused = await retry_with_backoff(
-                    lambda: self.pusher.write(batch),
+                    lambda: self.pusher.write(batch),  # type: ignore[arg-type]
                     retryable=lambda error: getattr(error, "retryable", False),
                     give_up_after_s=self.pusher.config.retry_for_s,
                 )
@@ -124,16 +126,15 @@ class PusherActor(Actor):
             else:
                 for report, reason in refused:
                     self._reject([report], reason)
-                written = len(batch) - len(refused)
+                written = batch_size(batch) - len(refused)
                 self.ledger.delivered += written
                 self.ledger.delivered_by_pusher[self.pusher.config.name] += written
             self._in_flight = []
         await self.pusher.close()
 
-    def _reject(self, batch: list[Report], reason: str) -> None:
-        self.ledger.dead_out += len(batch)
-        for report in batch:
-            self.dead_letters.add(DeadLetter(self.name, reason, report))
+    def _reject(self, batch: list[Report | Frame] | list[Report], reason: str) -> None:
+        self.ledger.dead_out += batch_size(batch)
+        self.dead_letters.add_all(self.name, reason, batch)
 
     async def run_abandoned(self, reason: str) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:

@@ -1,0 +1,459 @@
+"""Frames: many reports of one kind held as columns of numbers, for the pipeline's hot path.
+
+PowerAPI's CSV input holds hwpc-sensor's counters one row per cpu and group, and SmartWatts'
+output is four or five rows per input report. Handled one Python object per row, reading,
+estimating and writing cost tens of microseconds per report. A frame carries the same reports as
+numpy arrays from the input to the output: the CSV input parses a chunk of rows into an
+:class:`HWPCFrame`, the formulas that know frames compute every tick of it with array operations
+and emit a :class:`PowerFrame`, and the CSV output formats a :class:`PowerFrame` a column at a
+time.
+
+A frame stands for an exact list of reports, those the row-by-row way makes from the same input:
+:meth:`Frame.reports` builds them, and every actor that does not know frames (another output, a
+formula, a dead letter) gets those. ``len(frame)`` is that number of reports, which is what
+mailboxes bound and the ledger counts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from wattflow.formats.reports import (
+    FormulaReport,
+    HWPCReport,
+    PowerReport,
+    Report,
+    to_utc,
+    trusted_report,
+)
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+class Frame(ABC):
+    """Many reports of one kind, as columns."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """The number of reports the frame stands for."""
+
+    @abstractmethod
+    def reports(self) -> list[Report]:
+        """The reports the frame stands for, in order."""
+
+
+def batch_size(batch: Sequence[Any]) -> int:
+    """How many reports a batch holds: a frame travels alone and counts as its reports.
+
+    Items are reports, frames, or ``(key, report)`` pairs as formula mailboxes hold them.
+    """
+    if len(batch) == 1:
+        item = batch[0]
+        if type(item) is tuple:
+            item = item[1]
+        if isinstance(item, Frame):
+            return len(item)
+    return len(batch)
+
+
+def holds_frame(batch: Sequence[Any]) -> bool:
+    """Whether a batch is a frame travelling alone (see :func:`batch_size`)."""
+    if len(batch) != 1:
+        return False
+    item = batch[0]
+    if type(item) is tuple:
+        item = item[1]
+    return isinstance(item, Frame)
+
+
+def expand(batch: Sequence[Report | Frame] | Sequence[Report]) -> list[Report]:
+    """The reports of a batch, frames replaced by the reports they stand for."""
+    if not any(isinstance(item, Frame) for item in batch):
+        return list(batch)  # type: ignore[arg-type]
+    reports: list[Report] = []
+    for item in batch:
+        if isinstance(item, Frame):
+            reports.extend(item.reports())
+        else:
+            reports.append(item)
+    return reports
+
+
+_datetimes: dict[int, Any] = {}
+
+
+def datetime_of(millis: int) -> Any:
+    """The UTC datetime of Unix milliseconds, one object per tick (encoders format it once)."""
+    found = _datetimes.get(millis)
+    if found is None:
+        if len(_datetimes) >= 100_000:
+            _datetimes.clear()
+        found = _datetimes[millis] = to_utc(millis)
+    return found
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EventsTable:
+    """One events group's rows, as one of PowerAPI's per-group CSV files holds them.
+
+    Rows keep the file's order. Sensors and targets are codes into the frame's ``names``;
+    sockets and cpus are the numbers the file writes (their text is ``str`` of them).
+    """
+
+    group: str
+    events: tuple[str, ...]
+    millis: IntArray
+    sensors: IntArray
+    targets: IntArray
+    sockets: IntArray
+    cpus: IntArray
+    values: IntArray  # rows × events
+
+    def __len__(self) -> int:
+        return len(self.millis)
+
+    def rows(self, start: int, stop: int) -> EventsTable:
+        """Rows ``start`` to ``stop`` (views, no copy)."""
+        return EventsTable(
+            self.group,
+            self.events,
+            self.millis[start:stop],
+            self.sensors[start:stop],
+            self.targets[start:stop],
+            self.sockets[start:stop],
+            self.cpus[start:stop],
+            self.values[start:stop],
+        )
+
+    def then(self, later: EventsTable) -> EventsTable:
+        """These rows followed by ``later``'s (same group and events, same name codes)."""
+        return EventsTable(
+            self.group,
+            self.events,
+            np.concatenate((self.millis, later.millis)),
+            np.concatenate((self.sensors, later.sensors)),
+            np.concatenate((self.targets, later.targets)),
+            np.concatenate((self.sockets, later.sockets)),
+            np.concatenate((self.cpus, later.cpus)),
+            np.concatenate((self.values, later.values)),
+        )
+
+    def where(self, mask: npt.NDArray[np.bool_]) -> EventsTable:
+        """The rows ``mask`` selects, in order."""
+        return EventsTable(
+            self.group,
+            self.events,
+            self.millis[mask],
+            self.sensors[mask],
+            self.targets[mask],
+            self.sockets[mask],
+            self.cpus[mask],
+            self.values[mask],
+        )
+
+
+class HWPCFrame(Frame):
+    """hwpc-sensor reports of whole ticks, as the rows of each events group.
+
+    The reports are those PowerAPI's CSV input merges from the same rows: one per timestamp,
+    sensor and target, holding every group with rows for it. Ticks come in timestamp order.
+    """
+
+    kind: ClassVar[str] = HWPCReport.kind
+
+    __slots__ = ("count", "memo", "names", "tables")
+
+    def __init__(self, names: list[str], tables: list[EventsTable], count: int | None = None):
+        self.names = names
+        self.tables = tables
+        self.count = count if count is not None else _count_reports(tables, len(names))
+        self.memo: dict[str, Any] = {}
+        """What consumers derived from the frame, kept for the next one: a frame never changes,
+        and several formulas may ask for the same part of it."""
+
+    def __len__(self) -> int:
+        return self.count
+
+    def sensors(self) -> list[str]:
+        """The sensors with rows in this frame, in code order."""
+        columns = [t.sensors for t in self.tables if len(t)]
+        if not columns:
+            return []
+        first = int(columns[0][0])
+        if all(bool((column == first).all()) for column in columns):
+            return [self.names[first]]
+        codes = np.unique(np.concatenate(columns))
+        return [self.names[code] for code in codes.tolist()]
+
+    def of_sensor(self, sensor: str) -> HWPCFrame:
+        """The frame's rows of one sensor (the frame itself when it holds no other)."""
+        code = self.names.index(sensor)
+        if all(bool((t.sensors == code).all()) for t in self.tables):
+            return self
+        return HWPCFrame(self.names, [t.where(t.sensors == code) for t in self.tables])
+
+    def of_targets(self, targets: AbstractSet[str]) -> HWPCFrame:
+        """The frame's rows of the named targets."""
+        codes = [code for code, name in enumerate(self.names) if name in targets]
+        return HWPCFrame(self.names, [t.where(np.isin(t.targets, codes)) for t in self.tables])
+
+    def after(self, millis: int) -> tuple[HWPCFrame | None, HWPCFrame | None]:
+        """The ticks up to ``millis`` and those after it, either ``None`` when empty."""
+        cuts = [int(np.searchsorted(t.millis, millis, side="right")) for t in self.tables]
+        upto = [t.rows(0, cut) for t, cut in zip(self.tables, cuts, strict=True)]
+        later = [t.rows(cut, len(t)) for t, cut in zip(self.tables, cuts, strict=True)]
+        first = HWPCFrame(self.names, upto) if any(len(t) for t in upto) else None
+        second = HWPCFrame(self.names, later) if any(len(t) for t in later) else None
+        return first, second
+
+    def joined(self, later: HWPCFrame) -> HWPCFrame:
+        """This frame followed by a later one of the same groups; ``None`` when they differ."""
+        if [(t.group, t.events) for t in self.tables] != [
+            (t.group, t.events) for t in later.tables
+        ]:
+            raise ValueError("frames of other groups or events cannot be joined")
+        names = self.names
+        tables = later.tables
+        if later.names != names:
+            names = list(names)
+            index = {name: code for code, name in enumerate(names)}
+            recode = np.array(
+                [index.setdefault(name, len(index)) for name in later.names], dtype=np.int64
+            )
+            names.extend(list(index)[len(names) :])
+            tables = [
+                EventsTable(
+                    t.group,
+                    t.events,
+                    t.millis,
+                    recode[t.sensors],
+                    recode[t.targets],
+                    t.sockets,
+                    t.cpus,
+                    t.values,
+                )
+                for t in tables
+            ]
+        return HWPCFrame(
+            names,
+            [a.then(b) for a, b in zip(self.tables, tables, strict=True)],
+            self.count + later.count,
+        )
+
+    def reports(self) -> list[Report]:
+        """The reports, merged as PowerAPI's CSV input merges the rows of its files.
+
+        For each tick: the files in order, each (sensor, target) in the order its first row
+        comes; in a report, groups in file order, sockets and cpus in row order, events in
+        the file's column order; a cpu given twice keeps the later values.
+        """
+        names = self.names
+        tables = [
+            (
+                t.group,
+                t.events,
+                t.millis.tolist(),
+                t.sensors.tolist(),
+                t.targets.tolist(),
+                list(map(str, t.sockets.tolist())),
+                list(map(str, t.cpus.tolist())),
+                t.values.tolist(),
+            )
+            for t in self.tables
+        ]
+        at = [0] * len(tables)
+        ticks = np.unique(np.concatenate([t.millis for t in self.tables])).tolist()
+        reports: list[Report] = []
+        for millis in ticks:
+            pending: dict[tuple[int, int], dict[str, dict[str, dict[str, dict[str, int]]]]] = {}
+            for number, (
+                group,
+                events,
+                stamps,
+                sensors,
+                targets,
+                sockets,
+                cpus,
+                values,
+            ) in enumerate(tables):
+                row = at[number]
+                end = len(stamps)
+                while row < end and stamps[row] == millis:
+                    key = (sensors[row], targets[row])
+                    groups = pending.get(key)
+                    if groups is None:
+                        groups = pending[key] = {}
+                    cpu_events = groups.setdefault(group, {}).setdefault(sockets[row], {})
+                    counters = dict(zip(events, values[row], strict=True))
+                    found = cpu_events.get(cpus[row])
+                    if found is None:
+                        cpu_events[cpus[row]] = counters
+                    else:
+                        found.update(counters)
+                    row += 1
+                at[number] = row
+            timestamp = datetime_of(millis)
+            for (sensor, target), groups in pending.items():
+                reports.append(
+                    trusted_report(
+                        HWPCReport,
+                        {
+                            "timestamp": timestamp,
+                            "sensor": names[sensor],
+                            "target": names[target],
+                            "metadata": {},
+                            "groups": groups,
+                        },
+                    )
+                )
+        return reports
+
+
+def _count_reports(tables: list[EventsTable], width: int) -> int:
+    """Distinct (timestamp, sensor, target) among the tables' rows."""
+    stamps: list[IntArray] = []
+    pairs: list[IntArray] = []
+    for table in tables:
+        if not len(table):
+            continue
+        pair = table.sensors * width + table.targets
+        change = np.empty(len(table), dtype=np.bool_)
+        change[0] = True
+        np.not_equal(pair[1:], pair[:-1], out=change[1:])
+        change[1:] |= table.millis[1:] != table.millis[:-1]
+        starts = np.flatnonzero(change)
+        stamps.append(table.millis[starts])
+        pairs.append(pair[starts])
+    if not stamps:
+        return 0
+    millis = np.concatenate(stamps)
+    pair = np.concatenate(pairs)
+    first = int(millis.min())
+    span = int(millis.max()) - first + 1
+    if span * width * width < 2**62:  # one integer key per report: a flat sort
+        return len(np.unique((millis - first) * (width * width) + pair))
+    return len(np.unique(np.stack((millis, pair), axis=1), axis=0))
+
+
+@dataclass(slots=True, eq=False)
+class Column:
+    """A metadata column: each row's code into ``values`` (few distinct values, e.g. a scope)."""
+
+    codes: IntArray
+    values: list[Any]
+
+
+class PowerFrame(Frame):
+    """PowerReports as columns: one row per report, with metadata columns.
+
+    ``metadata`` maps each key to a :class:`Column` of coded values or a float array (the
+    ``ratio``); every row has every key, in ``metadata``'s order, as the formulas that make
+    frames write them.
+    """
+
+    kind: ClassVar[str] = PowerReport.kind
+
+    __slots__ = ("metadata", "millis", "power", "sensor", "target_names", "targets")
+
+    def __init__(
+        self,
+        *,
+        sensor: str,
+        millis: IntArray,
+        targets: IntArray,
+        target_names: list[str],
+        power: FloatArray,
+        metadata: dict[str, Column | FloatArray],
+    ) -> None:
+        self.sensor = sensor
+        self.millis = millis
+        self.targets = targets
+        self.target_names = target_names
+        self.power = power
+        self.metadata = metadata
+
+    def __len__(self) -> int:
+        return len(self.millis)
+
+    def metadata_rows(self) -> list[dict[str, Any]]:
+        """Each row's metadata dict, keys in the frame's order."""
+        columns: list[list[Any]] = []
+        for column in self.metadata.values():
+            if isinstance(column, Column):
+                values = column.values
+                columns.append([values[code] for code in column.codes.tolist()])
+            else:
+                columns.append(column.tolist())
+        keys = list(self.metadata)
+        return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+
+    def reports(self) -> list[Report]:
+        names = self.target_names
+        sensor = self.sensor
+        return [
+            trusted_report(
+                PowerReport,
+                {
+                    "timestamp": datetime_of(millis),
+                    "sensor": sensor,
+                    "target": names[target],
+                    "power": power,
+                    "metadata": metadata,
+                },
+            )
+            for millis, target, power, metadata in zip(
+                self.millis.tolist(),
+                self.targets.tolist(),
+                self.power.tolist(),
+                self.metadata_rows(),
+                strict=True,
+            )
+        ]
+
+
+class FormulaFrame(Frame):
+    """FormulaReports kept as the few values they are built from, built only when asked for.
+
+    SmartWatts describes its model on every estimate; most deployments write no FormulaReports,
+    so building them for every tick would be work thrown away.
+    """
+
+    kind: ClassVar[str] = FormulaReport.kind
+
+    __slots__ = ("keys", "rows", "sensor")
+
+    def __init__(
+        self, sensor: str, keys: tuple[str, ...], rows: list[tuple[int, str, tuple[Any, ...]]]
+    ) -> None:
+        self.sensor = sensor
+        self.keys = keys
+        self.rows = rows
+        """(timestamp ms, target, metadata values in ``keys``' order) of each report."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def reports(self) -> list[Report]:
+        keys = self.keys
+        return [
+            trusted_report(
+                FormulaReport,
+                {
+                    "timestamp": datetime_of(millis),
+                    "sensor": self.sensor,
+                    "target": target,
+                    "metadata": dict(zip(keys, values, strict=True)),
+                },
+            )
+            for millis, target, values in self.rows
+        ]

@@ -1,0 +1,374 @@
+"""Frames: the columnar way from PowerAPI's CSV input to its CSV output gives what the
+report-by-report way gives, to the byte, and hands over to it for anything it cannot vouch for."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import wattflow
+from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
+from wattflow.actors.formulas.node import NodeConfig, NodeFormula
+from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
+from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
+from wattflow.actors.runtime import Mailbox
+from wattflow.formats import powerapi
+from wattflow.formats.csv_frames import read_hwpc_csv_frames
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.frames import Frame, HWPCFrame, PowerFrame, expand
+from wattflow.formats.reports import Report
+
+START_MS = 1_767_603_600_000
+CORE_EVENTS = ("CPU_CLK_THREAD_UNHALTED:REF_P", "INSTRUCTIONS_RETIRED", "LLC_MISSES")
+
+
+def write_recording(
+    directory: Path,
+    *,
+    ticks: int = 40,
+    targets: int = 4,
+    sensors: tuple[str, ...] = ("node-1",),
+    multiplexed: float = 0.0,
+    line_end: str = "\n",
+    seed: int = 7,
+    target_prefix: str = "container-",
+) -> list[Path]:
+    """hwpc-sensor's CSV files for a node whose package power follows its counters."""
+    rng = np.random.default_rng(seed)
+    rapl = ["timestamp,sensor,target,socket,cpu,RAPL_ENERGY_PKG,RAPL_ENERGY_DRAM"]
+    msr = ["timestamp,sensor,target,socket,cpu,APERF,MPERF,TSC"]
+    core = [
+        "timestamp,sensor,target,socket,cpu," + ",".join(CORE_EVENTS) + ",time_enabled,time_running"
+    ]
+    for tick in range(ticks):
+        millis = START_MS + tick * 1000 + int(rng.integers(-3, 4))
+        for sensor in sensors:
+            load = 1.0 + 0.8 * np.sin(tick / 5) + (0.6 if tick > ticks // 2 else 0.0)
+            watts = {0: 20.0, 1: 22.0}
+            for socket in (0, 1):
+                for cpu in (2 * socket, 2 * socket + 1):
+                    mperf = 2_100_000_000
+                    aperf = int(mperf * (0.9 + 0.3 * load))
+                    msr.append(f"{millis},{sensor},all,{socket},{cpu},{aperf},{mperf},{mperf}")
+                    core.append(f"{millis},{sensor},all,{socket},{cpu},1,2,3,{10**9},{10**9}")
+            for number in range(targets):
+                name = f"{target_prefix}{number}"
+                for socket in (0, 1):
+                    for cpu in (2 * socket, 2 * socket + 1):
+                        cycles = int(rng.integers(1, 9) * 10**8 * load)
+                        instructions = int(cycles * (0.5 + rng.random()))
+                        misses = int(rng.integers(10**4, 10**6))
+                        enabled = 10**9
+                        running = enabled
+                        if rng.random() < multiplexed:
+                            running = int(enabled * (0.3 + 0.6 * rng.random()))
+                        core.append(
+                            f"{millis},{sensor},{name},{socket},{cpu},{cycles},{instructions},"
+                            f"{misses},{enabled},{running}"
+                        )
+                        watts[socket] += cycles * 2e-9 + instructions * 1e-9
+            for socket in (0, 1):
+                pkg = int(watts[socket] * 2**32 * (1 + 0.01 * rng.random()))
+                dram = int(watts[socket] / 5 * 2**32)
+                rapl.append(f"{millis},{sensor},all,{socket},{2 * socket},{pkg},{dram}")
+    paths = []
+    for name, lines in (("rapl", rapl), ("msr", msr), ("core", core)):
+        path = directory / f"{name}.csv"
+        path.write_bytes((line_end.join(lines) + line_end).encode())
+        paths.append(path)
+    return paths
+
+
+def as_comparable(items: list[Any]) -> list[Any]:
+    """Reports as their full documents, errors as their text, frames replaced by their reports."""
+    found: list[Any] = []
+    for item in items:
+        if isinstance(item, Frame):
+            found.extend(report.model_dump() for report in item.reports())
+        elif isinstance(item, DecodeError):
+            found.append(str(item))
+        else:
+            found.append(item.model_dump())
+    return found
+
+
+def both_readers(paths: list[Path], chunk_bytes: int) -> tuple[list[Any], list[Any]]:
+    return (
+        list(read_hwpc_csv_frames(paths, chunk_bytes)),
+        list(powerapi.read_hwpc_csv(paths)),
+    )
+
+
+@pytest.mark.parametrize("chunk_bytes", [700, 5_000, 1 << 22])
+@pytest.mark.parametrize(
+    "recording",
+    [
+        {},
+        {"line_end": "\r\n"},
+        {"multiplexed": 0.3},
+        {"sensors": ("node-1", "node-2")},
+        {"target_prefix": "/kubepods/burstable/pod-0123456789abcdef/container-"},
+    ],
+    ids=["plain", "crlf", "multiplexed", "two-sensors", "long-names"],
+)
+def test_frames_stand_for_the_reports_the_row_reader_makes(
+    tmp_path: Path, chunk_bytes: int, recording: dict[str, Any]
+) -> None:
+    paths = write_recording(tmp_path, **recording)
+    framed, rows = both_readers(paths, chunk_bytes)
+    assert all(isinstance(item, HWPCFrame) for item in framed)
+    assert (
+        sum(len(item) for item in framed)
+        == len(rows)
+        == 40 * 5 * len(recording.get("sensors", ("node-1",)))
+    )
+    assert as_comparable(framed) == as_comparable(rows)
+
+
+def test_a_last_line_without_its_line_break_is_read(tmp_path: Path) -> None:
+    paths = write_recording(tmp_path)
+    core = paths[2]
+    core.write_bytes(core.read_bytes().rstrip(b"\n"))
+    framed, rows = both_readers(paths, 1 << 22)
+    assert all(isinstance(item, HWPCFrame) for item in framed)
+    assert as_comparable(framed) == as_comparable(rows)
+
+
+def _replace_line(path: Path, number: int, change: Any) -> None:
+    lines = path.read_text().split("\n")
+    lines[number] = change(lines[number])
+    path.write_text("\n".join(lines))
+
+
+def _cell(index: int, value: str) -> Any:
+    def change(line: str) -> str:
+        cells = line.split(",")
+        cells[index] = value
+        return ",".join(cells)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _cell(6, ""),  # an empty counter
+        _cell(6, "1.5"),  # a counter that is not an integer
+        _cell(2, '"container-1"'),  # quoting
+        _cell(3, "01"),  # a socket that reads back as another text
+        _cell(0, "2026-01-05T09:06:40"),  # an ISO timestamp
+        _cell(0, str(START_MS - 10_000)),  # a timestamp going back
+        lambda line: line + ",7",  # a cell too many
+        lambda line: line + "\n",  # a blank line
+    ],
+    ids=["empty", "float", "quoted", "socket-text", "iso-time", "going-back", "extra", "blank"],
+)
+def test_rows_the_fast_way_cannot_vouch_for_go_the_row_by_row_way_from_there(
+    tmp_path: Path, change: Any
+) -> None:
+    paths = write_recording(tmp_path)
+    lines = paths[2].read_text().count("\n")
+    _replace_line(paths[2], lines * 3 // 4, change)
+    framed, rows = both_readers(paths, 5_000)
+    assert isinstance(framed[0], HWPCFrame), "the rows before the bad one are framed"
+    assert not isinstance(framed[-1], HWPCFrame), "the rest goes the row-by-row way"
+    assert as_comparable(framed) == as_comparable(rows)
+
+
+def _feed(
+    formula: Formula[Any], batches: list[list[Any]]
+) -> tuple[dict[str, list[Any]], int, list[str]]:
+    """What a formula makes of batches: its reports by kind (the order between kinds is the
+    outputs' own), the inputs it absorbed and the ones it rejected, with the reason."""
+    produced: dict[str, list[Any]] = {}
+    absorbed = 0
+    rejected: list[str] = []
+    for batch in [*batches, None]:
+        out = Output()
+        if batch is None:
+            formula.flush(out)
+        else:
+            formula.process(batch, out)
+        for report in expand(out.items()):
+            produced.setdefault(report.kind, []).append(report.model_dump())
+        absorbed += out.absorbed
+        rejected.extend(f"{report.target} {reason}" for report, reason in out.rejected)
+    return produced, absorbed, rejected
+
+
+Fed = tuple[dict[str, list[Any]], int, list[str]]
+
+
+def _by_frames_and_by_reports(
+    formula: type[Formula[Any]], config: FormulaConfig, paths: list[Path], chunk_bytes: int
+) -> tuple[Fed, Fed]:
+    frames = [item for item in read_hwpc_csv_frames(paths, chunk_bytes)]
+    assert all(isinstance(frame, HWPCFrame) for frame in frames)
+    reports = expand(frames)  # type: ignore[arg-type]
+    parts = [
+        [part]
+        for frame in frames
+        for _, part in formula.frame_parts(frame) or []  # type: ignore[arg-type]
+    ]
+    assert parts, "the formula takes the frames"
+    taken = [r for r in reports if formula.dispatch_key(r) is not None]
+    batches = [taken[at : at + 97] for at in range(0, len(taken), 97)]
+    return _feed(formula(config, "node-1"), parts), _feed(formula(config, "node-1"), batches)
+
+
+@pytest.mark.parametrize("chunk_bytes", [3_000, 1 << 22])
+@pytest.mark.parametrize("multiplexed", [0.0, 0.4])
+def test_smartwatts_on_frames_gives_the_same_reports_to_the_bit(
+    tmp_path: Path, chunk_bytes: int, multiplexed: float
+) -> None:
+    paths = write_recording(tmp_path, ticks=60, multiplexed=multiplexed)
+    config = SmartWattsConfig(learn_min_samples_required=5)
+    SmartWattsFormula.prepare(config)
+    (framed, absorbed, rejected), expected = _by_frames_and_by_reports(
+        SmartWattsFormula, config, paths, chunk_bytes
+    )
+    assert framed.keys() == expected[0].keys() == {"PowerReport", "FormulaReport"}
+    for kind in framed:
+        assert framed[kind] == expected[0][kind], kind
+    assert (absorbed, rejected) == expected[1:]
+    powers = [r for r in framed["PowerReport"] if r["target"] != "global"]
+    assert len(powers) > 100, "the models were learned and the targets estimated"
+    assert any(r["metadata"]["ratio"] > 0 for r in powers)
+    assert rejected == []
+
+
+@pytest.mark.parametrize(
+    ("formula", "config"),
+    [(RaplFormula, RaplConfig()), (NodeFormula, NodeConfig())],
+    ids=["rapl", "node"],
+)
+def test_rapl_and_node_formulas_on_frames_match_their_reports(
+    tmp_path: Path, formula: type[Formula[Any]], config: FormulaConfig
+) -> None:
+    paths = write_recording(tmp_path, ticks=30)
+    framed, expected = _by_frames_and_by_reports(formula, config, paths, 3_000)
+    assert framed == expected
+
+
+def test_a_frame_with_a_bad_counter_is_estimated_report_by_report(tmp_path: Path) -> None:
+    """A negative delta is a dead letter with its reason: the formula takes that frame's
+    reports one by one, and the rest of the recording is estimated as before."""
+    paths = write_recording(tmp_path, ticks=30)
+    _replace_line(paths[2], 200, _cell(6, "-5"))
+    config = SmartWattsConfig(learn_min_samples_required=5)
+    framed, expected = _by_frames_and_by_reports(SmartWattsFormula, config, paths, 4_000)
+    assert framed == expected
+    assert any("negative counter delta -5" in reason for reason in framed[2])
+
+
+def test_a_frame_counts_as_its_reports_in_a_mailbox_and_travels_alone(tmp_path: Path) -> None:
+    frame = next(read_hwpc_csv_frames(write_recording(tmp_path, ticks=3), 1 << 22))
+    assert isinstance(frame, HWPCFrame)
+    assert len(frame) == 15
+
+    async def scenario() -> list[list[Any]]:
+        mailbox: Mailbox[Any] = Mailbox(21, "test")
+        reports = frame.reports()
+        await mailbox.put(reports[:4])
+        await mailbox.put([frame])
+        await mailbox.put(reports[4:6])
+        assert len(mailbox) == 4 + 15 + 2
+        blocked = asyncio.create_task(mailbox.put(reports[6:7]))
+        await asyncio.sleep(0.01)
+        assert not blocked.done(), "full: the frame's 15 reports count"
+        taken = [await mailbox.get(100)]
+        await asyncio.wait_for(blocked, 1.0)
+        taken += [await mailbox.get(100), await mailbox.get(100)]
+        return [batch for batch in taken if batch is not None]
+
+    batches = asyncio.run(scenario())
+    assert [len(batch) for batch in batches] == [4, 1, 3]
+    assert batches[1] == [frame]
+
+
+def _power_frames(paths: list[Path]) -> list[PowerFrame]:
+    config = SmartWattsConfig(learn_min_samples_required=5)
+    formula = SmartWattsFormula(config, "node-1")
+    frames: list[PowerFrame] = []
+    for item in read_hwpc_csv_frames(paths, 3_000):
+        assert isinstance(item, HWPCFrame)
+        for _, part in SmartWattsFormula.frame_parts(item) or []:
+            out = Output()
+            formula.process([part], out)  # type: ignore[list-item]
+            frames.extend(r for r in out.frames if isinstance(r, PowerFrame))
+    return frames
+
+
+def test_the_csv_output_writes_a_frame_as_it_writes_its_reports(tmp_path: Path) -> None:
+    frames = _power_frames(write_recording(tmp_path, ticks=40))
+    assert frames
+
+    async def write(directory: Path, as_reports: bool) -> None:
+        pusher = CsvPusher(CsvPusherConfig(type="csv", name="out", directory=directory))
+        for frame in frames:
+            batch: list[Report] = frame.reports() if as_reports else [frame]  # type: ignore[list-item]
+            assert await pusher.write(batch) == []
+        await pusher.close()
+
+    asyncio.run(write(tmp_path / "framed", False))
+    asyncio.run(write(tmp_path / "reports", True))
+    written = sorted(
+        p.relative_to(tmp_path / "framed") for p in (tmp_path / "framed").rglob("*.csv")
+    )
+    assert len(written) == 5  # global and four containers
+    for path in written:
+        assert (tmp_path / "framed" / path).read_bytes() == (
+            tmp_path / "reports" / path
+        ).read_bytes()
+
+
+def test_the_csv_output_refuses_frame_rows_a_file_has_no_column_for(tmp_path: Path) -> None:
+    frames = _power_frames(write_recording(tmp_path, ticks=40))
+    existing = tmp_path / "out" / "node-1-container-1" / "PowerReport.csv"
+    existing.parent.mkdir(parents=True)
+    existing.write_bytes(b"timestamp,sensor,target,power,socket,scope\r\n")
+
+    async def write() -> list[tuple[Report, str]]:
+        pusher = CsvPusher(CsvPusherConfig(type="csv", name="out", directory=tmp_path / "out"))
+        refused = []
+        for frame in frames:
+            refused.extend(await pusher.write([frame]))  # type: ignore[list-item]
+        await pusher.close()
+        return refused
+
+    refused = asyncio.run(write())
+    assert refused
+    assert {report.target for report, _ in refused} == {"container-1"}
+    assert all("has no column" in reason for _, reason in refused)
+    assert existing.read_bytes() == b"timestamp,sensor,target,power,socket,scope\r\n"
+    assert (tmp_path / "out" / "node-1-container-2" / "PowerReport.csv").stat().st_size > 0
+
+
+def test_wattflow_run_writes_the_same_files_by_frames_as_report_by_report(
+    tmp_path: Path,
+) -> None:
+    """End to end: a replay (``--replay-speed``) reads the files row by row; without it the
+    same files go through frames. Both write the same bytes, and the ledger balances."""
+    paths = write_recording(tmp_path, ticks=50, multiplexed=0.2)
+    files = ",".join(str(p) for p in paths)
+    outputs = {}
+    for name, extra in (("framed", []), ("rows", ["--replay-speed", "100000"])):
+        out = tmp_path / name
+        shutil.rmtree(out, ignore_errors=True)
+        result = wattflow(
+            "run", "--input", "csv", "--model", "HWPCReport", "--name", "in", "--files", files,
+            *extra, "--output", "csv", "--model", "PowerReport", "--name", "out",
+            "--directory", str(out), "--learn-min-samples-required", "5",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "entered=250 " in result.stderr
+        assert "dead_in=0" in result.stderr
+        outputs[name] = {p.relative_to(out): p.read_bytes() for p in out.rglob("*.csv")}
+    assert len(outputs["framed"]) == 6  # rapl, global and four containers
+    assert outputs["framed"] == outputs["rows"]
