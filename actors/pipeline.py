@@ -64,6 +64,21 @@ def _few_collections() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
+    """Whether an input gives one of the kinds the formula needs to report anything.
+
+    The node formula reads RAPL energy too, but reports only against a meter: with no meter
+    input it would take every global report and never write a thing.
+    """
+    needs = formula.inputs if formula.needs is None else formula.needs
+    if needs & given:
+        return True
+    logger.debug(
+        "formula %s not started: no input gives %s", formula.name, ", ".join(sorted(needs))
+    )
+    return False
+
+
 class _Emitter:
     """The router's mailbox as one puller sees it."""
 
@@ -133,6 +148,8 @@ class Pipeline:
             PusherActor(p, queue=self.queue, ledger=self.ledger, dead_letters=self.dead_letters)
             for p in pushers
         ]
+        given = {puller.config.model for puller in pullers}
+        formulas = [(f, c) for f, c in formulas if _fed(f, given)]
         for formula, config in formulas:
             formula.prepare(config)
         self.formulas = [

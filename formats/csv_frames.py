@@ -36,7 +36,7 @@ from wattflow.formats.reports import HWPCReport
 Records = npt.NDArray[Any]
 """Rows parsed by numpy into records (a structured array), or byte views of them."""
 
-CHUNK_BYTES = 1 << 22
+CHUNK_BYTES = 1 << 21
 """Bytes read from a file at once: thousands of rows, so per-chunk costs are shared."""
 
 LONGEST_NAMES = 1024
@@ -342,12 +342,17 @@ def _codes(sensors: Records, targets: Records, names: _Names) -> tuple[IntArray,
 
 def _coded(texts: Records, repeats: IntArray, names: _Names) -> IntArray:
     """Codes of each run's text, repeated over the run's rows; each distinct text decoded once."""
-    distinct, which = np.unique(texts, return_inverse=True)
+    known: dict[bytes, int] = {}
+    codes = []
     try:
-        codes = [names.code(text.decode("utf-8")) for text in distinct.tolist()]
+        for text in texts.tolist():
+            code = known.get(text)
+            if code is None:
+                code = known[text] = names.code(text.decode("utf-8"))
+            codes.append(code)
     except UnicodeDecodeError as error:
         raise _NotPlain from error
-    return np.repeat(np.array(codes, dtype=np.int64)[which.reshape(-1)], repeats)
+    return np.repeat(np.array(codes, dtype=np.int64), repeats)
 
 
 def _as_written(records: Records, name: str) -> IntArray:

@@ -26,11 +26,15 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TextIO, cast
+from typing import TYPE_CHECKING, Annotated, Any, TextIO, cast
 
 import msgspec
 import orjson
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 from wattflow.formats.errors import DecodeError, describe_validation_error
 from wattflow.formats.reports import (
@@ -872,6 +876,21 @@ def float_texts(values: list[float]) -> list[str]:
     outside = np.flatnonzero(~((magnitudes >= 1e-4) & (magnitudes < 1e16)))
     for at in outside.tolist():
         texts[at] = repr(values[at])
+    return texts
+
+
+def float_array_texts(values: npt.NDArray[np.float64]) -> list[str]:
+    """:func:`float_texts` of a numpy array, formatted straight from the array's memory."""
+    import numpy as np
+
+    if not _ORJSON_WRITES_REPR or len(values) < 4:
+        return list(map(repr, values.tolist()))
+    contiguous = np.ascontiguousarray(values, dtype=np.float64)
+    texts = orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1].split(",")
+    magnitudes = np.abs(contiguous)
+    outside = np.flatnonzero(~((magnitudes >= 1e-4) & (magnitudes < 1e16)))
+    for at, value in zip(outside.tolist(), contiguous[outside].tolist(), strict=True):
+        texts[at] = repr(value)
     return texts
 
 

@@ -315,6 +315,10 @@ def test_floats_are_written_as_str_writes_them() -> None:
     values = FLOATS + [rng.uniform(-1, 1) * 10.0 ** rng.randint(-8, 18) for _ in range(5000)]
     assert powerapi.float_texts(values) == [str(v) for v in values]
     assert powerapi.float_texts(FLOATS[:3]) == ["0.0", "-0.0", "1.0"]
+    array = np.array(values)
+    assert powerapi.float_array_texts(array) == [str(v) for v in values]
+    assert powerapi.float_array_texts(array[::3]) == [str(v) for v in values[::3]]
+    assert powerapi.float_array_texts(array[:3]) == ["0.0", "-0.0", "1.0"]
 
 
 def test_csv_output_of_many_rows_and_files_writes_what_the_csv_module_writes(

@@ -77,6 +77,9 @@ class Formula(ABC, Generic[C]):
     name: ClassVar[str]
     inputs: ClassVar[frozenset[str]]
     config_model: ClassVar[type[FormulaConfig]]
+    needs: ClassVar[frozenset[str] | None] = None
+    """Kinds of which the formula needs one to report anything (all of ``inputs`` when unset):
+    the pipeline does not start a formula none of whose needed kinds an input gives."""
 
     def __init__(self, config: C, key: Hashable) -> None:
         self.config = config

@@ -139,6 +139,7 @@ class NodeFormula(Formula[NodeConfig]):
         {MeterReport.kind, HWPCReport.kind, GPUReport.kind, PowerReport.kind}
     )
     config_model: ClassVar[type[FormulaConfig]] = NodeConfig
+    needs: ClassVar[frozenset[str] | None] = frozenset({MeterReport.kind})
 
     def __init__(self, config: NodeConfig, key: Hashable) -> None:
         super().__init__(config, key)

@@ -302,10 +302,10 @@ def _distinct_texts(frame: PowerFrame) -> list[str]:
 def _column_texts(frame: PowerFrame, name: str, rows: npt.NDArray[np.int64]) -> list[str]:
     """One column's cell texts for ``rows`` of a frame."""
     if name == "power":
-        return powerapi.float_texts(frame.power[rows].tolist())
+        return powerapi.float_array_texts(frame.power[rows])
     column = frame.metadata.get(name)
     if column is not None and not isinstance(column, Column):
-        return powerapi.float_texts(column[rows].tolist())
+        return powerapi.float_array_texts(column[rows])
     codes, texts = _codes_of(frame, name, rows)
     return _pick(texts, codes)
 
