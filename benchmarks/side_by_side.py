@@ -9,9 +9,12 @@ and the error of the per-target power against the ground truth on the ticks both
 With ``--repeat N`` each formula runs N times, taking turns, and the median wall time counts.
 
 wattflow runs pinned to one core (``taskset -c 0``); SmartWatts, whose actors are processes,
-gets every core of the machine. Run it from the repository root:
+gets every core of the machine. wattflow runs from a virtual environment of its own, as a user's
+``pip install`` makes it (reinstalled from this checkout each time, so it measures the code at
+hand); ``--wattflow-python`` runs it with another interpreter instead. Run it from the
+repository root:
 
-    python benchmarks/side_by_side.py --ticks 2000 --containers 10
+    python benchmarks/side_by_side.py --ticks 10000 --containers 10 --repeat 3
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from generate_hwpc import GROUP_FILES, record
 
 ROOT = Path(__file__).resolve().parent.parent
 SMARTWATTS_VENV = ROOT / "benchmarks" / ".smartwatts-venv"
+WATTFLOW_VENV = ROOT / "benchmarks" / ".wattflow-venv"
 PYTHON_312 = "/root/.pyenv/versions/3.12.1/bin/python3.12"
 SMARTWATTS = "smartwatts==2.4.1"
 
@@ -85,6 +89,41 @@ def smartwatts_python(venv: Path) -> Path:
         subprocess.run([base, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", SMARTWATTS], check=True)
     return python
+
+
+def wattflow_python(venv: Path) -> Path:
+    """The interpreter of wattflow's own venv, with this checkout installed as a user would.
+
+    The venv is kept between runs (its dependencies take a while to install), and wattflow
+    itself is reinstalled every time, without its test extras: a development environment may
+    hold older libraries that a test dependency pins.
+    """
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(ROOT)], check=True)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--force-reinstall",
+            str(ROOT),
+        ],
+        check=True,
+    )
+    return python
+
+
+def versions(python: Path) -> str:
+    """The Python and numpy versions wattflow runs with: numpy parses the CSV input."""
+    probe = "import platform, numpy; print(platform.python_version(), numpy.__version__)"
+    found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    python_version, numpy_version = found.stdout.split()
+    return f"Python {python_version}, numpy {numpy_version}"
 
 
 def write_input(directory: Path, args: argparse.Namespace, ticks: int) -> int:
@@ -195,7 +234,7 @@ def command(
     if name == "SmartWatts":
         return [str(python), "-m", "smartwatts", *io, *formula_flags(args)]
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
-    run = [*pin, sys.executable, "-m", "wattflow.service", "run"]
+    run = [*pin, str(args.wattflow_python), "-m", "wattflow.service", "run"]
     return [*run, *io, *formula_flags(args), *shlex.split(args.wattflow_args)]
 
 
@@ -335,11 +374,19 @@ def main() -> None:
     )
     parser.add_argument("--venv", type=Path, default=SMARTWATTS_VENV)
     parser.add_argument(
+        "--wattflow-python",
+        type=Path,
+        help="run wattflow with this interpreter instead of its own venv "
+        f"({WATTFLOW_VENV.relative_to(ROOT)}), e.g. to measure a development environment",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="write inputs, outputs and logs here, and keep them"
     )
     args = parser.parse_args()
 
     python = smartwatts_python(args.venv)
+    if args.wattflow_python is None:
+        args.wattflow_python = wattflow_python(WATTFLOW_VENV)
     work = args.keep or Path(tempfile.mkdtemp(prefix="wattflow-side-by-side-"))
     work.mkdir(parents=True, exist_ok=True)
     reports = write_input(work / "input", args, args.ticks)
@@ -352,8 +399,8 @@ def main() -> None:
         f"multiplexed share {args.multiplex}; flags: {shlex.join(formula_flags(args))}"
     )
     print(
-        f"wattflow pinned to one core (extra flags: {args.wattflow_args or 'none'}); "
-        f"SmartWatts on all {os.cpu_count()} cores\n"
+        f"wattflow pinned to one core (extra flags: {args.wattflow_args or 'none'}; "
+        f"{versions(args.wattflow_python)}); SmartWatts on all {os.cpu_count()} cores\n"
     )
     print(
         f"{'':11} {'reports':>8} {'wall s':>7} {'start s':>8} {'reports/s':>10} "

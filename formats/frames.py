@@ -150,6 +150,8 @@ class EventsTable:
 
     def where(self, mask: npt.NDArray[np.bool_]) -> EventsTable:
         """The rows ``mask`` selects, in order."""
+        if bool(mask.all()):
+            return self
         return EventsTable(
             self.group,
             self.events,
@@ -176,12 +178,15 @@ class HWPCFrame(Frame):
     def __init__(self, names: list[str], tables: list[EventsTable], count: int | None = None):
         self.names = names
         self.tables = tables
-        self.count = count if count is not None else _count_reports(tables, len(names))
+        self.count = count
+        """The number of reports, counted when first asked for."""
         self.memo: dict[str, Any] = {}
         """What consumers derived from the frame, kept for the next one: a frame never changes,
         and several formulas may ask for the same part of it."""
 
     def __len__(self) -> int:
+        if self.count is None:
+            self.count = _count_reports(self.tables, len(self.names))
         return self.count
 
     def sensors(self) -> list[str]:
@@ -247,7 +252,7 @@ class HWPCFrame(Frame):
         return HWPCFrame(
             names,
             [a.then(b) for a, b in zip(self.tables, tables, strict=True)],
-            self.count + later.count,
+            None if self.count is None or later.count is None else self.count + later.count,
         )
 
     def reports(self) -> list[Report]:

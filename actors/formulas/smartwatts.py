@@ -765,9 +765,11 @@ class _FrameEstimates:
         self.frequency = ticks.frequency.tolist()
         self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
         self.millis = ticks.millis.tolist()
-        self.done: list[tuple[int, int, int, FloatArray, float, int, float, float]] = []
-        """(tick, socket, scope, coef, RAPL W, hash code, dynamic W, global W) of each
+        self.done: list[tuple[int, int, int, int, float, int, float, float]] = []
+        """(tick, socket, scope, coef code, RAPL W, hash code, dynamic W, global W) of each
         estimate, the dynamic power being the model's without its intercept."""
+        self.coefs: list[FloatArray] = []
+        """The coefficients the estimates used, each model's once."""
         self.hashes: list[str] = []
         self.hash_codes: dict[str, int] = {}
         self.described: list[tuple[int, str, tuple[Any, ...]]] = []
@@ -790,7 +792,8 @@ class _FrameEstimates:
         layer_of = [row[at] for row in self.layers]
         filled = self.filled[at]
         millis = self.millis
-        dynamic_of: dict[int, list[float]] = {}
+        dynamic_of: dict[int, tuple[int, list[float]]] = {}
+        coefs = self.coefs
         hash_codes = self.hash_codes
         done = self.done
         described = self.described
@@ -815,16 +818,18 @@ class _FrameEstimates:
                     continue
             coef = model.coef
             assert coef is not None
-            dynamic = dynamic_of.get(id(coef))
-            if dynamic is None:  # once per model, for every tick: the global features' power
-                dynamic = dynamic_of[id(coef)] = dynamic_power(rates, coef).tolist()
+            known = dynamic_of.get(id(coef))
+            if known is None:  # once per model, for every tick: the global features' power
+                known = dynamic_of[id(coef)] = (len(coefs), dynamic_power(rates, coef).tolist())
+                coefs.append(coef)
+            coef_code, dynamic = known
             dynamic_global = dynamic[tick]
             raw_global = dynamic_global + model.intercept
             code = hash_codes.get(model.hash)
             if code is None:
                 code = hash_codes[model.hash] = len(self.hashes)
                 self.hashes.append(model.hash)
-            done.append((tick, at, number, coef, power, code, dynamic_global, raw_global))
+            done.append((tick, at, number, coef_code, power, code, dynamic_global, raw_global))
             error = abs(power - raw_global)
             if not stored:
                 model.store(power, features[tick])
@@ -894,7 +899,7 @@ class _FrameEstimates:
             np.arange(len(estimate_of_row)) - first_row[estimate_of_row]
         )
         features = ticks.counts[rows] / self.interval_s[tick_of[estimate_of_row]][:, None]
-        coef = np.array(coefs)[estimate_of_row]
+        coef = np.array(self.coefs)[np.array(coefs, dtype=np.int64)[estimate_of_row]]
         dynamic = dynamic_power(features, coef)
         global_w = np.array(raw_global)
         rapl = np.array(rapl_w)

@@ -364,12 +364,29 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         if len(batch) == 1 and isinstance(batch[0], Frame):
             frame: Frame = batch[0]
             if isinstance(frame, PowerFrame) and not self.config.tags:
-                return await asyncio.to_thread(self._write_frame, frame)
+                return await self._write_frame(frame)
             batch = frame.reports()
         return await asyncio.to_thread(self._write, batch)
 
-    def _write_frame(self, frame: PowerFrame) -> list[tuple[Report, str]]:
+    async def _write_frame(self, frame: PowerFrame) -> list[tuple[Report, str]]:
         """A frame's rows, a file at a time, each column formatted for all rows at once.
+
+        Files are opened and written on a thread; the text is formatted on the event loop,
+        where it is pure computation (on a thread it would trade the interpreter lock with the
+        loop every few milliseconds).
+        """
+        order, spans, refused = await asyncio.to_thread(self._frame_files, frame)
+        if spans:
+            plain = [(target, start, stop) for target, start, stop, _ in spans]
+            texts = _frame_lines(frame, order, self._files, plain)
+            await asyncio.to_thread(self._write_texts, frame, order, spans, texts)
+        return refused
+
+    def _frame_files(
+        self, frame: PowerFrame
+    ) -> tuple[npt.NDArray[np.int64], list[tuple[str, int, int, int]], list[tuple[Report, str]]]:
+        """Open each file a frame's rows go to; the rows by file (``order``), each file's span
+        of them, and the rows refused.
 
         Rows go to their files in the frame's order. A file whose header has other metadata
         columns than the frame gets its rows the report-by-report way (which refuses the
@@ -386,7 +403,7 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         stops = np.concatenate((bounds, [len(targets)])).tolist()
         keys = frame.metadata.keys()
         refused: list[tuple[Report, str]] = []
-        plain: list[tuple[str, int, int]] = []
+        spans: list[tuple[str, int, int, int]] = []
         for start, stop in zip(starts, stops, strict=True):
             target = frame.target_names[int(targets[start])]
             key = (frame.sensor, target, PowerReport.kind)
@@ -395,21 +412,26 @@ class CsvPusher(Pusher[CsvPusherConfig]):
             except OSError as error:
                 raise PushError(f"output '{self.config.name}': {error}") from error
             if opened.metadata_values is None or opened.metadata_keys != set(keys):
-                rows = order[start:stop]
-                reports = _rows_of(frame, rows)
-                refused.extend(self._write(reports))
+                refused.extend(self._write(_rows_of(frame, order[start:stop])))
                 continue
-            plain.append((target, start, stop))
-        if plain:
-            lines = _frame_lines(frame, order, self._files, plain)
-            try:
-                for target, text in lines:
-                    opened = self._files[(frame.sensor, target, PowerReport.kind)]
-                    opened.handle.write(text)
-                    opened.handle.flush()
-            except OSError as error:
-                raise PushError(f"output '{self.config.name}': {error}") from error
-        return refused
+            spans.append((target, start, stop, int(order[start])))
+        return order, spans, refused
+
+    def _write_texts(
+        self,
+        frame: PowerFrame,
+        order: npt.NDArray[np.int64],
+        spans: list[tuple[str, int, int, int]],
+        texts: list[tuple[str, str]],
+    ) -> None:
+        try:
+            for (target, _, _, first), (_, text) in zip(spans, texts, strict=True):
+                key = (frame.sensor, target, PowerReport.kind)
+                opened = self._file_for(key, frame, first)  # reopened if closed meanwhile
+                opened.handle.write(text)
+                opened.handle.flush()
+        except OSError as error:
+            raise PushError(f"output '{self.config.name}': {error}") from error
 
     def _file_for(self, key: tuple[str, str, str], frame: PowerFrame, row: int) -> _OpenFile:
         """The open file of ``key``, opened from the frame's ``row`` when it is not yet."""
