@@ -330,29 +330,28 @@ def _fits(records: Records, name: str) -> bool:
 
 
 def _codes(sensors: Records, targets: Records, names: _Names) -> tuple[IntArray, IntArray]:
-    """Each row's sensor and target codes, the text read once per run of rows that repeat it."""
-    change = np.empty(len(sensors), dtype=np.bool_)
+    """Each row's sensor and target codes."""
+    return _coded(sensors, names), _coded(targets, names)
+
+
+def _coded(texts: Records, names: _Names) -> IntArray:
+    """Each row's code of a text column, the text read once per run of rows that repeat it
+    and each distinct text decoded once."""
+    change = np.empty(len(texts), dtype=np.bool_)
     change[0] = True
-    np.not_equal(sensors[1:], sensors[:-1], out=change[1:])
-    change[1:] |= targets[1:] != targets[:-1]
+    np.not_equal(texts[1:], texts[:-1], out=change[1:])
     runs = np.flatnonzero(change)
-    repeats = np.diff(np.append(runs, len(sensors)))
-    return _coded(sensors[runs], repeats, names), _coded(targets[runs], repeats, names)
-
-
-def _coded(texts: Records, repeats: IntArray, names: _Names) -> IntArray:
-    """Codes of each run's text, repeated over the run's rows; each distinct text decoded once."""
     known: dict[bytes, int] = {}
     codes = []
     try:
-        for text in texts.tolist():
+        for text in texts[runs].tolist():
             code = known.get(text)
             if code is None:
                 code = known[text] = names.code(text.decode("utf-8"))
             codes.append(code)
     except UnicodeDecodeError as error:
         raise _NotPlain from error
-    return np.repeat(np.array(codes, dtype=np.int64), repeats)
+    return np.repeat(np.array(codes, dtype=np.int64), np.diff(np.append(runs, len(texts))))
 
 
 def _as_written(records: Records, name: str) -> IntArray:

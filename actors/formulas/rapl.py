@@ -96,15 +96,25 @@ def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
     if not bool(np.isin(rapl.targets, codes).all()):
         return None  # a target's RAPL rows
+    first = min(int(table.millis.min()) for table in frame.tables if len(table))
     width = len(frame.names)
-    keys = []
+
+    def keys(table: EventsTable, chosen: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+        """One number per global report: its tick, sensor and target."""
+        millis = table.millis[chosen] - first
+        return np.unique((millis * width + table.sensors[chosen]) * width + table.targets[chosen])
+
+    in_rapl = keys(rapl, np.ones(len(rapl), dtype=np.bool_))
     for table in frame.tables:
-        chosen = np.isin(table.targets, codes)
-        keys.append(np.unique(table.millis[chosen] * width + table.sensors[chosen]))
-    if not all(np.array_equal(found, keys[0]) or np.isin(found, keys[0]).all() for found in keys):
-        return None  # a global report without RAPL energy
+        if table is not rapl and not bool(
+            np.isin(keys(table, np.isin(table.targets, codes)), in_rapl).all()
+        ):
+            return None  # a global report without RAPL energy
     only_global = frame.of_targets(GLOBAL_TARGETS)
-    return [(sensor, only_global.of_sensor(sensor)) for sensor in only_global.sensors()]
+    sensors = only_global.sensors()
+    if len(sensors) == 1:
+        return [(sensors[0], HWPCFrame(only_global.names, only_global.tables, len(in_rapl)))]
+    return [(sensor, only_global.of_sensor(sensor)) for sensor in sensors]
 
 
 def rapl_table(frame: HWPCFrame) -> EventsTable:

@@ -84,9 +84,8 @@ def frame_ticks(
         return None
 
     is_target = core.targets != global_code
-    global_rows = core.where(~is_target)
-    if len(global_rows) and not bool(np.isin(global_rows.millis, millis).all()):
-        return None
+    if not bool(np.isin(core.millis[~is_target], millis).all()):
+        return None  # a global report without RAPL rows
     features = _features(core.where(is_target), millis, position, scale_multiplexed)
     if features is None:
         return None
