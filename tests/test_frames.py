@@ -166,8 +166,19 @@ def _cell(index: int, value: str) -> Any:
         _cell(0, str(START_MS - 10_000)),  # a timestamp going back
         lambda line: line + ",7",  # a cell too many
         lambda line: line + "\n",  # a blank line
+        lambda line: line + "\r" + line,  # two rows apart by a lone carriage return
     ],
-    ids=["empty", "float", "quoted", "socket-text", "iso-time", "going-back", "extra", "blank"],
+    ids=[
+        "empty",
+        "float",
+        "quoted",
+        "socket-text",
+        "iso-time",
+        "going-back",
+        "extra",
+        "blank",
+        "lone-cr",
+    ],
 )
 def test_rows_the_fast_way_cannot_vouch_for_go_the_row_by_row_way_from_there(
     tmp_path: Path, change: Any
