@@ -9,10 +9,10 @@ and the error of the per-target power against the ground truth on the ticks both
 With ``--repeat N`` each formula runs N times, taking turns, and the median wall time counts.
 
 wattflow runs pinned to one core (``taskset -c 0``); SmartWatts, whose actors are processes,
-gets every core of the machine. wattflow runs from a virtual environment of its own, as a user's
-``pip install`` makes it (reinstalled from this checkout each time, so it measures the code at
-hand); ``--wattflow-python`` runs it with another interpreter instead. Run it from the
-repository root:
+gets every core of the machine; this script keeps off core 0 while it measures. wattflow runs
+from a virtual environment of its own, as a user's ``pip install`` makes it (reinstalled from
+this checkout each time, so it measures the code at hand); ``--wattflow-python`` runs it with
+another interpreter instead. Run it from the repository root:
 
     python benchmarks/side_by_side.py --ticks 10000 --containers 10 --repeat 3
 """
@@ -116,6 +116,17 @@ def wattflow_python(venv: Path) -> Path:
         check=True,
     )
     return python
+
+
+def keep_off_the_measured_core() -> None:
+    """Run this script (and its memory sampler, which reads /proc five times a second) on the
+    cores wattflow is not pinned to, so that it takes no time from the run it measures.
+
+    The formulas' commands set their own cores: wattflow core 0, SmartWatts all of them.
+    """
+    cores = os.cpu_count() or 1
+    if cores > 1 and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(range(1, cores)))
 
 
 def versions(python: Path) -> str:
@@ -231,8 +242,9 @@ def command(
         "--output", "csv", "--model", "PowerReport", "--name", "pusher",
         "--directory", str(output),
     ]  # fmt: skip
+    every = ["taskset", "-c", f"0-{(os.cpu_count() or 1) - 1}"] if shutil.which("taskset") else []
     if name == "SmartWatts":
-        return [str(python), "-m", "smartwatts", *io, *formula_flags(args)]
+        return [*every, str(python), "-m", "smartwatts", *io, *formula_flags(args)]
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     run = [*pin, str(args.wattflow_python), "-m", "wattflow.service", "run"]
     return [*run, *io, *formula_flags(args), *shlex.split(args.wattflow_args)]
@@ -384,6 +396,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    keep_off_the_measured_core()
     python = smartwatts_python(args.venv)
     if args.wattflow_python is None:
         args.wattflow_python = wattflow_python(WATTFLOW_VENV)

@@ -339,6 +339,38 @@ def test_the_csv_output_writes_a_frame_as_it_writes_its_reports(tmp_path: Path) 
         ).read_bytes()
 
 
+def test_the_csv_output_writes_frames_to_more_files_than_it_keeps_open(tmp_path: Path) -> None:
+    """A frame whose rows go to more files than ``max_open_files`` reopens the ones it closed;
+    a file that holds the same columns in another order gets its rows in that order."""
+    frames = _power_frames(write_recording(tmp_path, ticks=40))
+    other_order = "timestamp,sensor,target,power,socket,scope,ratio,formula\r\n"
+    for name in ("framed", "reports"):
+        existing = tmp_path / name / "node-1-container-2" / "PowerReport.csv"
+        existing.parent.mkdir(parents=True)
+        existing.write_bytes(other_order.encode())
+
+    async def write(directory: Path, as_reports: bool) -> None:
+        pusher = CsvPusher(
+            CsvPusherConfig(type="csv", name="out", directory=directory, max_open_files=2)
+        )
+        for frame in frames:
+            batch: list[Report] = frame.reports() if as_reports else [frame]  # type: ignore[list-item]
+            assert await pusher.write(batch) == []
+        await pusher.close()
+
+    asyncio.run(write(tmp_path / "framed", False))
+    asyncio.run(write(tmp_path / "reports", True))
+    written = sorted((tmp_path / "framed").rglob("*.csv"))
+    assert len(written) == 5
+    for path in written:
+        twin = tmp_path / "reports" / path.relative_to(tmp_path / "framed")
+        assert path.read_bytes() == twin.read_bytes()
+    reordered = (tmp_path / "framed" / "node-1-container-2" / "PowerReport.csv").read_text()
+    first_row = reordered.splitlines()[1].split(",")
+    assert first_row[5] in ("cpu", "dram")
+    assert len(first_row[7]) == 40  # the model's hash, last as the header says
+
+
 def test_the_csv_output_refuses_frame_rows_a_file_has_no_column_for(tmp_path: Path) -> None:
     frames = _power_frames(write_recording(tmp_path, ticks=40))
     existing = tmp_path / "out" / "node-1-container-1" / "PowerReport.csv"

@@ -178,19 +178,18 @@ def _rows_of(frame: PowerFrame, rows: npt.NDArray[np.int64]) -> list[Report]:
 def _frame_lines(
     frame: PowerFrame,
     order: npt.NDArray[np.int64],
-    files: OrderedDict[tuple[str, str, str], _OpenFile],
+    header: list[str],
     plain: list[tuple[str, int, int]],
 ) -> list[tuple[str, str]]:
     """Each file's text for its rows (``order[start:stop]``), as the csv module writes them.
 
-    The files share one layout (the frame's columns), so one pass formats them all. Columns of
+    The files share one ``header``, so one pass formats them all. Columns of
     few distinct values (timestamp, sensor, target, socket, formula, scope) that stand next to
     each other are written as one piece, with their commas, per distinct combination; floats
     are formatted a column at a time (:func:`~wattflow.formats.powerapi.float_texts`). A row is
     then five pieces joined, not sixteen.
     """
     chosen = np.concatenate([order[start:stop] for _, start, stop in plain])
-    header = files[(frame.sensor, plain[0][0], PowerReport.kind)].header
     if any('"' in t or "," in t or "\n" in t or "\r" in t for t in _distinct_texts(frame)):
         columns = [_column_texts(frame, name, chosen) for name in header]
         return [
@@ -376,17 +375,24 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         loop every few milliseconds).
         """
         order, spans, refused = await asyncio.to_thread(self._frame_files, frame)
-        if spans:
-            plain = [(target, start, stop) for target, start, stop, _ in spans]
-            texts = _frame_lines(frame, order, self._files, plain)
-            await asyncio.to_thread(self._write_texts, frame, order, spans, texts)
+        layouts: dict[tuple[str, ...], list[tuple[str, int, int, int]]] = {}
+        for span in spans:  # files that hold the same columns in another order apart
+            layouts.setdefault(span[4], []).append(span[:4])
+        for header, alike in layouts.items():
+            plain = [(target, start, stop) for target, start, stop, _ in alike]
+            texts = _frame_lines(frame, order, list(header), plain)
+            await asyncio.to_thread(self._write_texts, frame, alike, texts)
         return refused
 
     def _frame_files(
         self, frame: PowerFrame
-    ) -> tuple[npt.NDArray[np.int64], list[tuple[str, int, int, int]], list[tuple[Report, str]]]:
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        list[tuple[str, int, int, int, tuple[str, ...]]],
+        list[tuple[Report, str]],
+    ]:
         """Open each file a frame's rows go to; the rows by file (``order``), each file's span
-        of them, and the rows refused.
+        of them (target, start, stop, first row, header), and the rows refused.
 
         Rows go to their files in the frame's order. A file whose header has other metadata
         columns than the frame gets its rows the report-by-report way (which refuses the
@@ -403,7 +409,7 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         stops = np.concatenate((bounds, [len(targets)])).tolist()
         keys = frame.metadata.keys()
         refused: list[tuple[Report, str]] = []
-        spans: list[tuple[str, int, int, int]] = []
+        spans: list[tuple[str, int, int, int, tuple[str, ...]]] = []
         for start, stop in zip(starts, stops, strict=True):
             target = frame.target_names[int(targets[start])]
             key = (frame.sensor, target, PowerReport.kind)
@@ -414,20 +420,21 @@ class CsvPusher(Pusher[CsvPusherConfig]):
             if opened.metadata_values is None or opened.metadata_keys != set(keys):
                 refused.extend(self._write(_rows_of(frame, order[start:stop])))
                 continue
-            spans.append((target, start, stop, int(order[start])))
+            spans.append((target, start, stop, int(order[start]), tuple(opened.header)))
         return order, spans, refused
 
     def _write_texts(
         self,
         frame: PowerFrame,
-        order: npt.NDArray[np.int64],
         spans: list[tuple[str, int, int, int]],
         texts: list[tuple[str, str]],
     ) -> None:
+        """Append each file's text; a file closed meanwhile (more files in a frame than
+        ``--max-open-files`` keeps open) is opened again."""
         try:
             for (target, _, _, first), (_, text) in zip(spans, texts, strict=True):
                 key = (frame.sensor, target, PowerReport.kind)
-                opened = self._file_for(key, frame, first)  # reopened if closed meanwhile
+                opened = self._file_for(key, frame, first)
                 opened.handle.write(text)
                 opened.handle.flush()
         except OSError as error:
