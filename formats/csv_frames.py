@@ -37,7 +37,14 @@ Records = npt.NDArray[Any]
 """Rows parsed by numpy into records (a structured array), or byte views of them."""
 
 CHUNK_BYTES = 1 << 21
-"""Bytes read from a file at once: thousands of rows, so per-chunk costs are shared."""
+"""Bytes read from a file at once, at first: thousands of rows, so per-chunk costs are shared."""
+
+FRAME_TICKS = 64
+"""Ticks a chunk should span: a file whose chunks span fewer (a tick of a thousand containers
+is 8,000 rows) reads larger ones, so that per-frame and per-sensor costs stay shared."""
+
+LARGEST_CHUNK = 1 << 26
+"""The most bytes read from one file at once, whatever its ticks."""
 
 LONGEST_NAMES = 1024
 """Longest ``sensor,target`` text the fast way reads; longer names go the row-by-row way."""
@@ -61,6 +68,8 @@ class _File:
     last_millis: int | None = None
     name_bytes: int = 32
     """Width of the sensor and target records: grows when a file's names are longer."""
+    chunk_bytes: int = 0
+    """Bytes to read next: grows while chunks span fewer than :data:`FRAME_TICKS` ticks."""
 
     def pending_rows(self) -> int:
         return 0 if self.pending is None else len(self.pending)
@@ -211,9 +220,10 @@ def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
     Raises:
         _NotPlain: when the chunk is not plain; nothing of it is kept.
     """
+    f.chunk_bytes = f.chunk_bytes or chunk_bytes
     f.handle.seek(f.read_to)
-    data = f.handle.read(chunk_bytes)
-    if len(data) == chunk_bytes:
+    data = f.handle.read(f.chunk_bytes)
+    if len(data) == f.chunk_bytes:
         data += f.handle.readline()
     if not data:
         f.eof = True
@@ -229,6 +239,9 @@ def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
         raise _NotPlain  # timestamps going back: the row-by-row merge decides
     f.last_millis = int(millis[-1])
     f.read_to += size
+    ticks = 1 + int(np.count_nonzero(millis[1:] != millis[:-1]))
+    if ticks < FRAME_TICKS and f.chunk_bytes < LARGEST_CHUNK:
+        f.chunk_bytes = min(LARGEST_CHUNK, f.chunk_bytes * -(-FRAME_TICKS // ticks))
     f.pending = table if f.pending is None else f.pending.then(table)
 
 
