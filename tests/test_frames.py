@@ -316,19 +316,28 @@ def _power_frames(paths: list[Path]) -> list[PowerFrame]:
     return frames
 
 
-def test_the_csv_output_writes_a_frame_as_it_writes_its_reports(tmp_path: Path) -> None:
-    frames = _power_frames(write_recording(tmp_path, ticks=40))
-    assert frames
+def _write_both_ways(frames: list[PowerFrame], directory: Path, max_open_files: int) -> None:
+    """Write the frames to ``directory/framed`` as frames and to ``directory/reports`` as
+    their reports; neither refuses a report."""
 
-    async def write(directory: Path, as_reports: bool) -> None:
-        pusher = CsvPusher(CsvPusherConfig(type="csv", name="out", directory=directory))
+    async def write(out: Path, as_reports: bool) -> None:
+        config = CsvPusherConfig(
+            type="csv", name="out", directory=out, max_open_files=max_open_files
+        )
+        pusher = CsvPusher(config)
         for frame in frames:
             batch: list[Report] = frame.reports() if as_reports else [frame]  # type: ignore[list-item]
             assert await pusher.write(batch) == []
         await pusher.close()
 
-    asyncio.run(write(tmp_path / "framed", False))
-    asyncio.run(write(tmp_path / "reports", True))
+    asyncio.run(write(directory / "framed", False))
+    asyncio.run(write(directory / "reports", True))
+
+
+def test_the_csv_output_writes_a_frame_as_it_writes_its_reports(tmp_path: Path) -> None:
+    frames = _power_frames(write_recording(tmp_path, ticks=40))
+    assert frames
+    _write_both_ways(frames, tmp_path, max_open_files=256)
     written = sorted(
         p.relative_to(tmp_path / "framed") for p in (tmp_path / "framed").rglob("*.csv")
     )
@@ -349,17 +358,7 @@ def test_the_csv_output_writes_frames_to_more_files_than_it_keeps_open(tmp_path:
         existing.parent.mkdir(parents=True)
         existing.write_bytes(other_order.encode())
 
-    async def write(directory: Path, as_reports: bool) -> None:
-        pusher = CsvPusher(
-            CsvPusherConfig(type="csv", name="out", directory=directory, max_open_files=2)
-        )
-        for frame in frames:
-            batch: list[Report] = frame.reports() if as_reports else [frame]  # type: ignore[list-item]
-            assert await pusher.write(batch) == []
-        await pusher.close()
-
-    asyncio.run(write(tmp_path / "framed", False))
-    asyncio.run(write(tmp_path / "reports", True))
+    _write_both_ways(frames, tmp_path, max_open_files=2)
     written = sorted((tmp_path / "framed").rglob("*.csv"))
     assert len(written) == 5
     for path in written:
