@@ -702,14 +702,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             self._by_reports(ripe, out)
 
     def _by_reports(self, frame: HWPCFrame, out: Output) -> None:
-        """A frame's ticks the report-by-report way, all of them due (none held)."""
-        latest = self.latest
-        for report in frame.reports():
-            assert isinstance(report, HWPCReport)
-            self._receive(report, out)
-        if latest is not None and (self.latest is None or latest > self.latest):
-            self.latest = latest
-        self.flush(out)
+        """A frame's ticks the report-by-report way, waiting and buffering as it does."""
+        self._process_reports(frame.reports(), out)
 
     def _estimate_frame(self, frame: HWPCFrame, ticks: FrameTicks, out: Output) -> bool:
         """Every tick of a frame; ``False``, having changed nothing, if a tick needs the slow way
