@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import EventsTable, HWPCFrame, IntArray
+from wattflow.formats.frames import EventsTable, HWPCFrame, IntArray, run_starts
 from wattflow.formats.reports import HWPCReport
 
 Records = npt.NDArray[Any]
@@ -351,10 +351,7 @@ def _codes(sensors: Records, targets: Records, names: _Names) -> tuple[IntArray,
 def _coded(texts: Records, names: _Names) -> IntArray:
     """Each row's code of a text column, the text read once per run of rows that repeat it
     and each distinct text decoded once."""
-    change = np.empty(len(texts), dtype=np.bool_)
-    change[0] = True
-    np.not_equal(texts[1:], texts[:-1], out=change[1:])
-    runs = np.flatnonzero(change)
+    runs = run_starts(texts)
     known: dict[bytes, int] = {}
     codes = []
     try:

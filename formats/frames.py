@@ -25,12 +25,12 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     FormulaReport,
     HWPCReport,
     PowerReport,
     Report,
-    to_utc,
     trusted_report,
 )
 
@@ -89,16 +89,15 @@ def expand(batch: Sequence[Report | Frame] | Sequence[Report]) -> list[Report]:
     return reports
 
 
-_datetimes: dict[int, Any] = {}
-
-
-def datetime_of(millis: int) -> Any:
-    """The UTC datetime of Unix milliseconds, one object per tick (encoders format it once)."""
-    found = _datetimes.get(millis)
-    if found is None:
-        if len(_datetimes) >= 100_000:
-            _datetimes.clear()
-        found = _datetimes[millis] = to_utc(millis)
+def run_starts(*columns: IntArray) -> IntArray:
+    """Where each run of rows equal in every column starts (the first row always does)."""
+    change = np.empty(len(columns[0]), dtype=np.bool_)
+    if len(change):
+        change[0] = True
+        np.not_equal(columns[0][1:], columns[0][:-1], out=change[1:])
+        for column in columns[1:]:
+            change[1:] |= column[1:] != column[:-1]
+    found: IntArray = np.flatnonzero(change)
     return found
 
 
@@ -332,11 +331,7 @@ def _count_reports(tables: list[EventsTable], width: int) -> int:
         if not len(table):
             continue
         pair = table.sensors * width + table.targets
-        change = np.empty(len(table), dtype=np.bool_)
-        change[0] = True
-        np.not_equal(pair[1:], pair[:-1], out=change[1:])
-        change[1:] |= table.millis[1:] != table.millis[:-1]
-        starts = np.flatnonzero(change)
+        starts = run_starts(pair, table.millis)
         stamps.append(table.millis[starts])
         pairs.append(pair[starts])
     if not stamps:

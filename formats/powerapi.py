@@ -285,6 +285,19 @@ def _timestamp(value: int | float | str) -> datetime | None:
     return converted
 
 
+def datetime_of(millis: int) -> datetime:
+    """The UTC datetime of Unix milliseconds, from the same cache as the decoders: one object
+    per tick, which encoders format once.
+
+    Raises:
+        ValueError: for milliseconds outside the datetimes Python holds.
+    """
+    found = _timestamp(millis)
+    if found is None:
+        raise ValueError(f"timestamp {millis} ms is out of range")
+    return found
+
+
 def decode_document(kind: type[Report], document: Any, source: str, line: int | None) -> Report:
     """Decode an already parsed document (a JSON object or a MongoDB document).
 

@@ -46,7 +46,8 @@ from wattflow.actors.formulas.rapl import (
     rapl_groups,
     rapl_table,
 )
-from wattflow.formats.frames import Frame, HWPCFrame, datetime_of
+from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     GPUReport,
     HWPCReport,

@@ -24,11 +24,13 @@ from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.formats.frames import (
     Column,
     EventsTable,
+    FloatArray,
     Frame,
     HWPCFrame,
+    IntArray,
     PowerFrame,
-    datetime_of,
 )
+from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_millis
 
 RAPL_UNIT_J = 2.0**-32
@@ -117,6 +119,15 @@ def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     return [(sensor, only_global.of_sensor(sensor)) for sensor in sensors]
 
 
+def tick_intervals(ticks: IntArray, previous: int | None, period_ms: int) -> tuple[FloatArray, int]:
+    """Seconds from each tick (ms) to the one before it, as ``timedelta.total_seconds()``
+    computes them, and the first tick that has one: 1 when ``previous`` (the last tick already
+    processed) is ``None``, the first tick then getting the configured period in its place."""
+    gaps = np.diff(ticks, prepend=ticks[0] - period_ms if previous is None else previous)
+    seconds: FloatArray = (gaps * 1000) / 1e6
+    return seconds, 0 if previous is not None else 1
+
+
 def rapl_table(frame: HWPCFrame) -> EventsTable:
     """The ``rapl`` group's rows of a frame that :func:`global_parts` made."""
     return next(table for table in frame.tables if table.group == "rapl")
@@ -181,9 +192,7 @@ class RaplFormula(Formula[RaplConfig]):
         previous = None if self.previous is None else to_millis(self.previous)
         if previous is not None and int(ticks[0]) <= previous:
             return False
-        gaps = np.diff(ticks, prepend=ticks[0] if previous is None else previous)
-        interval_s = (gaps * 1000) / 1e6
-        start = 1 if previous is None else 0
+        interval_s, start = tick_intervals(ticks, previous, self.config.sensor_reports_frequency)
         if bool((interval_s[start:] < self.min_interval_s).any()):
             return False
         self.previous = datetime_of(int(ticks[-1]))

@@ -56,7 +56,12 @@ from wattflow.actors.formulas.power_model import (
     dynamic_power,
     load_regression,
 )
-from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J, rapl_groups
+from wattflow.actors.formulas.rapl import (
+    GLOBAL_TARGETS,
+    RAPL_UNIT_J,
+    rapl_groups,
+    tick_intervals,
+)
 from wattflow.actors.formulas.smartwatts_frames import FrameTicks, frame_ticks
 from wattflow.formats.frames import (
     Column,
@@ -64,8 +69,8 @@ from wattflow.formats.frames import (
     Frame,
     HWPCFrame,
     PowerFrame,
-    datetime_of,
 )
+from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     FormulaReport,
     HWPCReport,
@@ -287,9 +292,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             return
         if self.held is not None:  # a frame's last ticks come before these reports
             held, self.held = self.held, None
-            for report in held.reports():
-                assert isinstance(report, HWPCReport)
-                self._receive(report, out)
+            reports = [*held.reports(), *reports]
         self._process_reports(reports, out)
 
     def _process_reports(self, reports: list[Report], out: Output) -> None:
@@ -717,11 +720,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         previous = None if self.last_tick is None else to_millis(self.last_tick)
         if previous is not None and int(millis[0]) <= previous:
             return False
-        first = 1 if previous is None else 0
-        gaps = np.diff(millis, prepend=millis[0] - self.config.sensor_reports_frequency)
-        if previous is not None:
-            gaps[0] = millis[0] - previous
-        interval_s = (gaps * 1000) / 1e6  # as timedelta.total_seconds() computes it
+        interval_s, first = tick_intervals(millis, previous, self.config.sensor_reports_frequency)
         if bool((interval_s[first:] < self.period_s / 4).any()):
             return False
         self.last_tick = datetime_of(int(millis[-1]))
@@ -778,7 +777,7 @@ class _FrameEstimates:
         events = self.ticks.events
         tdp = config.cpu_tdp
         threshold = scope.error_threshold
-        median = formula.error_method == "median"
+        method = formula.error_method
         rapl_w = (energy_w_s / self.interval_s).tolist()
         rates = self.rates[:, at, :]
         features = rates.tolist()
@@ -828,17 +827,7 @@ class _FrameEstimates:
             if not stored:
                 model.store(power, features[tick])
             model.store_error(error)
-            ordered = model.sorted_errors
-            if median and ordered is not None:
-                middle = len(ordered) // 2
-                window = (
-                    ordered[middle]
-                    if len(ordered) % 2
-                    else (ordered[middle - 1] + ordered[middle]) / 2
-                )
-            else:
-                window = model.window_error(formula.error_method)
-            if window > threshold:
+            if model.window_error(method) > threshold:
                 model.relearn(tdp)
             described.append(
                 (

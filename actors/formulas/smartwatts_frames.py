@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from wattflow.actors.formulas.rapl import GLOBAL_TARGETS
-from wattflow.formats.frames import EventsTable, FloatArray, HWPCFrame, IntArray
+from wattflow.formats.frames import EventsTable, FloatArray, HWPCFrame, IntArray, run_starts
 
 WRAPPED_COUNTER = 2**48
 """The smallest delta taken as a counter that wrapped around (see the SmartWatts formula)."""
@@ -219,14 +218,7 @@ def _features(
     ):
         return None  # a target's report in a tick without the global one
     # Segments: runs of rows of one tick, target and socket.
-    change = np.empty(len(core), dtype=np.bool_)
-    change[0] = True
-    change[1:] = (
-        (tick[1:] != tick[:-1])
-        | (core.targets[1:] != core.targets[:-1])
-        | (core.sockets[1:] != core.sockets[:-1])
-    )
-    starts = np.flatnonzero(change)
+    starts = run_starts(tick, core.targets, core.sockets)
     width = int(core.targets.max()) + 1
     sockets_span = int(core.sockets.max()) + 1
     segment_key = (tick[starts] * width + core.targets[starts]) * sockets_span + core.sockets[
@@ -234,7 +226,7 @@ def _features(
     ]
     if len(np.unique(segment_key)) != len(starts):
         return None  # one target's rows of a socket apart in a tick: the slow way merges them
-    if not _cpus_unique(core.cpus, change):
+    if not _cpus_unique(core.cpus, starts):
         return None
     # Counters in feature order; a multiplexed cpu's scaled by time_enabled/time_running.
     columns = [core.events.index(e) for e in events]
@@ -310,8 +302,10 @@ def _positions(sockets: IntArray, position: dict[int, int]) -> IntArray:
     return found
 
 
-def _cpus_unique(cpus: IntArray, segment_start: npt.NDArray[np.bool_]) -> bool:
+def _cpus_unique(cpus: IntArray, starts: IntArray) -> bool:
     """Whether no cpu comes twice in one segment (the slow way would keep its later values)."""
+    segment_start = np.zeros(len(cpus), dtype=np.bool_)
+    segment_start[starts] = True
     rising = np.empty(len(cpus), dtype=np.bool_)
     rising[0] = True
     rising[1:] = cpus[1:] > cpus[:-1]
