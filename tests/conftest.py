@@ -18,9 +18,7 @@ T = TypeVar("T")
 pytest_plugins = ["tests.servers", "tests.servers_influx"]
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "powerapi-2.10.0"
-if not FIXTURES.is_dir():  # a checkout whose shared/ sits inside it
-    FIXTURES = ROOT / "shared" / "fixtures" / "powerapi-2.10.0"
+FIXTURES = ROOT / "tests" / "data" / "powerapi-2.10.0"
 
 
 @pytest.fixture(scope="session")
