@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -112,28 +111,15 @@ def run_sampler(
     timeout_s: float = 60.0,
 ) -> SamplerRun:
     """Run the sampler until it has written ``reports`` reports, then stop it as an operator
-    would (SIGINT); return its exit code, its stderr and what it wrote.
+    would (SIGINT); return its exit code, its log (stderr and stdout) and what it wrote.
 
     The count of reports, not a duration, decides when to stop, so a slow machine only makes
     the test slower. ``timeout_s`` only catches a sampler that writes nothing.
     """
-    process = subprocess.Popen(
-        sampler_command(output, *flags),
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        give_up = time.monotonic() + timeout_s
-        while len(read_reports(output)) < reports and process.poll() is None:
-            assert time.monotonic() < give_up, f"no {reports} reports within {timeout_s} s"
-            time.sleep(0.05)
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=timeout_s)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return SamplerRun(process.returncode, stderr, read_reports(output))
+    from .conftest import Service  # here: benchmarks import this module without pytest
+
+    log = output.with_name(output.name + ".log")
+    with Service(log, command=sampler_command(output, *flags), env=environment) as service:
+        service.wait_for_lines(output, reports, timeout_s)
+        text = service.stop(signal.SIGINT, code=None, timeout_s=timeout_s)
+    return SamplerRun(service.process.returncode, text, read_reports(output))

@@ -13,11 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .conftest import wait_until
 
 
 def free_port() -> int:
@@ -26,16 +27,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def wait_until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``ready`` until it is true, or fail the test naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not ready after {timeout_s} s")
 
 
 def port_open(port: int) -> bool:

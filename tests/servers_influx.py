@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import urllib3
 
-from .servers import ServerProcess, free_port, wait_until
+from .conftest import wait_until
+from .servers import ServerProcess, free_port
 
 
 def _answers(url: str, status: int) -> bool:

@@ -8,14 +8,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from .conftest import wattflow
+from .conftest import Service, wait_until, wattflow
+from .servers import free_port
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -238,13 +238,6 @@ def test_demo_needs_nothing_and_writes_csv_where_it_says(tmp_path: Path) -> None
     assert all(0 < float(r["power"]) < 200 for r in rows)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def rapl_line(index: int) -> str:
     stamp = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=index)
     return json.dumps(
@@ -257,25 +250,25 @@ def rapl_line(index: int) -> str:
     )
 
 
-def start_service(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "wattflow.service", "run", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
+def start_service(tmp_path: Path, *args: str) -> Service:
+    """``wattflow run ARGS`` in the background, its output in ``tmp_path``/service.log."""
+    return Service(tmp_path / "service.log", "run", *args)
 
 
-def connect(port: int, process: subprocess.Popen[str]) -> socket.socket:
-    deadline = time.monotonic() + 20
-    while True:
+def connect(port: int, service: Service) -> socket.socket:
+    """The sensor's connection, once the service listens."""
+    connection: list[socket.socket] = []
+
+    def accepted() -> bool:
         try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
+            connection.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         except ConnectionRefusedError:
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the service never listened"
-            time.sleep(0.05)
+            service.alive()  # one that exited fails the test, with its log
+            return False
+        return True
+
+    wait_until(accepted, 20, "the service's socket")
+    return connection[0]
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
@@ -284,48 +277,36 @@ def test_a_signal_drains_everything_the_sensor_sent(
 ) -> None:
     port = free_port()
     out = tmp_path / "power.jsonl"
-    process = start_service(
-        "--input", "socket", "--port", str(port), "--output", "jsonl", "--file", str(out)
-    )
     ticks = 200
-    with connect(port, process) as sensor:
+    service = start_service(
+        tmp_path, "--input", "socket", "--port", str(port),
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+    with service, connect(port, service) as sensor:
         sensor.sendall("".join(rapl_line(i) + "\n" for i in range(ticks)).encode())
-        process.send_signal(stop_signal)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
+        log = service.stop(stop_signal)
     written = [json.loads(line) for line in out.read_text().splitlines()]
     # Every tick but the first (which only starts the first interval) became a power report,
     # the last ones included.
     assert len(written) == ticks - 1
     assert [w["power"] for w in written] == pytest.approx([10.0 + i for i in range(1, ticks)])
-    assert "Traceback" not in stderr
+    assert "Traceback" not in log
 
 
 def test_socket_input_skips_overlong_and_malformed_lines(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "power.jsonl"
     letters = tmp_path / "dead.jsonl"
-    process = start_service(
-        "--input",
-        "socket",
-        "--port",
-        str(port),
-        "--max-line-bytes",
-        "2048",
-        "--output",
-        "jsonl",
-        "--file",
-        str(out),
-        "--dead-letters",
-        str(letters),
-    )
-    with connect(port, process) as sensor:
+    service = start_service(
+        tmp_path, "--input", "socket", "--port", str(port), "--max-line-bytes", "2048",
+        "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
+    )  # fmt: skip
+    with service, connect(port, service) as sensor:
         payload = [rapl_line(0), "x" * 5000, "{broken", rapl_line(1), rapl_line(2)]
         sensor.sendall(("\n".join(payload) + "\n").encode())
-        time.sleep(0.5)
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
+        # The last line's report comes after the two bad lines: once it is written, all five
+        # lines were read.
+        service.stop_once_written(out, 2)
     assert len(out.read_text().splitlines()) == 2
     reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
     assert len(reasons) == 2
@@ -333,43 +314,22 @@ def test_socket_input_skips_overlong_and_malformed_lines(tmp_path: Path) -> None
     assert "not valid JSON" in reasons[1]
 
 
-def stop_once_written(process: subprocess.Popen[str], out: Path, lines: int) -> None:
-    """Wait until a streaming service has written ``lines`` lines, then stop it with SIGTERM;
-    it must drain and exit 0."""
-    deadline = time.monotonic() + 20
-    while not out.exists() or len(out.read_text().splitlines()) < lines:
-        assert time.monotonic() < deadline, f"{out} never reached {lines} lines"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-
-
 def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
     source = tmp_path / "hwpc.jsonl"
     source.write_text(rapl_line(0) + "\n")
     out = tmp_path / "power.jsonl"
-    process = start_service(
-        "-s",
-        "--input",
-        "jsonl",
-        "--files",
-        str(source),
-        "--poll-interval-s",
-        "0.05",
-        "--output",
-        "jsonl",
-        "--file",
-        str(out),
-    )
-    with source.open("a") as growing:
-        for index in range(1, 20):
-            growing.write(rapl_line(index)[:20])
-            growing.flush()
-            time.sleep(0.01)
-            growing.write(rapl_line(index)[20:] + "\n")
-            growing.flush()
-    stop_once_written(process, out, 19)
+    with start_service(
+        tmp_path, "-s", "--input", "jsonl", "--files", str(source), "--poll-interval-s", "0.05",
+        "--output", "jsonl", "--file", str(out),
+    ) as service:  # fmt: skip
+        with source.open("a") as growing:
+            for index in range(1, 20):
+                growing.write(rapl_line(index)[:20])
+                growing.flush()
+                time.sleep(0.01)  # a half-written line, for the service to come across
+                growing.write(rapl_line(index)[20:] + "\n")
+                growing.flush()
+        service.stop_once_written(out, 19)
     assert len(out.read_text().splitlines()) == 19
 
 
@@ -381,12 +341,12 @@ def test_stream_mode_reads_a_last_line_without_newline_at_a_stop(tmp_path: Path,
     source = tmp_path / "hwpc.jsonl"
     source.write_text("".join(rapl_line(i) + "\n" for i in range(5)) + last)
     out, letters = tmp_path / "recorded.jsonl", tmp_path / "dead.jsonl"
-    process = start_service(
-        "-s", "--dead-letters", str(letters),
+    with start_service(
+        tmp_path, "-s", "--dead-letters", str(letters),
         "--input", "jsonl", "--files", str(source), "--poll-interval-s", "0.05",
         "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
-    )  # fmt: skip
-    stop_once_written(process, out, 5)
+    ) as service:  # fmt: skip
+        service.stop_once_written(out, 5)
     recorded = out.read_text().splitlines()
     if cut:
         assert len(recorded) == 5
@@ -418,20 +378,21 @@ def test_a_second_signal_stops_without_waiting_for_a_stuck_output(tmp_path: Path
     port = free_port()
     fifo = tmp_path / "never-read.jsonl"
     os.mkfifo(fifo)  # opening it for writing blocks: an output that never accepts anything
-    process = start_service(
-        "--input", "socket", "--port", str(port), "--output", "jsonl", "--file", str(fifo)
-    )
-    with connect(port, process) as sensor:
+    service = start_service(
+        tmp_path, "--input", "socket", "--port", str(port),
+        "--output", "jsonl", "--file", str(fifo),
+    )  # fmt: skip
+    with service, connect(port, service) as sensor:
         sensor.sendall("".join(rapl_line(i) + "\n" for i in range(10)).encode())
-        time.sleep(0.3)
-        process.send_signal(signal.SIGTERM)
-        time.sleep(1.5)
-        assert process.poll() is None, "the first signal drains, and the output is stuck"
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 1
-    assert "wattflow: error: interrupted twice: stopped without draining" in stderr
-    assert "Traceback" not in stderr
+        service.send_signal(signal.SIGTERM)
+        service.wait_for_log("stopping: draining the pipeline")
+        # The drain has begun, and cannot end while the output never opens. (A bounded look
+        # for an exit that must not come: a slow machine cannot make it fail.)
+        with pytest.raises(subprocess.TimeoutExpired):
+            service.process.wait(timeout=1.0)
+        log = service.stop(signal.SIGTERM, code=1)
+    assert "wattflow: error: interrupted twice: stopped without draining" in log
+    assert "Traceback" not in log
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-import time
+import signal
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,7 +37,7 @@ from wattflow.formats.reports import (
     to_millis,
 )
 
-from .conftest import run_async, wattflow
+from .conftest import Service, run_async, wait_until, wattflow
 from .servers import ServerProcess, free_port
 from .servers_influx import (
     create_admin,
@@ -354,71 +352,44 @@ def test_every_point_arrives_once_across_an_outage_and_a_late_start(tmp_path: Pa
     server = influxd_server(tmp_path / "influxd")
     source = tmp_path / "power.jsonl"
     source.write_text("")
-    log = tmp_path / "service.log"
-    with log.open("wb") as output:
-        service = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "wattflow.service",
-                "run",
-                "-s",
-                "--input",
-                "jsonl",
-                "--model",
-                "PowerReport",
-                "--files",
-                str(source),
-                "--poll-interval-s",
-                "0.05",
-                "--output",
-                "influxdb",
-                "--uri",
-                influx_uri(server),
-                "--db",
-                "power",
-                "--server-timeout-s",
-                "0.5",
-                "--retry-for-s",
-                "120",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
+    service = Service(
+        tmp_path / "service.log", "run", "-s",
+        "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        "--poll-interval-s", "0.05",
+        "--output", "influxdb", "--uri", influx_uri(server), "--db", "power",
+        "--server-timeout-s", "0.5", "--retry-for-s", "120",
+    )  # fmt: skip
     reports = power_reports(60)
-    try:
+
+    def stored() -> int:
+        try:
+            return len(query(influx_uri(server), "power", "SELECT * FROM power_consumption"))
+        except (KeyError, urllib3.exceptions.HTTPError):  # no database (yet), or no server
+            return 0
+
+    def append(part: int) -> None:
         with source.open("a") as growing:
-            for part in range(3):
-                for report in reports[part * 60 : (part + 1) * 60]:
-                    growing.write(powerapi.encode_json(report) + "\n")
-                growing.flush()
-                if part == 0:
-                    time.sleep(1.0)  # written while the server is not there yet
-                    start_influxd(server)
-                    time.sleep(1.0)
-                if part == 1:
-                    server.stop(kill=True)
-                    time.sleep(1.0)
-                    start_influxd(server)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if (
-                    len(query(influx_uri(server), "power", "SELECT * FROM power_consumption"))
-                    >= 180
-                ):
-                    break
-            except (KeyError, urllib3.exceptions.HTTPError):
-                pass
-            time.sleep(0.2)
-        service.send_signal(2)
-        service.wait(timeout=60)
+            for report in reports[part * 60 : (part + 1) * 60]:
+                growing.write(powerapi.encode_json(report) + "\n")
+
+    try:
+        with service:
+            append(0)  # written while the server is not there yet: the output retries
+            service.wait_for_log("retrying")
+            start_influxd(server)
+            wait_until(lambda: service.alive() and stored() >= 60, 60, "the first 60 points")
+            append(1)
+            wait_until(lambda: service.alive() and stored() >= 120, 60, "120 points")
+            server.stop(kill=True)
+            retries = service.text().count("retrying")
+            append(2)  # written while the server is down: the output retries again
+            service.wait_for_log("retrying", count=retries + 1)
+            start_influxd(server)
+            wait_until(lambda: service.alive() and stored() >= 180, 60, "180 points")
+            text = service.stop(signal.SIGINT)
         rows = query(influx_uri(server), "power", "SELECT * FROM power_consumption")
     finally:
-        service.kill()
         server.stop(kill=True)
-    text = log.read_text()
-    assert service.returncode == 0, text
     assert "retrying" in text
     keys = [(row["time"], row["target"]) for row in rows]
     assert len(keys) == len(set(keys)) == 180

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -21,8 +19,8 @@ from wattflow.actors.pushers.mongodb import MongoDBPusher, MongoDBPusherConfig, 
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.reports import HWPCReport, PowerReport, Report
 
-from .conftest import run_async, wattflow
-from .servers import ServerProcess, free_port, mongodb_command, mongodb_uri, wait_until
+from .conftest import Service, run_async, wait_until, wattflow
+from .servers import ServerProcess, free_port, mongodb_command, mongodb_uri
 from .servers_influx import influx_uri
 from .test_smartwatts import reports_of, workload
 
@@ -153,43 +151,21 @@ def test_the_output_waits_for_a_server_that_is_down_at_start(tmp_path: Path) -> 
     reference = tmp_path / "reference.jsonl"
     assert run_rapl("--input", "jsonl", "--files", str(source), out=reference).returncode == 0
     expected = len(lines_of(reference))
-    service = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wattflow.service",
-            "run",
-            "--disable-smartwatts-formula",
-            "--input",
-            "jsonl",
-            "--files",
-            str(source),
-            "--output",
-            "mongodb",
-            "-u",
-            f"mongodb://127.0.0.1:{port}/",
-            "-d",
-            "powerapi",
-            "-c",
-            "power",
-            "--server-timeout-s",
-            "0.5",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    service = Service(
+        tmp_path / "service.log", "run", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--files", str(source),
+        "--output", "mongodb", "-u", f"mongodb://127.0.0.1:{port}/", "-d", "powerapi",
+        "-c", "power", "--server-timeout-s", "0.5",
+    )  # fmt: skip
     try:
-        time.sleep(2)
-        assert service.poll() is None, service.communicate()
-        server.start()
-        _, stderr = service.communicate(timeout=60)
-        assert service.returncode == 0, stderr
-        assert "retrying" in stderr
+        with service:
+            service.wait_for_log("retrying")  # the output found no server, and waits for one
+            server.start()
+            log = service.finish()
+        assert "retrying" in log
         assert expected >= 5
         assert client_of(server)["powerapi"]["power"].count_documents({}) == expected
     finally:
-        service.kill()
         server.stop(kill=True)
 
 
@@ -252,27 +228,6 @@ def test_a_bad_document_is_a_dead_letter_and_the_rest_goes_through(
     assert json.loads(letter["payload"])["_id"] == {"$oid": str(documents[1]["_id"])}
 
 
-class Service:
-    """``wattflow run`` in stream mode, its log in a file (a pipe could fill and stall it)."""
-
-    def __init__(self, log: Path, *args: str) -> None:
-        self.log = log
-        with log.open("ab") as handle:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "wattflow.service", "run", "-s", *args],
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ),
-            )
-
-    def stop(self) -> str:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=60)
-        text = self.log.read_text()
-        assert self.process.returncode == 0, text
-        return text
-
-
 def insert_slowly(server: ServerProcess, documents: list[dict[str, Any]], per_batch: int) -> None:
     collection = client_of(server)["powerapi"]["hwpc"]
     for start in range(0, len(documents), per_batch):
@@ -282,14 +237,6 @@ def insert_slowly(server: ServerProcess, documents: list[dict[str, Any]], per_ba
 
 def lines_of(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for_lines(path: Path, count: int, service: Service) -> None:
-    def enough() -> bool:
-        assert service.process.poll() is None, service.log.read_text()
-        return len(lines_of(path)) >= count
-
-    wait_until(enough, 60, f"{count} reports in {path.name}")
 
 
 def hwpc_documents(ticks: int) -> list[dict[str, Any]]:
@@ -311,15 +258,19 @@ def test_stream_mode_follows_new_documents_and_resumes_after_a_restart(
         "--disable-smartwatts-formula", "--checkpoint-interval-s", "0.2", "--output", "jsonl",
     ]  # fmt: skip
     insert_slowly(mongodb_server, documents[:40], 40)  # a backlog of 10 ticks
-    first = Service(tmp_path / "first.log", *flags, "--file", str(tmp_path / "first.jsonl"))
+    first = Service(
+        tmp_path / "first.log", "run", "-s", *flags, "--file", str(tmp_path / "first.jsonl")
+    )
     insert_slowly(mongodb_server, documents[40:80], 8)
-    wait_for_lines(tmp_path / "first.jsonl", 19 * per_tick, first)
-    first.stop()
+    with first:
+        first.stop_once_written(tmp_path / "first.jsonl", 19 * per_tick)
 
     insert_slowly(mongodb_server, documents[80:], 8)  # inserted while the service is down
-    second = Service(tmp_path / "second.log", *flags, "--file", str(tmp_path / "second.jsonl"))
-    wait_for_lines(tmp_path / "second.jsonl", 9 * per_tick, second)
-    log = second.stop()
+    second = Service(
+        tmp_path / "second.log", "run", "-s", *flags, "--file", str(tmp_path / "second.jsonl")
+    )
+    with second:
+        log = second.stop_once_written(tmp_path / "second.jsonl", 9 * per_tick)
     assert "resuming from checkpoint" in log
 
     written = Counter(
@@ -378,24 +329,29 @@ def test_every_report_arrives_once_when_mongodb_restarts_mid_stream(
     try:
         insert_slowly(server, documents[:40], 40)
         service = Service(
-            tmp_path / "service.log",
+            tmp_path / "service.log", "run", "-s",
             "--input", "mongodb", "-u", uri, "-d", "powerapi", "-c", "hwpc",
             "--server-timeout-s", "1", "--learn-min-samples-required", "5",
             "--output", "mongodb", "-u", uri, "-d", "powerapi", "-c", "power",
             "--server-timeout-s", "1", "--retry-for-s", "120",
             "--output", "influxdb", "--uri", influx_uri(influxdb_server), "--db", "power",
         )  # fmt: skip
-        insert_slowly(server, documents[40:80], 8)
-        power = client_of(server)["powerapi"]["power"]
-        wait_until(lambda: power.count_documents({}) > 0, 60, "the first power reports")
-        server.stop(kill=True)
-        time.sleep(1.0)
-        server.start()
-        insert_slowly(server, documents[80:], 8)
-        wait_until(
-            lambda: power.count_documents({}) >= len(expected) - 30, 90, "the last power reports"
-        )
-        log = service.stop()
+        with service:
+            insert_slowly(server, documents[40:80], 8)
+            power = client_of(server)["powerapi"]["power"]
+            wait_until(lambda: power.count_documents({}) > 0, 60, "the first power reports")
+            outages = service.text().count("server unavailable")
+            server.stop(kill=True)
+            # The input sees the outage (and says so) before the server comes back: a real one.
+            service.wait_for_log("server unavailable", count=outages + 1)
+            server.start()
+            insert_slowly(server, documents[80:], 8)
+            wait_until(
+                lambda: power.count_documents({}) >= len(expected) - 30,
+                90,
+                "the last power reports",
+            )
+            log = service.stop()
     finally:
         server.stop()
     server.start()
@@ -418,37 +374,18 @@ def test_a_connection_string_from_the_environment_never_shows_its_password(
 ) -> None:
     port = free_port()  # nothing listens there: the input waits, and says so in the log
     secret_uri = f"mongodb://wattflow:s3cr3t-pw@127.0.0.1:{port}/"
-    service = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wattflow.service",
-            "run",
-            "-s",
-            "--input",
-            "mongodb",
-            "-d",
-            "powerapi",
-            "-c",
-            "hwpc",
-            "--server-timeout-s",
-            "0.3",
-            "--output",
-            "jsonl",
-            "--file",
-            str(tmp_path / "out.jsonl"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    service = Service(
+        tmp_path / "service.log", "run", "-s",
+        "--input", "mongodb", "-d", "powerapi", "-c", "hwpc", "--server-timeout-s", "0.3",
+        "--output", "jsonl", "--file", str(tmp_path / "out.jsonl"),
         env={**os.environ, "POWERAPI_INPUT_PULLER_MONGODB_URI": secret_uri},
-    )
-    time.sleep(3)
-    service.send_signal(signal.SIGTERM)
-    _, stderr = service.communicate(timeout=30)
-    assert "server unavailable" in stderr
-    assert "s3cr3t-pw" not in stderr
-    assert "wattflow" not in stderr.split("server unavailable")[1].split("\n")[0]
+    )  # fmt: skip
+    with service:
+        service.wait_for_log("server unavailable")
+        log = service.stop(code=None)
+    assert "server unavailable" in log
+    assert "s3cr3t-pw" not in log
+    assert "wattflow" not in log.split("server unavailable")[1].split("\n")[0]
 
     uri_file = tmp_path / "uri"
     uri_file.write_text(secret_uri.replace("mongodb://", "mongodb:/") + "\n")  # a typo

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,8 +13,8 @@ import pytest
 from wattflow.formats import powerapi
 from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport
 
-from .conftest import wattflow
-from .servers import free_port, wait_until
+from .conftest import Service, wait_until, wattflow
+from .servers import free_port, port_open
 
 START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 CPU_W_PER_SOCKET, DRAM_W, GPU_W, METER_W = 20.0, 5.0, 100.0, 200.0
@@ -144,55 +140,31 @@ def test_a_meter_on_a_tcp_socket_and_its_bad_lines(tmp_path: Path) -> None:
     port = free_port()
     out, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
     hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(4)])
-    service = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wattflow.service",
-            "run",
-            "-s",
-            "--disable-smartwatts-formula",
-            "--input",
-            "jsonl",
-            "--files",
-            str(hwpc),
-            "--input",
-            "meter",
-            "--port",
-            str(port),
-            "--sensor",
-            "node-1",
-            "--output",
-            "jsonl",
-            "--file",
-            str(out),
-            "--dead-letters",
-            str(letters),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    service = Service(
+        tmp_path / "service.log", "run", "-s", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--files", str(hwpc),
+        "--input", "meter", "--port", str(port), "--sensor", "node-1",
+        "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
+    )  # fmt: skip
 
-    def connected() -> socket.socket | None:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=1)
-        except OSError:
-            assert service.poll() is None, service.communicate()
-            return None
+    def listening() -> bool:
+        service.alive()  # one that exited fails the test, with its log
+        return port_open(port)
 
-    wait_until(lambda: connected() is not None, 30, "the meter socket")
-    with socket.create_connection(("127.0.0.1", port)) as meter:
-        lines = [
-            json.dumps({"timestamp": millis(q / 4), "d0c0": METER_W * 1000}) for q in range(13)
-        ]
-        lines.insert(3, '{"timestamp": 5, "d0c0": "lots"}')
-        lines.insert(5, "not a reading")
-        meter.sendall(("\n".join(lines) + "\n").encode())
-        time.sleep(1.5)
-    service.send_signal(signal.SIGTERM)
-    _, stderr = service.communicate(timeout=30)
-    assert service.returncode == 0, stderr
+    with service:
+        wait_until(listening, 30, "the meter socket")
+        with socket.create_connection(("127.0.0.1", port)) as meter:
+            lines = [
+                json.dumps({"timestamp": millis(q / 4), "d0c0": METER_W * 1000}) for q in range(13)
+            ]
+            lines.insert(3, '{"timestamp": 5, "d0c0": "lots"}')
+            lines.insert(5, "not a reading")
+            meter.sendall(("\n".join(lines) + "\n").encode())
+            meter.shutdown(socket.SHUT_WR)
+            # The service hangs up once it has taken every line in: then they are all in.
+            meter.settimeout(60)
+            assert meter.recv(1) == b"", "the service answered a meter"
+        service.stop()
     reports = node_reports(out)
     assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * 3)
     reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
@@ -248,58 +220,36 @@ def test_meter_readings_over_zeromq_reach_the_node_formula(tmp_path: Path) -> No
     port = free_port()
     uri = f"tcp://127.0.0.1:{port}"
     hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(4)])
-    out = tmp_path / "power.jsonl"
-    service = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wattflow.service",
-            "run",
-            "--disable-smartwatts-formula",
-            "--input",
-            "jsonl",
-            "--files",
-            str(hwpc),
-            "--input",
-            "zeromq",
-            "--uri",
-            uri,
-            "--socket-type",
-            "PULL",
-            "--model",
-            "MeterReport",
-            "--output",
-            "jsonl",
-            "--file",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    context = zmq.Context()
-    sender = context.socket(zmq.PUSH)
-    sender.connect(uri)
-    try:
-        lines = [
-            json.dumps(
-                {
-                    "timestamp": millis(q / 4),
-                    "sensor": "node-1",
-                    "target": "all",
-                    "channels": {"d0c0": METER_W * 1000},
-                }
-            )
-            for q in range(13)
-        ]
-        sender.send("\n".join(lines).encode())
-        time.sleep(1.5)
-        service.send_signal(signal.SIGTERM)
-        _, stderr = service.communicate(timeout=30)
-    finally:
-        service.kill()
-        sender.close(linger=0)
-        context.term()
-    assert service.returncode == 0, stderr
+    out, readings = tmp_path / "power.jsonl", tmp_path / "readings.jsonl"
+    service = Service(
+        tmp_path / "service.log", "run", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--files", str(hwpc),
+        "--input", "zeromq", "--uri", uri, "--socket-type", "PULL", "--model", "MeterReport",
+        "--output", "jsonl", "--file", str(out),
+        "--output", "jsonl", "--model", "MeterReport", "--file", str(readings),
+    )  # fmt: skip
+    with service:
+        context = zmq.Context()
+        sender = context.socket(zmq.PUSH)
+        sender.connect(uri)  # the service binds; what is sent before it listens waits here
+        try:
+            lines = [
+                json.dumps(
+                    {
+                        "timestamp": millis(q / 4),
+                        "sensor": "node-1",
+                        "target": "all",
+                        "channels": {"d0c0": METER_W * 1000},
+                    }
+                )
+                for q in range(13)
+            ]
+            sender.send("\n".join(lines).encode())
+            # Once the readings are recorded, they are in: the stop drains them to the formula.
+            service.wait_for_lines(readings, len(lines))
+            service.stop()
+        finally:
+            sender.close(linger=0)
+            context.term()
     reports = node_reports(out)
     assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * 3)

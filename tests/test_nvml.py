@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import Service
 from tests.nvml_fake import (
     SamplerRun,
     build_fake_nvml,
@@ -28,7 +29,6 @@ from tests.nvml_fake import (
     run_sampler,
     write_scenario,
 )
-from tests.servers import wait_until
 
 PERIOD_US = 1_000_000
 STEPS = ((0, 100_000), (250_000, 250_000), (750_000, 100_000))
@@ -393,23 +393,9 @@ def test_ticks_go_down_the_pipeline_in_batches_and_none_is_lost_at_stop(
 
 
 def _run_until(command: list[str], environment: dict[str, str], output: Path, count: int) -> str:
-    process = subprocess.Popen(
-        command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        wait_until(
-            lambda: len(output.read_text().splitlines()) >= count if output.exists() else False,
-            60,
-            f"{count} lines in {output.name}",
-        )
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, stderr
-    return stderr
+    log = output.with_name(output.name + ".log")
+    with Service(log, command=command, env=environment) as service:
+        return service.stop_once_written(output, count, signal.SIGINT)
 
 
 def test_sensor_command_records_and_the_gpu_formula_splits_3_to_1(

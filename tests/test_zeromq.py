@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -30,8 +27,8 @@ from wattflow.formats import powerapi
 from wattflow.formats.frames import Frame, expand
 from wattflow.formats.reports import PowerReport, Report
 
-from .conftest import run_async, wattflow
-from .servers import free_port, wait_until
+from .conftest import Service, complete_lines, run_async, wattflow
+from .servers import free_port
 
 START = datetime(2026, 4, 1, tzinfo=UTC)
 
@@ -327,10 +324,6 @@ def test_bad_messages_become_dead_letters_and_good_ones_pass() -> None:
     assert collector.rejected[0][0] == '{"broken"'
 
 
-def lines_in(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 def run_pipeline_until(
     puller: ZeroMQPuller,
     out: Path,
@@ -348,7 +341,7 @@ def run_pipeline_until(
         await eventually(lambda: puller.ready, "the puller's socket")
         await feed()
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and await asyncio.to_thread(lines_in, out) < count:
+        while time.monotonic() < deadline and await asyncio.to_thread(complete_lines, out) < count:
             await asyncio.sleep(0.05)
         pipeline.stop()
         await running
@@ -394,10 +387,17 @@ def test_a_subscriber_that_never_reads_cannot_hold_up_a_publisher() -> None:
     idle.setsockopt(zmq.SUBSCRIBE, b"")
     idle.connect(uri)
     pusher = ZeroMQPusher(ZeroMQPusherConfig(uri=[uri], sndhwm=5, max_reports_per_message=1))
+    warm_up: list[Report] = list(power_reports(1, target="warm-up"))
+    warm_ups = 0
 
     async def go() -> int:
+        nonlocal warm_ups
         await pusher.open()
-        await asyncio.sleep(0.3)
+        # What is published before the subscription reaches the publisher goes nowhere:
+        # publish warm-up reports until one arrives.
+        while not idle.poll(50):
+            await pusher.write(warm_up)
+            warm_ups += 1
         for _ in range(20):
             await pusher.write(list(power_reports(100)))
         assert pusher.socket is not None
@@ -410,12 +410,12 @@ def test_a_subscriber_that_never_reads_cannot_hold_up_a_publisher() -> None:
         assert run_async(go(), timeout_s=20) == 5  # 2,000 messages sent past a full subscriber
         queued = 0
         while idle.poll(100):
-            idle.recv_multipart(zmq.NOBLOCK)
-            queued += 1
+            *_, payload = idle.recv_multipart(zmq.NOBLOCK)
+            queued += b'"warm-up"' not in payload
     finally:
         idle.close(linger=0)
         context.term()
-    assert pusher.sent == 2000
+    assert pusher.sent == warm_ups + 2000
     assert 0 < queued < 2000, "the publisher dropped what the subscriber could not take"
 
 
@@ -525,33 +525,23 @@ def test_curve_publisher_serves_authorised_subscribers_only(tmp_path: Path) -> N
 def test_the_service_reads_a_pull_socket_until_sigterm(tmp_path: Path) -> None:
     uri = f"tcp://127.0.0.1:{free_port()}"
     out = tmp_path / "out.jsonl"
-    command = [
-        sys.executable, "-m", "wattflow.service", "run",
+    flags = [
         "--input", "zeromq", "--model", "PowerReport", "--uri", uri, "--socket-type", "PULL",
         "--output", "jsonl", "--model", "PowerReport", "--file", str(out),
     ]  # fmt: skip
-    service = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     context = zmq.Context()
     sender = context.socket(zmq.PUSH)
     sender.connect(uri)  # the service binds; what is sent before it listens waits here
     reports = power_reports(100)
     try:
-        for start in range(0, 100, 10):  # one report per message, and JSON Lines of several
-            sender.send(powerapi.encode_json(reports[start]).encode())
-            sender.send(powerapi.encode_json_lines(reports[start + 1 : start + 10]))
-        wait_until(lambda: lines_in(out) == 100, 30, "100 reports")
-        service.send_signal(signal.SIGTERM)
-        _, stderr = service.communicate(timeout=30)
+        with Service(tmp_path / "service.log", "run", *flags) as service:
+            for start in range(0, 100, 10):  # one report per message, and JSON Lines of several
+                sender.send(powerapi.encode_json(reports[start]).encode())
+                sender.send(powerapi.encode_json_lines(reports[start + 1 : start + 10]))
+            service.stop_once_written(out, 100)
     finally:
-        service.kill()
         sender.close(linger=0)
         context.term()
-    assert service.returncode == 0, stderr
     written = [powerapi.decode_json(PowerReport, line, "out", None) for line in out.open("rb")]
     assert written == reports
 
