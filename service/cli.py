@@ -44,13 +44,26 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def flag_names(name: str, field: FieldInfo) -> list[str]:
-    """A setting's flags: those its field names, else ``--the-field-name``."""
+def flag_names(name: str, field: FieldInfo, prefix: str = "") -> list[str]:
+    """A setting's flags: those its field names, else ``--the-field-name``; then the flags of
+    its old names (:func:`old_flag_names`), which still work.
+
+    ``prefix`` goes before the setting's name in the flags made from it (``--queue-max-batch``).
+    """
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     flags = extra.get("flags")
     if isinstance(flags, list):
-        return [str(f) for f in flags]
-    return [f"--{name.replace('_', '-')}"]
+        return [str(f) for f in flags] + old_flag_names(name, field, prefix)
+    return [_flag(prefix + name), *old_flag_names(name, field, prefix)]
+
+
+def old_flag_names(name: str, field: FieldInfo, prefix: str = "") -> list[str]:
+    """The flags of a renamed setting's old names (``--tick-lateness`` for ``tick_lateness_ms``)."""
+    return [_flag(prefix + old) for old in service_config.old_names(name, field)]
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
 
 
 def _add_model_flags(
@@ -69,9 +82,12 @@ def _add_model_flags(
         description = field.description or ""
         if field.default not in (None, "", PydanticUndefined) and field.annotation is not bool:
             description += f" Default: {field.default}."
+        old = old_flag_names(name, field, prefix)
+        if old:
+            description += f" Old name, deprecated: {', '.join(old)}."
         # argparse formats help with %: a literal one ("utilisation (%)") must be doubled.
         help_text = description.replace("%", "%%")
-        parser.add_argument(*flag_names(prefix + name, field), help=help_text, **kwargs)
+        parser.add_argument(*flag_names(name, field, prefix), help=help_text, **kwargs)
         added.add(name)
     return added
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import FormulaConfig
@@ -108,8 +109,48 @@ def load_file(path: Path) -> dict[str, Any]:
     return result
 
 
+def old_names(name: str, field: FieldInfo) -> list[str]:
+    """The former names of a renamed setting, which still work as flags, keys and variables.
+
+    A setting renamed (to give its unit: ``tick_lateness`` → ``tick_lateness_ms``) keeps its old
+    name as a choice of its pydantic ``validation_alias``:
+    ``validation_alias=AliasChoices("tick_lateness_ms", "tick_lateness")``.
+    """
+    alias = field.validation_alias
+    choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+    return [c for c in choices if isinstance(c, str) and c != name]
+
+
+def renamed_settings(models: Iterable[type[BaseModel]]) -> dict[str, str]:
+    """Old name → current name of every renamed setting of ``models``."""
+    return {
+        old: name
+        for model in models
+        for name, field in model.model_fields.items()
+        for old in old_names(name, field)
+    }
+
+
+def _rename(settings: Mapping[str, Any], renamed: Mapping[str, str]) -> dict[str, Any]:
+    """``settings`` with old names replaced by the current ones (the current name winning)."""
+    result: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = renamed.get(normalise(str(key)))
+        if name is None:
+            result[key] = value
+        elif name not in settings and name.replace("_", "-") not in settings:
+            result[name] = value
+    return result
+
+
 def _field_names(models: list[type[BaseModel]]) -> set[str]:
-    return {name for model in models for name in model.model_fields}
+    """Every setting of ``models``, under its current and its old names."""
+    return {
+        key
+        for model in models
+        for name, field in model.model_fields.items()
+        for key in (name, *old_names(name, field))
+    }
 
 
 def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -152,17 +193,42 @@ def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge settings, later layers winning; ``input`` and ``output`` merge by name."""
+    """Merge settings, later layers winning; ``input`` and ``output`` merge by name.
+
+    A setting's old name counts as its current one, so that a later layer wins whichever name
+    each layer gives it.
+    """
     merged: dict[str, Any] = {}
+    top_level = renamed_settings([ServiceConfig, *formula_settings().values()])
     for layer in layers:
-        for key, value in layer.items():
+        for key, value in _rename(layer, top_level).items():
             if key in ("input", "output") and isinstance(value, Mapping):
                 table = merged.setdefault(key, {})
                 for name, settings in value.items():
-                    table[name] = {**table.get(name, {}), **dict(settings)}
+                    kind = dict(settings).get("type", table.get(name, {}).get("type"))
+                    renamed = _backend_renames(key, kind)
+                    table[name] = {
+                        **_rename(table.get(name, {}), renamed),
+                        **_rename(settings, renamed),
+                    }
+            elif normalise(key) == "queue" and isinstance(value, Mapping):
+                merged[key] = {
+                    **merged.get(key, {}),
+                    **_rename(value, renamed_settings([QueueConfig])),
+                }
             else:
                 merged[key] = value
     return merged
+
+
+def _backend_renames(group: str, kind: Any) -> dict[str, str]:
+    """The renamed settings of a backend type; none for an unknown one (``build`` says why)."""
+    registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
+    registry = pullers if group == "input" else pushers
+    try:
+        return renamed_settings([registry.get(str(kind)).config_model]) if kind else {}
+    except ValueError:
+        return {}
 
 
 def _error_line(prefix: str, error: ValidationError) -> str:
@@ -204,7 +270,8 @@ def build(raw: Mapping[str, Any]) -> ServiceConfig:
     Raises:
         ConfigError: naming the first setting at fault.
     """
-    settings = dict(raw)
+    formula_models = formula_settings()
+    settings = _rename(raw, renamed_settings(formula_models.values()))
     inputs = {
         name: _backend("input", name, values) for name, values in settings.pop("input", {}).items()
     }
@@ -212,7 +279,6 @@ def build(raw: Mapping[str, Any]) -> ServiceConfig:
         name: _backend("output", name, values)
         for name, values in settings.pop("output", {}).items()
     }
-    formula_models = formula_settings()
     formula_keys = _field_names(list(formula_models.values()))
     disabled = {f"disable_{name}_formula" for name in formula_models}
     top_level = set(ServiceConfig.model_fields) - {"inputs", "outputs", "formulas"}

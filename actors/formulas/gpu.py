@@ -5,7 +5,7 @@ For each device and sampling tick:
 1. **Device power** is the energy counter's increase over the real interval (Volta and newer),
    else the mean of the driver's power samples taken within the interval, else the power
    reading itself. The first tick of a device with only an energy counter starts its interval.
-2. **Idle power** is ``--gpu-idle-power`` watts when given. Otherwise it is learned: the lowest
+2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned: the lowest
    device power seen at ticks where no process used the SMs (utilisation at most
    ``--gpu-idle-util``), over the last ``--gpu-idle-window`` such ticks. Until the device has
    been idle once, the lowest power seen so far stands in (an overestimate that shrinks to
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import AliasChoices, Field, PositiveInt
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
@@ -45,9 +45,10 @@ FORMULA_NAME = "gpu"
 class GpuConfig(FormulaConfig):
     """Settings of the GPU formula."""
 
-    gpu_idle_power: float | None = Field(
+    gpu_idle_power_w: float | None = Field(
         default=None,
         ge=0,
+        validation_alias=AliasChoices("gpu_idle_power_w", "gpu_idle_power"),
         description="Idle power of every GPU in W; learned from the readings when unset.",
     )
     gpu_idle_util: float = Field(
@@ -55,6 +56,7 @@ class GpuConfig(FormulaConfig):
         ge=0,
         le=100,
         description="SM utilisation (%) up to which a tick counts as idle, to learn idle power.",
+        json_schema_extra={"unit": "%"},
     )
     gpu_idle_window: PositiveInt = Field(
         default=600, description="Idle ticks over which the lowest power is taken as idle."
@@ -157,8 +159,8 @@ class GpuFormula(Formula[GpuConfig]):
         raise _NoReading("no power reading (no energy counter, samples or power)")
 
     def _idle(self, device: GPUDevice, power_w: float, state: _DeviceState) -> float:
-        if self.config.gpu_idle_power is not None:
-            return self.config.gpu_idle_power
+        if self.config.gpu_idle_power_w is not None:
+            return self.config.gpu_idle_power_w
         state.lowest_seen_w = (
             power_w if state.lowest_seen_w is None else min(state.lowest_seen_w, power_w)
         )

@@ -52,7 +52,7 @@ class RaplConfig(FormulaConfig):
         default=1000,
         description="Period of hwpc-sensor's reports in ms; ticks closer than a quarter of it "
         "are rejected as duplicates.",
-        json_schema_extra={"flags": ["--sensor-reports-frequency"]},
+        json_schema_extra={"flags": ["--sensor-reports-frequency"], "unit": "ms"},
     )
     compat: Literal["smartwatts-2.4"] | None = Field(
         default=None,

@@ -24,10 +24,10 @@ Two modes:
 default
     Fixes what SmartWatts' users hit: the interval between ticks comes from their timestamps;
     counters that perf multiplexed are scaled by time_enabled/time_running and turned into rates;
-    a tick is processed once the sensor's stream is ``--tick-lateness`` past it, and a tick whose
-    global report never came is dead-lettered rather than dropped in silence; the targets' powers
-    add up to the measured RAPL power, not to the model's guess of it; and the tick on which the
-    model is first learned already gets estimates.
+    a tick is processed once the sensor's stream is ``--tick-lateness-ms`` past it, and a tick
+    whose global report never came is dead-lettered rather than dropped in silence; the targets'
+    powers add up to the measured RAPL power, not to the model's guess of it; and the tick on
+    which the model is first learned already gets estimates.
 
 Counters that cannot be real (negative deltas, deltas beyond any count a cpu can make in an
 interval: a counter that wrapped around) make their report a dead letter with that reason; a bad
@@ -45,7 +45,14 @@ from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
@@ -105,25 +112,37 @@ class SmartWattsConfig(FormulaConfig):
     dram_rapl_ref_event: str = Field(
         default="RAPL_ENERGY_DRAM", description="RAPL event the dram scope learns against."
     )
+    # PowerAPI's names, kept exactly (its flags, config keys and variables): the unit is given
+    # as "unit" instead of in the name.
     cpu_tdp: PositiveInt = Field(
-        default=400, description="TDP in W; a model whose intercept is not under it is discarded."
+        default=400,
+        description="TDP in W; a model whose intercept is not under it is discarded.",
+        json_schema_extra={"unit": "W"},
     )
     cpu_base_clock: PositiveInt = Field(
-        default=100, description="Base clock in MHz: the width of a frequency layer."
+        default=100,
+        description="Base clock in MHz: the width of a frequency layer.",
+        json_schema_extra={"unit": "MHz"},
     )
     cpu_base_freq: PositiveInt = Field(
-        default=2100, description="Base (nominal) frequency in MHz, which MPERF counts at."
+        default=2100,
+        description="Base (nominal) frequency in MHz, which MPERF counts at.",
+        json_schema_extra={"unit": "MHz"},
     )
     cpu_error_threshold: PositiveFloat = Field(
-        default=2.0, description="Error in W over which the cpu models are relearned."
+        default=2.0,
+        description="Error in W over which the cpu models are relearned.",
+        json_schema_extra={"unit": "W"},
     )
     dram_error_threshold: PositiveFloat = Field(
-        default=2.0, description="Error in W over which the dram models are relearned."
+        default=2.0,
+        description="Error in W over which the dram models are relearned.",
+        json_schema_extra={"unit": "W"},
     )
     sensor_reports_frequency: PositiveInt = Field(
         default=1000,
         description="Period of hwpc-sensor's reports in ms.",
-        json_schema_extra={"flags": ["--sensor-reports-frequency"]},
+        json_schema_extra={"flags": ["--sensor-reports-frequency"], "unit": "ms"},
     )
     learn_min_samples_required: PositiveInt = Field(
         default=10, description="Samples a layer needs before its first model is learned."
@@ -141,8 +160,9 @@ class SmartWattsConfig(FormulaConfig):
         default=None,
         description="Reproduce another formula's numbers: smartwatts-2.4 for SmartWatts 2.4.1.",
     )
-    tick_lateness: NonNegativeInt = Field(
+    tick_lateness_ms: NonNegativeInt = Field(
         default=2000,
+        validation_alias=AliasChoices("tick_lateness_ms", "tick_lateness"),
         description="How long, in ms of the sensor's own timestamps, a tick waits for late "
         "reports before it is processed (not in compat mode).",
     )
@@ -264,7 +284,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         self.error_method: ErrorMethod = config.learn_error_window_method
         self.ticks: dict[datetime, Tick] = {}
         self.held: HWPCFrame | None = None
-        """The last ticks of a frame, waiting ``--tick-lateness`` for the next frame."""
+        """The last ticks of a frame, waiting ``--tick-lateness-ms`` for the next frame."""
         self.latest: datetime | None = None
         self.last_tick: datetime | None = None
         self._layouts: dict[tuple[str, ...], Layout] = {}
@@ -304,7 +324,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                     oldest = next(iter(self.ticks))
                     self._process_tick(self.ticks.pop(oldest), out)
         if not self.compat and self.latest is not None:
-            horizon = self.latest.timestamp() - self.config.tick_lateness / 1000.0
+            horizon = self.latest.timestamp() - self.config.tick_lateness_ms / 1000.0
             ripe = sorted(t for t in self.ticks if t.timestamp() <= horizon)
             for timestamp in ripe:
                 self._process_tick(self.ticks.pop(timestamp), out)
@@ -325,8 +345,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             out.reject(
                 report,
                 f"arrived after its tick was processed (the sensor's stream had moved "
-                f"{late_ms + self.config.tick_lateness:.0f} ms past it; raise --tick-lateness "
-                f"above {self.config.tick_lateness} ms to wait longer)",
+                f"{late_ms + self.config.tick_lateness_ms:.0f} ms past it; raise "
+                f"--tick-lateness-ms above {self.config.tick_lateness_ms} ms to wait longer)",
             )
             return
         if report.target in GLOBAL_TARGETS:
@@ -508,7 +528,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 return
         global_report = tick.global_report
         if global_report is None:
-            wait = "" if self.compat else f" within --tick-lateness {self.config.tick_lateness} ms"
+            lateness = self.config.tick_lateness_ms
+            wait = "" if self.compat else f" within --tick-lateness-ms {lateness} ms"
             for reading in tick.targets.values():
                 out.reject(
                     reading.report,
@@ -677,7 +698,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
     # --- frames: every tick of a frame with array operations --------------------------------
 
     def _process_frame(self, frame: HWPCFrame, out: Output, *, final: bool) -> None:
-        """Estimate a frame's ticks, holding the last ``--tick-lateness`` of them unless final.
+        """Estimate a frame's ticks, holding the last ``--tick-lateness-ms`` unless final.
 
         The ticks go the report-by-report way when anything in them needs it (see
         :func:`~wattflow.actors.formulas.smartwatts_frames.frame_ticks`), with the same result.
@@ -696,7 +717,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         if not final:
             if self.latest is not None:
                 last = max(last, to_millis(self.latest))
-            ripe, self.held = frame.after(last - self.config.tick_lateness)
+            ripe, self.held = frame.after(last - self.config.tick_lateness_ms)
         self.latest = datetime_of(last)
         if ripe is None:
             return

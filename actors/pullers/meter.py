@@ -64,6 +64,7 @@ class MeterPullerConfig(PullerConfig):
     sensor: str = Field(
         default_factory=socket.gethostname,
         description="Name of the node the meter measures (hwpc-sensor's sensor name).",
+        json_schema_extra={"default_doc": "the host name"},
     )
     clock_offset_ms: int = Field(
         default=0, description="Added to the meter's timestamps to match the node's clock."

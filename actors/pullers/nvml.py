@@ -74,6 +74,7 @@ class NvmlPullerConfig(PullerConfig):
         default_factory=socket.gethostname,
         min_length=1,
         description="Sensor name of the reports (default: the host name).",
+        json_schema_extra={"default_doc": "the host name"},
     )
 
     @field_validator("model")

@@ -16,7 +16,9 @@ class TablePusherConfig(PusherConfig):
 
     type: Literal["table"] = "table"
     max_rows: PositiveInt = Field(default=40, description="Rows shown, highest power first.")
-    refresh_per_second: float = Field(default=4.0, gt=0, description="Redraws per second.")
+    refresh_per_second: float = Field(
+        default=4.0, gt=0, description="Redraws per second.", json_schema_extra={"unit": "Hz"}
+    )
 
 
 if TYPE_CHECKING:
