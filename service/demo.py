@@ -1,7 +1,21 @@
-"""``wattflow demo``: the embedded default, a bundled recording replayed through the formulas.
+"""``wattflow demo``: the whole product on bundled recordings, in a few seconds, with no server.
 
-It needs no server and no configuration: the recording ships inside the package, the output goes
-to a live table and to PowerAPI-layout CSV files in a directory it names.
+One node (``demo-node``: 2 sockets, 4 containers, 2 GPUs, a metered power supply) replayed
+through the formulas:
+
+- hwpc-sensor's reports (``data/demo-hwpc.jsonl``) → SmartWatts: cpu and dram power per
+  container (and RAPL per socket);
+- the NVML sampler's GPUReports (``data/demo-gpu.jsonl``) → the GPU formula: power per process
+  on each GPU, the idle power staying with the GPU;
+- a PDU logger's readings (``data/demo-meter.csv``, the ``meter`` input's CSV) → the node
+  formula: the node's wall power against cpu + dram + gpu, and the rest of the system;
+- the training job's events (``data/demo-events.jsonl``) mark its phases.
+
+Its output is a live table, PowerAPI-layout CSV files, and a run in a run store (as ``wattflow
+run --run E/B/S/N`` records one), which it then exports to a GPU measurement directory and to
+Extra-P's text format. Everything goes to one directory, a new temporary one unless named.
+``scripts/make_demo_recordings.py`` makes the GPU, meter and event recordings and documents
+their physics.
 """
 
 from __future__ import annotations
@@ -9,82 +23,296 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
+from wattflow.actors.exporters import exporters
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import FormulaConfig
+from wattflow.actors.formulas.gpu import GpuConfig
+from wattflow.actors.formulas.node import NodeConfig
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig
 from wattflow.actors.pipeline import Pipeline
+from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pullers.jsonl import JsonlPuller, JsonlPullerConfig
+from wattflow.actors.pullers.meter import MeterPuller, MeterPullerConfig
 from wattflow.actors.pushers.base import Pusher
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.actors.pushers.table import TablePusher, TablePusherConfig
+from wattflow.formats.errors import WattflowError
+from wattflow.formats.reports import GPUReport, PowerReport
+from wattflow.formats.runs import Run
 from wattflow.service.pipeline import serve
+from wattflow.service.recording import RunRecorder, RunRecorderConfig
+from wattflow.service.runs import RunStore, StoreError, open_store, run_id
 
 RECORDING = "demo-hwpc.jsonl"
+GPU_RECORDING = "demo-gpu.jsonl"
+METER_RECORDING = "demo-meter.csv"
+EVENTS_RECORDING = "demo-events.jsonl"
+SENSOR = "demo-node"
+"""The node's name in every recording: how the node formula matches meter, RAPL and GPUs."""
+
+EXPERIMENT, BENCHMARK, SETTINGS = "wattflow-demo", "ml-training", "400W"
+PARAMETERS = {"gpus": 2.0}
+"""The run's free parameter, for Extra-P (one run is one point: Extra-P models a constant)."""
+
+DEFAULT_SPEED = 10.0
+GPU_LEAD_S = 3.0
+"""The GPU sampler, the meter and the events start this long (recorded time) before
+hwpc-sensor's first report, so that the GPU formula sees the GPUs rest and learns their idle
+power. Each input paces its own replay, so an interval's GPU readings reach the node formula
+``GPU_LEAD_S / speed`` seconds after hwpc-sensor's: the node formula waits that much longer."""
 
 DEMO_SETTINGS: dict[str, FormulaConfig] = {
     # 30 ticks is short: let each frequency layer learn from 5 samples instead of 10.
     "smartwatts": SmartWattsConfig(learn_min_samples_required=5),
+    # Three processes in two containers: show each process, not each container.
+    "gpu": GpuConfig(gpu_targets="process"),
 }
 
 
 def demo_command(argv: Sequence[str]) -> int:
-    """Replay the bundled recording; exit 0 when every report was accounted for."""
+    """Replay the bundled recordings; exit 0 when every report was accounted for, none was
+    dead-lettered and every export was written."""
     parser = argparse.ArgumentParser(
         prog="wattflow demo",
-        description="Replay a bundled hwpc-sensor recording through the formulas: a live table, "
-        "and PowerAPI-layout CSV files in a directory it names. Needs no server.",
+        description="Replay bundled recordings of one node (hwpc-sensor, 2 GPUs through the "
+        "NVML sampler, a power meter, a training job's events) through the formulas: a live "
+        "table, PowerAPI-layout CSV files, a run in a run store (runs.db) and its exports to a "
+        "GPU measurement directory (gpu-dir/) and to Extra-P (extrap/), all in one directory. "
+        "Needs no server; takes a few seconds.",
     )
     parser.add_argument(
         "--directory",
         type=Path,
         default=None,
-        help="Where to write the CSV output (default: a new temporary directory).",
+        help="Where to write everything (default: a new temporary directory). Run again into "
+        "the same directory, the demo records the next repetition and exports them all.",
     )
     parser.add_argument(
         "--speed",
         type=float,
-        default=10.0,
-        help="Replay speed as a multiple of real time (default: 10).",
+        default=DEFAULT_SPEED,
+        help=f"Replay speed as a multiple of real time (default: {DEFAULT_SPEED:g}: the 33 s "
+        "recording replays in about 3 s; 1 replays it in real time).",
     )
     args = parser.parse_args(argv)
+    if not (args.speed > 0 and math.isfinite(args.speed)):
+        parser.error(f"--speed {args.speed}: give a positive number")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    directory = args.directory or Path(tempfile.mkdtemp(prefix="wattflow-demo-"))
+    directory: Path = args.directory or Path(tempfile.mkdtemp(prefix="wattflow-demo-"))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--directory {directory}: {error.strerror or error}")
     console = Console()
-    with resources.as_file(resources.files("wattflow.service") / "data" / RECORDING) as recording:
-        puller = JsonlPuller(
-            JsonlPullerConfig(
-                type="jsonl",
-                name="recording",
-                files=[recording],
-                replay_speed=args.speed,
-                max_batch=100,
-            )
-        )
+    store_uri = f"sqlite:///{directory / 'runs.db'}"
+    with open_store(store_uri) as store:
+        repetition = next_repetition(store)
+    identifier = run_id(EXPERIMENT, BENCHMARK, SETTINGS, repetition)
+
+    with ExitStack() as files:
+        data = resources.files("wattflow.service") / "data"
+        paths = {
+            name: files.enter_context(resources.as_file(data / name))
+            for name in (RECORDING, GPU_RECORDING, METER_RECORDING, EVENTS_RECORDING)
+        }
+        pullers: list[Puller[Any]] = [
+            replay("recording", paths[RECORDING], "HWPCReport", args.speed),
+            replay("gpus", paths[GPU_RECORDING], "GPUReport", args.speed),
+            replay("events", paths[EVENTS_RECORDING], "EventReport", args.speed),
+            MeterPuller(
+                MeterPullerConfig(
+                    type="meter", name="meter", files=[paths[METER_RECORDING]], sensor=SENSOR
+                )
+            ),
+        ]
         pushers: list[Pusher[Any]] = [
             TablePusher(TablePusherConfig(type="table", name="table"), console=console),
             CsvPusher(CsvPusherConfig(type="csv", name="csv", directory=directory)),
+            RunRecorder(RunRecorderConfig(name="run_store", run=identifier, store=store_uri)),
         ]
-        enabled = [
-            (cls, DEMO_SETTINGS.get(name, cls.config_model())) for name, cls in formulas.items()
-        ]
-        result = asyncio.run(serve(Pipeline([puller], enabled, list(pushers))))
+        settings = {
+            **DEMO_SETTINGS,
+            "node": NodeConfig(node_lateness_ms=2000 + math.ceil(GPU_LEAD_S * 1000 / args.speed)),
+        }
+        enabled = [(cls, settings.get(name, cls.config_model())) for name, cls in formulas.items()]
+        pipeline = Pipeline(pullers, enabled, pushers)
+        result = asyncio.run(serve(pipeline))
+
     ledger = result.ledger
-    console.print(
-        f"Replayed {ledger.entered} reports from the bundled recording: "
-        f"{ledger.delivered_by_pusher['csv']} power reports written as CSV under {directory}"
+    dead = ledger.rejected_input + ledger.dead_in + ledger.dead_out
+    print_line(
+        console,
+        f"Replayed {ledger.entered} reports from the bundled recordings of {SENSOR} "
+        f"(hwpc-sensor, 2 GPUs, a power meter, a training job's events): the formulas made "
+        f"{ledger.produced} reports; every report accounted for: "
+        f"{'yes' if result.ok and ledger.balanced() else 'NO'}; dead letters: {dead}.",
     )
+    for actor, reason in result.failures.items():
+        print_line(console, f"failed: {actor}: {reason}")
+    for reason, count in pipeline.dead_letters.by_reason.items():
+        print_line(console, f"dead letter: {count} × {reason}")
     if ledger.unused:
-        console.print(
-            "Not used by any formula: "
-            + "; ".join(f"{count} × {reason}" for reason, count in ledger.unused.items())
+        print_line(
+            console,
+            "Recorded in the run, used by no formula: "
+            + "; ".join(f"{count} × {reason}" for reason, count in ledger.unused.items()),
         )
-    return 0 if result.ok and ledger.balanced() else 1
+    exported = True
+    with open_store(store_uri) as store:
+        try:
+            run = store.get(identifier)
+        except StoreError as error:  # the recorder failed: said above
+            print_line(console, f"no run recorded: {error}")
+            return 1
+        run = run.model_copy(update={"parameters": PARAMETERS})
+        store.save_run(run)
+        show_summary(console, store, run)
+        written = [
+            ("CSV, PowerAPI's layout", f"{directory}/<sensor>-<target>/PowerReport.csv: "
+             f"{ledger.delivered_by_pusher['csv']} power reports"),
+            ("run store", f"{store_uri}: run {identifier}, {store.count(run)} reports"),
+        ]  # fmt: skip
+        runs = store.runs(EXPERIMENT)
+        counted = f"{len(runs)} run{'s' * (len(runs) > 1)}"
+        for name, out, shown in (
+            ("gpu-dir", directory / "gpu-dir", "GPU measurement directory"),
+            ("extrap-text", directory / "extrap" / f"{EXPERIMENT}.txt", "Extra-P text input"),
+        ):
+            try:
+                export(store, runs, name, out)
+            except (WattflowError, ValueError, OSError) as error:
+                exported = False
+                written.append((shown, f"FAILED: {error}"))
+                continue
+            if name == "gpu-dir":
+                where = f"{out / EXPERIMENT / BENCHMARK / SETTINGS / str(repetition)}/ ({counted})"
+            else:
+                where = (
+                    f"{out} ({counted}); open it with `extrap --text {out}` "
+                    "(pip install 'wattflow[extrap]')"
+                )
+            written.append((shown, where))
+    console.print()
+    print_line(console, "Written:")
+    for what, where in written:
+        print_line(console, f"  {what + ':':28} {where}")
+    print_line(
+        console,
+        f"Other formats: wattflow export FORMAT --store {store_uri} --experiment {EXPERIMENT} "
+        f"--out PATH (FORMAT: {', '.join(exporters.names())})",
+    )
+    ok = result.ok and ledger.balanced() and dead == 0 and exported
+    return 0 if ok else 1
+
+
+def replay(name: str, path: Path, model: str, speed: float) -> JsonlPuller:
+    """A JSON Lines input that replays a recording at ``speed`` times real time."""
+    return JsonlPuller(
+        JsonlPullerConfig(
+            type="jsonl", name=name, model=model, files=[path], replay_speed=speed, max_batch=100
+        )
+    )
+
+
+def next_repetition(store: RunStore) -> int:
+    """One more than the demo runs already in the store; 0 in a new one."""
+    done = [run.repetition for run in store.runs(EXPERIMENT, BENCHMARK) if run.settings == SETTINGS]
+    return max(done, default=-1) + 1
+
+
+def export(store: RunStore, runs: list[Run], name: str, out: Path) -> None:
+    """``wattflow export NAME --experiment wattflow-demo --out OUT``, without its progress."""
+    exporter = exporters.get(name)()
+    if not exporter.writes_directory:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    exporter.export_timed(runs, store.timed_reports, out, lambda _: None)
+
+
+def print_line(console: Console, text: str) -> None:
+    """Plain text, not wrapped (paths stay whole) and not read as rich markup."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def show_summary(console: Console, store: RunStore, run: Run) -> None:
+    """Mean power per container, per GPU process and for the node, from the recorded run."""
+    # (scope, target, device) → timestamp → watts, summed over sockets
+    series: dict[tuple[str, str, str], dict[Any, float]] = defaultdict(dict)
+    node: dict[str, list[float]] = defaultdict(list)
+    cgroups: dict[str, str] = {}
+    for report in store.reports(run, ["PowerReport", "GPUReport"]):
+        if isinstance(report, GPUReport):
+            for readings in report.devices.values():
+                for process in readings.processes or ():
+                    cgroups[f"pid:{process.pid}"] = process.cgroup or "-"
+            continue
+        if not isinstance(report, PowerReport):
+            continue
+        meta = report.metadata
+        scope = str(meta.get("scope", ""))
+        if scope == "node":
+            node[report.target].append(report.power)
+            if report.target == "node":
+                for part in ("cpu", "dram", "gpu"):
+                    node[part].append(float(meta.get(part, math.nan)))
+            continue
+        if meta.get("formula") == "rapl" or report.target in ("rapl", "global"):
+            continue
+        key = (scope, report.target, str(meta.get("device", "")))
+        ticks = series[key]
+        ticks[report.timestamp] = ticks.get(report.timestamp, 0.0) + report.power
+
+    def mean(values: Iterable[float]) -> float:
+        found = list(values)
+        return sum(found) / len(found) if found else math.nan
+
+    containers = Table(title="Containers, SmartWatts (mean W over the ticks it reported)")
+    for column in ("container", "cpu W", "dram W"):
+        containers.add_column(column, justify="left" if column == "container" else "right")
+    for target in sorted({t for scope, t, _ in series if scope in ("cpu", "dram")}):
+        cpu = mean(series.get(("cpu", target, ""), {}).values())
+        dram = mean(series.get(("dram", target, ""), {}).values())
+        containers.add_row(target, f"{cpu:.1f}", f"{dram:.1f}")
+
+    gpus = Table(title="GPUs, per process (mean W while present)")
+    for column in ("gpu", "target", "cgroup", "ticks", "mean W", "max W"):
+        gpus.add_column(column, justify="right" if column.endswith(("W", "ticks")) else "left")
+    for (scope, target, device), ticks in sorted(series.items()):
+        if scope != "gpu":
+            continue
+        label = cgroups.get(target, "(idle, unattributed)" if target.startswith("gpu") else "-")
+        gpus.add_row(
+            device,
+            target,
+            label,
+            str(len(ticks)),
+            f"{mean(ticks.values()):.1f}",
+            f"{max(ticks.values()):.1f}",
+        )
+
+    meter = Table(title="Node against the power meter (mean W over hwpc-sensor's intervals)")
+    for column in ("meter", "cpu", "dram", "gpu", "rest", "rest min–max"):
+        meter.add_column(column, justify="right")
+    rest = node.get("rest", [])
+    meter.add_row(
+        f"{mean(node.get('node', [])):.1f}",
+        f"{mean(node.get('cpu', [])):.1f}",
+        f"{mean(node.get('dram', [])):.1f}",
+        f"{mean(node.get('gpu', [])):.1f}",
+        f"{mean(rest):.1f}",
+        f"{min(rest):.1f}–{max(rest):.1f}" if rest else "-",
+    )
+    for table in (containers, gpus, meter):
+        console.print(table)
