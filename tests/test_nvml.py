@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes.util
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -388,8 +389,10 @@ def test_ticks_go_down_the_pipeline_in_batches_and_none_is_lost_at_stop(
     assert outcome["batches"][:2] == [5, 5]
     assert outcome["ticks"] == outcome["reports"] == sum(outcome["batches"])
     assert outcome["skipped"] == 0
-    gaps = [later - earlier for earlier, later in itertools.pairwise(outcome["times"])]
-    assert all(gap == pytest.approx(0.1, abs=0.002) for gap in gaps)
+    # Ticks fall on the 100 ms grid, one per slot and none skipped: each is sampled in its own
+    # slot (a loaded machine may start one a few ms late), never two in a burst.
+    slots = [math.floor(t * 10 + 0.5) for t in outcome["times"]]
+    assert slots == list(range(slots[0], slots[0] + len(slots)))
 
 
 def _run_until(command: list[str], environment: dict[str, str], output: Path, count: int) -> str:
