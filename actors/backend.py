@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from wattflow.formats.reports import report_kind
+
+
+def split_commas(value: Any) -> Any:
+    """Accept PowerAPI's comma-separated lists (``--files a.csv,b.csv``) as well as real lists:
+    a list setting comes as one string from a flag or an environment variable."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+CommaList = Annotated[list[str], BeforeValidator(split_commas)]
+"""Names given as a list, or comma-separated on the command line and in the environment."""
 
 
 class BackendConfig(BaseModel):

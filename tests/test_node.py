@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from wattflow.actors.formulas.node import NodeConfig
 from wattflow.formats import powerapi
 from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport
+from wattflow.service.cli import load_run_config
 
 from .conftest import Service, wait_until, wattflow
 from .servers import free_port, port_open
@@ -253,3 +255,14 @@ def test_meter_readings_over_zeromq_reach_the_node_formula(tmp_path: Path) -> No
             context.term()
     reports = node_reports(out)
     assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * 3)
+
+
+def test_meter_channels_from_a_flag_or_the_environment_are_comma_separated() -> None:
+    """A list setting arrives as one string from a flag or a variable, as PowerAPI's lists do."""
+    groups = ["--input", "meter", "--files", "m.csv", "--output", "jsonl", "--file", "o.jsonl"]
+    from_flag = load_run_config([*groups, "--node-channels", "d0c0,d0c1"], {})
+    from_environment = load_run_config(groups, {"WATTFLOW_NODE_CHANNELS": "d0c0, d1c0"})
+    for config, expected in ((from_flag, ["d0c0", "d0c1"]), (from_environment, ["d0c0", "d1c0"])):
+        node = config.formulas["node"]
+        assert isinstance(node, NodeConfig)
+        assert node.node_channels == expected

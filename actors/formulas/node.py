@@ -36,6 +36,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from wattflow.actors.backend import CommaList
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.rapl import (
@@ -67,9 +68,10 @@ _NOT_A_TARGET = frozenset({"rapl", "global"})
 class NodeConfig(FormulaConfig):
     """Settings of the node formula."""
 
-    node_channels: list[str] = Field(
+    node_channels: CommaList = Field(
         default_factory=list,
-        description="Meter channels (d{device}c{channel}) that make up the node; all if empty.",
+        description="Meter channels (d{device}c{channel}), comma-separated, that make up the node; "
+        "all if empty.",
     )
     node_lateness_ms: int = Field(
         default=2000,

@@ -8,17 +8,10 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, PositiveInt
 
+from wattflow.actors.backend import split_commas
 from wattflow.actors.pullers.base import Emitter, PullerConfig
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import Report
-
-
-def split_commas(value: Any) -> Any:
-    """Accept PowerAPI's comma-separated lists as well as real lists."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
 
 FileList = Annotated[list[Path], BeforeValidator(split_commas)]
 """Files given as a list, or as PowerAPI's comma-separated ``--files a.csv,b.csv``."""

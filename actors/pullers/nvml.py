@@ -34,10 +34,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveInt, field_validator
 
+from wattflow.actors.backend import split_commas
 from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.actors.pullers.files import split_commas
 from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, GPUSampleKind, Report
 
 logger = logging.getLogger(__name__)

@@ -16,23 +16,21 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import zmq
 import zmq.asyncio
-from pydantic import BeforeValidator, Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
 from zmq.auth.asyncio import AsyncioAuthenticator
 
+from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.actors.pullers.files import split_commas
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
 from wattflow.formats import powerapi
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
-
-CommaList = Annotated[list[str], BeforeValidator(split_commas)]
 
 
 class ZeroMQPullerConfig(PullerConfig):

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BeforeValidator, Field, PositiveInt
 
+from wattflow.actors.backend import split_commas
 from wattflow.actors.errors import PushError
-from wattflow.actors.pullers.files import split_commas
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi

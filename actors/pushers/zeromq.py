@@ -16,15 +16,15 @@ import logging
 import time
 from itertools import groupby
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import zmq
 import zmq.asyncio
-from pydantic import BeforeValidator, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from zmq.auth.asyncio import AsyncioAuthenticator
 
+from wattflow.actors.backend import CommaList
 from wattflow.actors.errors import PushUnavailable
-from wattflow.actors.pullers.files import split_commas
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
@@ -32,8 +32,6 @@ from wattflow.formats import powerapi
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
-
-CommaList = Annotated[list[str], BeforeValidator(split_commas)]
 
 
 def topic(report: Report) -> str:
