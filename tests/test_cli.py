@@ -158,6 +158,22 @@ JSONL_IN_OUT = ["--input", "jsonl", "--files", "a", "--output", "jsonl", "--file
             [*JSONL_IN_OUT, "--dead-letters", "."],
             "--dead-letters .: Is a directory",
         ),
+        (
+            [
+                "--input",
+                "jsonl",
+                "--files",
+                "a",
+                "--output",
+                "csv",
+                "--model",
+                "HWPCReport",
+                "--directory",
+                "d",
+            ],
+            "PowerAPI's layout has no columns for HWPCReport); record HWPCReport with --output "
+            "jsonl --model HWPCReport",
+        ),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--output", "csv", "--directory", "d"], "input: no input given"),
     ],

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BeforeValidator, Field, PositiveInt
+from pydantic import BeforeValidator, Field, PositiveInt, field_validator
 
 from wattflow.actors.backend import split_commas
 from wattflow.actors.errors import PushError
@@ -25,6 +25,10 @@ from wattflow.formats.frames import Column, Frame, PowerFrame
 from wattflow.formats.reports import PowerReport, Report, to_millis
 
 TagList = Annotated[list[str], BeforeValidator(split_commas)]
+
+
+CSV_MODELS = ("PowerReport", "FormulaReport")
+"""The kinds PowerAPI's CSV output has a layout for."""
 
 
 class CsvPusherConfig(PusherConfig):
@@ -41,6 +45,18 @@ class CsvPusherConfig(PusherConfig):
         "without one is refused.",
         json_schema_extra={"flags": ["-t", "--tags"]},
     )
+
+    @field_validator("model")
+    @classmethod
+    def _has_a_layout(cls, value: str) -> str:
+        """PowerAPI's CSV layout exists for power and formula reports only: any other kind would
+        be refused report by report at run time, each one a dead letter."""
+        if value not in CSV_MODELS:
+            raise ValueError(
+                f"the CSV output writes {' and '.join(CSV_MODELS)} (PowerAPI's layout has no "
+                f"columns for {value}); record {value} with --output jsonl --model {value}"
+            )
+        return value
 
     @classmethod
     def example(cls) -> CsvPusherConfig:
