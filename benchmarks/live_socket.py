@@ -1,0 +1,408 @@
+"""The live path, end to end: hwpc-sensors' socket output → SmartWatts → JSON Lines.
+
+Generates ``--sensors`` × ``--containers`` hwpc-sensor streams with ``generate_hwpc.py`` (2
+sockets × 4 cpus each, one tick a second), encoded before any timing as the newline-delimited
+JSON that hwpc-sensor writes to its socket output. Then, per round (``--repeat``, medians
+printed):
+
+1. **Decode limit.** ``orjson.loads`` on every line, the same bytes: the rate at which a process
+   merely parses the input, which no formula service fed JSON can beat.
+2. **wattflow.** ``wattflow run --input socket --port 0 --output jsonl --file OUT`` with
+   SmartWatts (and RAPL) as by default, pinned to core 0. This process, kept off that core,
+   opens one connection per sensor, as hwpc-sensors connect, and sends each sensor's whole
+   stream from its own thread as fast as TCP accepts. Each sender then half-closes its
+   connection and waits for wattflow to close it, which it does once it has read that sensor's
+   last report. After the last connection closes, SIGTERM drains the pipeline (the last ticks
+   are flushed) and wattflow exits. The time runs from just before the first byte is sent to the
+   last write of OUT (its modification time, in the kernel's clock ticks of a few ms).
+
+Checks, per run: exit code 0; the ledger line wattflow logs at exit (``pipeline drained:
+entered=… delivered=…``) says every report sent entered, none was rejected or dead-lettered, and
+it delivered as many PowerReports as OUT holds lines. A failed check fails the script (exit 1).
+
+Prints the decode rate, wattflow's end-to-end rate and their ratio (per round, and the median
+of the rounds), wattflow's CPU time (all of it, start-up included; and from the first byte sent
+to its exit, with the share of its core that is) and its peak RSS (``VmHWM``). Run from the
+repository root, on a machine with two cores or more:
+
+    python benchmarks/live_socket.py --sensors 100 --containers 100 --ticks 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generate_hwpc import Machine, containers_named, simulate, tick_views
+
+WATTFLOW_CORE = 0
+FLAGS = (
+    "--sensor-reports-frequency", "1000",
+    "--learn-min-samples-required", "10",
+    "--cpu-base-freq", "2100",
+    "--cpu-tdp", "400",
+)  # fmt: skip
+"""SmartWatts' flags, as the other benchmarks give them; the generator ticks once a second."""
+LISTENING = re.compile(rb"listening for hwpc-sensor on \S+:(\d+)")
+DRAINED = re.compile(rb"pipeline drained: (.*)")
+START_TIMEOUT_S = 120.0
+EXIT_TIMEOUT_S = 120.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+BUSY_WARNING = 0.85
+"""Below this share of its core during the stream, a round's rate says more about the machine."""
+
+
+def sensor_streams(sensors: int, containers: int, ticks: int, seed: int) -> list[list[bytes]]:
+    """Each sensor's reports as hwpc-sensor writes them to its socket: one JSON line each."""
+    streams = []
+    for number in range(sensors):
+        machine = Machine(sensor=f"node-{number + 1}", sockets=2, cpus_per_socket=4)
+        lines: list[bytes] = []
+        for block in simulate(machine, containers_named(containers), ticks, seed=seed + number):
+            for view in tick_views(block):
+                lines.extend(line.encode() for line in view.json_lines())
+        streams.append(lines)
+    return streams
+
+
+def decode_rate(streams: Sequence[Sequence[bytes]]) -> float:
+    """Reports/s at which ``orjson.loads`` parses every line, one call per line."""
+    loads = orjson.loads
+    count = 0
+    start = time.perf_counter()
+    for lines in streams:
+        for line in lines:
+            loads(line)
+        count += len(lines)
+    return count / (time.perf_counter() - start)
+
+
+@dataclass
+class Sender:
+    """One sensor's connection: sends its stream, then waits for wattflow to close it."""
+
+    connection: socket.socket
+    data: bytes
+    go: threading.Event
+    closed_at: float = 0.0
+    error: str | None = None
+    thread: threading.Thread = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.go.wait()
+            self.connection.sendall(self.data)
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(EXIT_TIMEOUT_S)
+            while self.connection.recv(1 << 16):
+                pass
+            self.closed_at = time.time()
+        except OSError as error:
+            self.error = f"{type(error).__name__}: {error}"
+        finally:
+            self.connection.close()
+
+
+class Log:
+    """wattflow's stderr, read as it comes: the port it listens on and its ledger line."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.lines: list[bytes] = []
+        self.port: int | None = None
+        self.ledger: dict[str, int] | None = None
+        self.listening = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self.lines.append(line)
+            if self.port is None and (found := LISTENING.search(line)):
+                self.port = int(found.group(1))
+                self.listening.set()
+            elif found := DRAINED.search(line):
+                pairs = re.findall(rb"(\w+)=(\d+)", found.group(1))
+                self.ledger = {name.decode(): int(value) for name, value in pairs}
+        self.listening.set()  # stderr closed: wattflow is gone, stop waiting for the port
+
+    def tail(self, lines: int = 15) -> str:
+        return b"".join(self.lines[-lines:]).decode("utf-8", "replace")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process, all threads, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak RSS so far (``VmHWM``), in MB; 0 once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else 0.0
+
+
+def wait4(
+    process: subprocess.Popen[bytes], timeout: float
+) -> tuple[resource.struct_rusage, float] | None:
+    """Reap the process within ``timeout``: its own resource usage and peak RSS, or ``None``.
+
+    The peak is read from ``/proc`` every 10 ms until the process is gone, not taken from the
+    rusage: ``ru_maxrss`` keeps, across exec, the RSS of the fork of this process that became
+    wattflow, which holds the whole input.
+    """
+    deadline = time.monotonic() + timeout
+    peak = 0.0
+    while time.monotonic() < deadline:
+        peak = max(peak, peak_rss_mb(process.pid))
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return usage, peak
+        time.sleep(0.01)
+    return None
+
+
+@dataclass
+class Run:
+    """One wattflow run's figures and what its checks found."""
+
+    reports: int
+    wall_s: float = 0.0
+    read_s: float = 0.0  # until wattflow had read (and closed) every connection
+    cpu_s: float = 0.0  # the whole process, start-up and shutdown included
+    cpu_stream_s: float = 0.0  # from the first byte sent to exit
+    exit_s: float = 0.0  # from the first byte sent to exit
+    peak_rss_mb: float = 0.0
+    written: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def busy(self) -> float:
+        """Share of its core wattflow used from the first byte sent to its exit."""
+        return self.cpu_stream_s / self.exit_s if self.exit_s > 0 else 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.reports / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def pin_to(core: int) -> None:
+    os.sched_setaffinity(0, {core})
+
+
+def run_wattflow(
+    command: list[str],
+    extra: list[str],
+    blobs: Sequence[bytes],
+    reports: int,
+    output: Path,
+    timeout: float,
+) -> Run:
+    """Start wattflow on the socket input, send every sensor's stream, drain, and measure."""
+    run = Run(reports=reports)
+    output.unlink(missing_ok=True)
+    process = subprocess.Popen(
+        [*command, "run", "--input", "socket", "--port", "0",
+         "--output", "jsonl", "--file", str(output), *FLAGS, *extra],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: pin_to(WATTFLOW_CORE),
+    )  # fmt: skip
+    assert process.stderr is not None
+    log = Log(process.stderr)
+    senders: list[Sender] = []
+    try:
+        if not log.listening.wait(START_TIMEOUT_S) or log.port is None:
+            run.problems.append(f"wattflow did not start listening:\n{log.tail()}")
+            return run
+        go = threading.Event()
+        for blob in blobs:
+            connection = socket.create_connection(("127.0.0.1", log.port), timeout=30)
+            connection.settimeout(None)
+            senders.append(Sender(connection, blob, go))
+        cpu_before = cpu_seconds(process.pid)
+        start = time.time()
+        go.set()
+        deadline = time.monotonic() + timeout
+        for sender in senders:
+            sender.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [s for s in senders if s.thread.is_alive()]
+        failed = [s.error for s in senders if s.error]
+        if stuck or failed:
+            run.problems.append(
+                f"{len(stuck)} connections still open after {timeout:.0f} s, "
+                f"{len(failed)} failed ({failed[:3]})"
+            )
+        run.read_s = max(s.closed_at for s in senders) - start if not stuck else 0.0
+        process.send_signal(signal.SIGTERM)
+        reaped = wait4(process, EXIT_TIMEOUT_S)
+        if reaped is None:
+            run.problems.append(f"wattflow did not exit within {EXIT_TIMEOUT_S:.0f} s of SIGTERM")
+            return run
+        run.exit_s = time.time() - start
+        usage, run.peak_rss_mb = reaped
+        run.cpu_s = usage.ru_utime + usage.ru_stime
+        run.cpu_stream_s = run.cpu_s - cpu_before
+        log.thread.join(10)
+        run.wall_s = output.stat().st_mtime_ns / 1e9 - start if output.exists() else 0.0
+        check(run, process.returncode, log, output)
+        return run
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
+        for sender in senders:
+            sender.connection.close()
+
+
+def check(run: Run, returncode: int | None, log: Log, output: Path) -> None:
+    """Exit code 0, and the ledger accounts for every report sent and every line written."""
+    if returncode != 0:
+        run.problems.append(f"wattflow exited with {returncode}:\n{log.tail()}")
+    if not output.exists():
+        run.problems.append(f"wattflow wrote no {output}")
+        return
+    with output.open("rb") as handle:
+        run.written = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b""))
+        handle.seek(0)
+        first = orjson.loads(handle.readline() or b"{}")
+    if "power" not in first:
+        run.problems.append(f"the first line of {output} is not a PowerReport: {first}")
+    ledger = log.ledger
+    if ledger is None:
+        run.problems.append(
+            f"no ledger line ('pipeline drained: …') in wattflow's log:\n{log.tail()}"
+        )
+        return
+    if ledger.get("entered") != run.reports:
+        run.problems.append(f"sent {run.reports} reports, the ledger says {ledger}")
+    for name in ("rejected_input", "dead_in", "dead_out"):
+        if ledger.get(name, 0):
+            run.problems.append(f"{name}={ledger[name]} in the ledger: {ledger}")
+    if ledger.get("delivered") != run.written:
+        run.problems.append(f"{run.written} lines written, the ledger says {ledger}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--sensors", type=int, default=100, help="hwpc-sensors, one connection each"
+    )
+    parser.add_argument("--containers", type=int, default=100, help="containers per sensor")
+    parser.add_argument("--ticks", type=int, default=40, help="ticks (one a second) per sensor")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; medians are printed")
+    parser.add_argument(
+        "--wattflow",
+        default=str(Path(sys.executable).parent / "wattflow"),
+        help="command that runs wattflow (default: the one next to this Python)",
+    )
+    parser.add_argument(
+        "--wattflow-args", default="", help="more flags for `wattflow run` (--wattflow-args='…')"
+    )
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="longest wait for wattflow to read the input"
+    )
+    args = parser.parse_args()
+    if min(args.sensors, args.containers, args.ticks, args.repeat) < 1:
+        parser.error("--sensors, --containers, --ticks and --repeat take 1 or more")
+    command = shlex.split(args.wattflow)
+    extra = shlex.split(args.wattflow_args)
+
+    others = os.sched_getaffinity(0) - {WATTFLOW_CORE}
+    if others:
+        os.sched_setaffinity(0, others)  # the senders and the decode loop stay off wattflow's core
+    else:
+        print("warning: one core only: the senders share wattflow's core", file=sys.stderr)
+
+    started = time.perf_counter()
+    streams = sensor_streams(args.sensors, args.containers, args.ticks, args.seed)
+    reports = sum(len(lines) for lines in streams)
+    blobs = [b"".join(lines) for lines in streams]
+    megabytes = sum(len(blob) for blob in blobs) / 1e6
+    print(
+        f"{args.sensors} sensors × {args.containers} containers × {args.ticks} ticks: "
+        f"{reports:,} reports, {megabytes:,.0f} MB of JSON lines "
+        f"(generated in {time.perf_counter() - started:.1f} s); wattflow on core {WATTFLOW_CORE}, "
+        f"senders on cores {sorted(others) or [WATTFLOW_CORE]}"
+    )
+
+    decodes: list[float] = []
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="wattflow-live-") as directory:
+        output = Path(directory) / "power.jsonl"
+        for round_number in range(1, args.repeat + 1):
+            decodes.append(decode_rate(streams))
+            run = run_wattflow(command, extra, blobs, reports, output, args.timeout)
+            runs.append(run)
+            print(
+                f"round {round_number}: decode {decodes[-1]:,.0f} reports/s; wattflow "
+                f"{run.rate:,.0f} reports/s = {run.rate / decodes[-1]:.1%} ({run.wall_s:.2f} s, "
+                f"input read in {run.read_s:.2f} s), "
+                f"{run.written:,} PowerReports, CPU {run.cpu_stream_s:.2f} s to exit "
+                f"({run.busy:.0%} of one core; {run.cpu_s:.2f} s in all), "
+                f"peak RSS {run.peak_rss_mb:,.0f} MB" + ("" if not run.problems else "; FAILED")
+            )
+            if not run.problems and run.busy < BUSY_WARNING:
+                print(
+                    f"  warning: wattflow had {run.busy:.0%} of its core: "
+                    "another process shared core 0, or the senders did not keep it busy"
+                )
+            for problem in run.problems:
+                print(f"  problem: {problem}", file=sys.stderr)
+
+    decode = statistics.median(decodes)
+    ratio = statistics.median(run.rate / rate for run, rate in zip(runs, decodes, strict=True))
+    rate = statistics.median(run.rate for run in runs)
+    wall = statistics.median(run.wall_s for run in runs)
+    cpu_stream = statistics.median(run.cpu_stream_s for run in runs)
+    busy = statistics.median(run.busy for run in runs)
+    print()
+    print(f"decode limit (orjson.loads per line): {decode:>12,.0f} reports/s")
+    print(f"wattflow end to end (socket → jsonl): {rate:>12,.0f} reports/s  ({wall:.2f} s)")
+    print(f"wattflow / decode (median of rounds): {ratio:>12.1%}")
+    print(
+        f"wattflow CPU: {cpu_stream:.2f} s from the first byte to exit "
+        f"({busy:.0%} of one core; "
+        f"{statistics.median(run.cpu_s for run in runs):.2f} s in all, start-up included); "
+        f"peak RSS {max(run.peak_rss_mb for run in runs):,.0f} MB"
+    )
+    failed = [run for run in runs if run.problems]
+    if failed:
+        print(f"{len(failed)} of {len(runs)} runs FAILED their checks (see above)")
+        return 1
+    written = {run.written for run in runs}
+    print(f"checks passed: exit 0, ledger balanced, PowerReports written {sorted(written)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
