@@ -3,10 +3,17 @@
 A formula is keyed like PowerAPI's dispatcher: :meth:`Formula.dispatch_key` names the instance a
 report belongs to (for example one per sensor), and the :class:`FormulaActor` creates that
 instance on the first report with that key. Instances see batches of their own reports.
+
+Failures have a unit: the part of a formula's work that succeeds or fails as a whole (a tick, a
+report). A formula that holds state runs each unit inside a guard: it takes a
+:meth:`Output.mark` before the unit and, when the unit raises, :meth:`Output.fail` discards what
+the unit wrote and dead-letters the unit's own reports with the error; the formula goes on with
+its next unit from the state the failed one left, and nothing is replayed onto it.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, ClassVar, Generic, TypeVar
@@ -16,6 +23,16 @@ from pydantic import BaseModel, ConfigDict
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
 from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
+
+logger = logging.getLogger(__name__)
+
+MAX_LOGGED_FAILURES = 100
+"""Distinct failure reasons whose traceback an actor logs; later ones are only dead letters
+(which log each new reason at WARNING), so a formula failing in ever new words cannot flood the
+log with tracebacks."""
+
+Mark = tuple[int, int, int, int]
+"""Where an :class:`Output` stood before a unit of work (see :meth:`Output.mark`)."""
 
 
 class FormulaConfig(BaseModel):
@@ -27,7 +44,7 @@ class FormulaConfig(BaseModel):
 class Output:
     """What one call of a formula produced: reports, absorbed inputs and rejected inputs."""
 
-    __slots__ = ("absorbed", "frames", "rejected", "reports")
+    __slots__ = ("absorbed", "failures", "frames", "rejected", "reports")
 
     def __init__(self) -> None:
         self.reports: list[Report] = []
@@ -36,6 +53,9 @@ class Output:
         call makes the reports of earlier ticks."""
         self.absorbed = 0
         self.rejected: list[tuple[Report, str]] = []
+        self.failures: list[tuple[str, BaseException]] = []
+        """Errors the formula survived, with the reason each gave; the actor logs the
+        traceback of each reason once."""
 
     @property
     def produced(self) -> int:
@@ -67,6 +87,48 @@ class Output:
         """Dead-letter an input the formula cannot use, saying why."""
         self.rejected.append((report, reason))
 
+    def mark(self) -> Mark:
+        """Where the output stands: taken before a unit of work, for :meth:`fail` to undo it."""
+        return len(self.reports), len(self.frames), self.absorbed, len(self.rejected)
+
+    def rollback(self, mark: Mark) -> None:
+        """Forget everything written since ``mark``."""
+        reports, frames, absorbed, rejected = mark
+        del self.reports[reports:]
+        del self.frames[frames:]
+        self.absorbed = absorbed
+        del self.rejected[rejected:]
+
+    def fail(
+        self,
+        reports: Iterable[Report],
+        error: BaseException,
+        *,
+        unit: str,
+        since: Mark | None = None,
+    ) -> None:
+        """A unit of work raised: dead-letter its own ``reports`` with the error's type and text.
+
+        ``since`` is the :meth:`mark` taken before the unit: what the unit emitted, absorbed or
+        rejected is forgotten first, so each of its reports leaves once, as this dead letter.
+        Leave it out only where the unit cannot have written anything before it raised. The
+        reason names the unit, not the report, so that the same error on many units is one
+        reason (one line in the log, one traceback).
+        """
+        if since is not None:
+            self.rollback(since)
+        reason = f"failed on its {unit}: {type(error).__name__}: {error}"
+        self.rejected.extend((report, reason) for report in reports)
+        self.failures.append((reason, error))
+
+    def fall_back(self, mark: Mark, error: BaseException, *, way: str) -> None:
+        """A fast way (a frame's arrays) raised before changing any state: forget what it wrote
+        since ``mark``; the caller hands the same reports to the report-by-report way, which
+        fails, if it does, unit by unit with the real reason. The error is logged all the same:
+        the fast way has a bug."""
+        self.rollback(mark)
+        self.failures.append((f"the {way} way failed: {type(error).__name__}: {error}", error))
+
 
 C = TypeVar("C", bound=FormulaConfig)
 
@@ -80,6 +142,13 @@ class Formula(ABC, Generic[C]):
     needs: ClassVar[frozenset[str] | None] = None
     """Kinds of which the formula needs one to report anything (all of ``inputs`` when unset):
     the pipeline does not start a formula none of whose needed kinds an input gives."""
+    replayable: ClassVar[bool] = True
+    """Whether a batch on which :meth:`process` raised may be replayed one report at a time, so
+    that only the reports that raise become dead letters. That is right only for a formula that
+    keeps nothing of a failed call (each report turned into its outputs). A formula that holds
+    state sets it ``False`` and guards its own units (:meth:`Output.fail`): an error that still
+    escapes :meth:`process` dead-letters the batch, which is never replayed onto the state the
+    failed call changed."""
 
     def __init__(self, config: C, key: Hashable) -> None:
         self.config = config
@@ -126,8 +195,11 @@ Dispatch = Callable[[list[Report | Frame]], Awaitable[None]]
 class FormulaActor(Actor):
     """Runs every instance of one formula.
 
-    A formula that raises on a batch does not stop the pipeline: the batch is replayed one report
-    at a time, the reports that raise become dead letters naming the error, and the rest go on.
+    A formula that raises does not stop the pipeline. The formulas that hold state catch their
+    errors unit by unit (:meth:`Output.fail`); an error that escapes :meth:`Formula.process`
+    dead-letters the batch, or, for a :attr:`Formula.replayable` formula, the batch is replayed
+    one report at a time and the reports that raise become dead letters. Either way the
+    traceback of each distinct reason is logged once, at ERROR.
     """
 
     def __init__(
@@ -153,6 +225,7 @@ class FormulaActor(Actor):
         self.dispatch = dispatch
         self.on_done: Callable[[], Awaitable[None]] | None = None
         self._in_flight: list[tuple[Hashable, Report | Frame]] = []
+        self._logged_failures: set[str] = set()
 
     def instance(self, key: Hashable) -> Formula[Any]:
         """The instance for ``key``, created on first use."""
@@ -175,7 +248,11 @@ class FormulaActor(Actor):
         produced = []
         for formula in self.instances.values():
             out = Output()
-            formula.flush(out)
+            try:
+                formula.flush(out)
+            except Exception as error:  # what it still held is lost with it: say so, loudly
+                out = Output()
+                out.fail((), error, unit="flush")
             produced.extend(self._settle(out, 0))
         await self.dispatch(produced)
 
@@ -185,8 +262,11 @@ class FormulaActor(Actor):
         out = Output()
         try:
             formula.process(reports, out)  # type: ignore[arg-type]
-        except Exception:
-            return self._process_one_by_one(formula, expand(reports))
+        except Exception as error:
+            if formula.replayable:
+                return self._process_one_by_one(formula, expand(reports))
+            out = Output()
+            out.fail(expand(reports), error, unit="batch")
         return self._settle(out, batch_size(reports))
 
     def _process_one_by_one(
@@ -198,18 +278,29 @@ class FormulaActor(Actor):
             try:
                 formula.process([report], out)
             except Exception as error:
-                self._reject(report, f"{self.formula.name} failed on this report: {error!r}")
-                continue
+                out = Output()
+                out.fail([report], error, unit="report")
             produced.extend(self._settle(out, 1))
         return produced
 
     def _settle(self, out: Output, taken: int) -> list[Report | Frame]:
         for report, reason in out.rejected:
             self._reject(report, reason)
+        if out.failures:
+            self._log_failures(out.failures)
         self.ledger.consumed += taken - len(out.rejected)
         self.ledger.absorbed += out.absorbed
         self.ledger.produced += out.produced
         return out.items()
+
+    def _log_failures(self, failures: list[tuple[str, BaseException]]) -> None:
+        """Each new reason's traceback, once: a formula failing on every tick logs once."""
+        logged = self._logged_failures
+        for reason, error in failures:
+            if reason in logged or len(logged) >= MAX_LOGGED_FAILURES:
+                continue
+            logged.add(reason)
+            logger.error("%s %s", self.name, reason, exc_info=error)
 
     def _reject(self, report: Report, reason: str) -> None:
         self.ledger.dead_in += 1

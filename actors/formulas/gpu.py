@@ -84,6 +84,7 @@ class GpuFormula(Formula[GpuConfig]):
     name: ClassVar[str] = FORMULA_NAME
     inputs: ClassVar[frozenset[str]] = frozenset({GPUReport.kind})
     config_model: ClassVar[type[FormulaConfig]] = GpuConfig
+    replayable: ClassVar[bool] = False  # a report (a sampling tick) is the unit of failure
 
     def __init__(self, config: GpuConfig, key: Hashable) -> None:
         super().__init__(config, key)
@@ -96,17 +97,25 @@ class GpuFormula(Formula[GpuConfig]):
     def process(self, reports: list[Report], out: Output) -> None:
         for report in reports:
             assert isinstance(report, GPUReport)
-            produced = 0
-            problems = []
-            for index, device in report.devices.items():
-                try:
-                    produced += self._device(report, index, device, out)
-                except _NoReading as error:
-                    problems.append(f"gpu {index}: {error}")
-            if problems and not produced:
-                out.reject(report, "; ".join(problems))
-            elif not produced:
-                out.absorb()
+            mark = out.mark()
+            try:
+                self._tick(report, out)
+            except Exception as error:  # the devices' state keeps what the tick did to it
+                out.fail([report], error, unit="tick", since=mark)
+
+    def _tick(self, report: GPUReport, out: Output) -> None:
+        """One sampling tick of the node's devices: the unit of failure."""
+        produced = 0
+        problems = []
+        for index, device in report.devices.items():
+            try:
+                produced += self._device(report, index, device, out)
+            except _NoReading as error:
+                problems.append(f"gpu {index}: {error}")
+        if problems and not produced:
+            out.reject(report, "; ".join(problems))
+        elif not produced:
+            out.absorb()
 
     def _device(self, report: GPUReport, index: str, device: GPUDevice, out: Output) -> int:
         """Emit the device's reports for this tick; return how many."""

@@ -55,6 +55,7 @@ from wattflow.formats.reports import (
     MeterReport,
     PowerReport,
     Report,
+    to_millis,
     trusted_report,
 )
 
@@ -143,6 +144,7 @@ class NodeFormula(Formula[NodeConfig]):
     )
     config_model: ClassVar[type[FormulaConfig]] = NodeConfig
     needs: ClassVar[frozenset[str] | None] = frozenset({MeterReport.kind})
+    replayable: ClassVar[bool] = False  # a report, and an interval to report, are the units
 
     def __init__(self, config: NodeConfig, key: Hashable) -> None:
         super().__init__(config, key)
@@ -182,14 +184,17 @@ class NodeFormula(Formula[NodeConfig]):
                 return
             reports = reports[0].reports()
         for report in reports:
-            if isinstance(report, MeterReport):
-                self._meter(report, out)
-            elif isinstance(report, HWPCReport):
-                self._rapl(report, out)
-            elif isinstance(report, GPUReport):
-                self._gpu(report, out)
-            elif isinstance(report, PowerReport):
-                self._target(report, out)
+            try:
+                if isinstance(report, MeterReport):
+                    self._meter(report, out)
+                elif isinstance(report, HWPCReport):
+                    self._rapl(report, out)
+                elif isinstance(report, GPUReport):
+                    self._gpu(report, out)
+                elif isinstance(report, PowerReport):
+                    self._target(report, out)
+            except Exception as error:  # each source absorbs or rejects last, after its state
+                out.fail([report], error, unit="report")
         self._report_ready(out, flushing=False)
 
     def flush(self, out: Output) -> None:
@@ -221,16 +226,43 @@ class NodeFormula(Formula[NodeConfig]):
 
     def _rapl_frame(self, frame: HWPCFrame, out: Output) -> bool:
         """:meth:`_rapl` for every tick of a frame of global reports, without building them;
-        ``False``, having changed nothing, when a tick is not after the previous one."""
+        ``False``, having changed nothing, when a tick is not after the previous one (or when
+        reading the arrays raised: logged, and the report-by-report way says what fails).
+
+        Each tick (its global report) is the unit of failure, as report by report."""
+        mark = out.mark()
+        try:
+            ticks = self._rapl_frame_ticks(frame)
+        except Exception as error:
+            out.fall_back(mark, error, way="frame")
+            return False
+        if ticks is None:
+            return False
+        sensor = frame.names[int(rapl_table(frame).sensors[0])]
+        failed: dict[int, Exception] = {}
+        for end, energy in ticks:
+            try:
+                self._rapl_frame_tick(sensor, end, energy, out)
+            except Exception as error:  # it absorbs last, after its state: nothing to undo
+                failed[end] = error
+        if failed:
+            for report in frame.reports():
+                cause = failed.get(to_millis(report.timestamp))
+                if cause is not None:
+                    out.fail([report], cause, unit="report")
+        return True
+
+    def _rapl_frame_ticks(self, frame: HWPCFrame) -> list[tuple[int, dict[str, float]]] | None:
+        """Each tick's RAPL energy (J) per scope, or ``None`` when the first tick is not after
+        the previous one."""
         rapl = rapl_table(frame)
         first = first_rows_per_socket(rapl)
         millis = rapl.millis[first].tolist()
         previous = self.previous.get("rapl")
         if previous is not None and millis[0] <= previous[0]:
-            return False
+            return None
         columns = [(at, _DOMAIN_SCOPE[e]) for at, e in enumerate(rapl.events) if e in _DOMAIN_SCOPE]
         values = rapl.values[first][:, [at for at, _ in columns]].tolist()
-        sensor = frame.names[int(rapl.sensors[0])]
         ticks: list[tuple[int, dict[str, float]]] = []
         for end, row in zip(millis, values, strict=True):
             if not ticks or ticks[-1][0] != end:
@@ -238,21 +270,25 @@ class NodeFormula(Formula[NodeConfig]):
             energy = ticks[-1][1]
             for (_, scope), value in zip(columns, row, strict=True):
                 energy[scope] += float(value) * RAPL_UNIT_J
-        for end, energy in ticks:
-            template = None
-            if self.template is None or "rapl" not in self.previous:
-                template = trusted_report(
-                    HWPCReport,
-                    {
-                        "timestamp": datetime_of(end),
-                        "sensor": sensor,
-                        "target": "all",
-                        "metadata": {},
-                        "groups": {},
-                    },
-                )
-            self._interval_at("rapl", end, dict(energy), out, deltas=True, template=template)
-        return True
+        return ticks
+
+    def _rapl_frame_tick(
+        self, sensor: str, end: int, energy: dict[str, float], out: Output
+    ) -> None:
+        """:meth:`_interval_at` for one tick of a frame, dated by a report made only if needed."""
+        template = None
+        if self.template is None or "rapl" not in self.previous:
+            template = trusted_report(
+                HWPCReport,
+                {
+                    "timestamp": datetime_of(end),
+                    "sensor": sensor,
+                    "target": "all",
+                    "metadata": {},
+                    "groups": {},
+                },
+            )
+        self._interval_at("rapl", end, dict(energy), out, deltas=True, template=template)
 
     def _gpu(self, report: GPUReport, out: Output) -> None:
         energy_j = 0.0
@@ -362,7 +398,11 @@ class NodeFormula(Formula[NodeConfig]):
             start, end = self.anchor_ends[0], self.anchor_ends[1]
             active = [s for s in SOURCES if self.series[s].covered_until is not None]
             if "meter" in active:
-                self._emit(start, end, active, out)
+                mark = out.mark()
+                try:
+                    self._emit(start, end, active, out)
+                except Exception as error:  # its inputs were absorbed: no report to dead-letter
+                    out.fail((), error, unit="interval", since=mark)
             self.anchor_ends.pop(0)
             self.anchor_seen.pop(0)
         if self.anchor_ends:

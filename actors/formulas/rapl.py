@@ -149,6 +149,7 @@ class RaplFormula(Formula[RaplConfig]):
     name: ClassVar[str] = "rapl"
     inputs: ClassVar[frozenset[str]] = frozenset({HWPCReport.kind})
     config_model: ClassVar[type[FormulaConfig]] = RaplConfig
+    replayable: ClassVar[bool] = False  # a tick is the unit of failure (process)
 
     def __init__(self, config: RaplConfig, key: Hashable) -> None:
         super().__init__(config, key)
@@ -172,12 +173,27 @@ class RaplFormula(Formula[RaplConfig]):
     def process(self, reports: list[Report], out: Output) -> None:
         if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
             frame = reports[0]
-            if self.config.compat is None and self._frame(frame, out):
+            if self.config.compat is None and self._try_frame(frame, out):
                 return
             reports = frame.reports()
         for report in reports:
             assert isinstance(report, HWPCReport)
-            self._tick(report, out)
+            mark = out.mark()
+            try:
+                self._tick(report, out)
+            except Exception as error:  # a global report is a tick, the unit of failure
+                out.fail([report], error, unit="tick", since=mark)
+
+    def _try_frame(self, frame: HWPCFrame, out: Output) -> bool:
+        """:meth:`_frame`, or ``False`` with nothing changed when it raises: the report-by-report
+        way then says which tick fails, and why."""
+        mark, previous = out.mark(), self.previous
+        try:
+            return self._frame(frame, out)
+        except Exception as error:
+            self.previous = previous
+            out.fall_back(mark, error, way="frame")
+            return False
 
     def _frame(self, frame: HWPCFrame, out: Output) -> bool:
         """Every tick of a frame of global reports at once; ``False``, having changed nothing,

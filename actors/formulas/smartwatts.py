@@ -31,7 +31,9 @@ default
 
 Counters that cannot be real (negative deltas, deltas beyond any count a cpu can make in an
 interval: a counter that wrapped around) make their report a dead letter with that reason; a bad
-global report takes its tick's target reports with it.
+global report takes its tick's target reports with it. A tick whose processing raises all the same
+is a dead letter with all its reports, naming the error, on either way (reports or frames); the
+formula goes on with the next tick, from the models as the failed one left them.
 """
 
 from __future__ import annotations
@@ -265,6 +267,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
     name: ClassVar[str] = "smartwatts"
     inputs: ClassVar[frozenset[str]] = frozenset({HWPCReport.kind})
     config_model: ClassVar[type[FormulaConfig]] = SmartWattsConfig
+    replayable: ClassVar[bool] = False  # a tick is the unit of failure (_handle_tick)
 
     def __init__(self, config: SmartWattsConfig, key: Hashable) -> None:
         super().__init__(config, key)
@@ -318,16 +321,18 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
     def _process_reports(self, reports: list[Report], out: Output) -> None:
         for report in reports:
             assert isinstance(report, HWPCReport)
-            self._receive(report, out)
+            try:
+                self._receive(report, out)
+            except Exception as error:  # it raises before the report is in a tick
+                out.fail([report], error, unit="report")
             if self.compat:
                 while len(self.ticks) > SMARTWATTS_BUFFERED_TICKS:
-                    oldest = next(iter(self.ticks))
-                    self._process_tick(self.ticks.pop(oldest), out)
+                    self._handle_tick(next(iter(self.ticks)), out)
         if not self.compat and self.latest is not None:
             horizon = self.latest.timestamp() - self.config.tick_lateness_ms / 1000.0
             ripe = sorted(t for t in self.ticks if t.timestamp() <= horizon)
             for timestamp in ripe:
-                self._process_tick(self.ticks.pop(timestamp), out)
+                self._handle_tick(timestamp, out)
 
     def flush(self, out: Output) -> None:
         """Process every buffered tick: at shutdown nothing waits for later reports any more."""
@@ -336,7 +341,20 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             self._process_frame(held, out, final=True)
         order = list(self.ticks) if self.compat else sorted(self.ticks)
         for timestamp in order:
-            self._process_tick(self.ticks.pop(timestamp), out)
+            self._handle_tick(timestamp, out)
+
+    def _handle_tick(self, timestamp: datetime, out: Output) -> None:
+        """Process a buffered tick, the unit of failure: if that raises, whatever the tick
+        emitted is dropped and its reports are dead letters naming the error. The models keep
+        what the failed tick did to them, as the ticks after it will see, and the tick leaves
+        the buffer only once it has been handled one way or the other."""
+        tick = self.ticks[timestamp]
+        mark = out.mark()
+        try:
+            self._process_tick(tick, out)
+        except Exception as error:
+            out.fail(tick.reports(), error, unit="tick", since=mark)
+        del self.ticks[timestamp]
 
     def _receive(self, report: HWPCReport, out: Output) -> None:
         timestamp = report.timestamp
@@ -707,7 +725,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             held, self.held = self.held, None
             try:
                 frame = held.joined(frame)
-            except ValueError:
+            except Exception:  # other groups or events: each frame goes its own way
                 self._by_reports(held, out)
         if self.compat or self.ticks:
             self._by_reports(frame, out)
@@ -719,48 +737,78 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 last = max(last, to_millis(self.latest))
             ripe, self.held = frame.after(last - self.config.tick_lateness_ms)
         self.latest = datetime_of(last)
-        if ripe is None:
-            return
-        ticks = frame_ticks(ripe, self.base_frequency, scale_multiplexed=True)
-        if ticks is None or not self._estimate_frame(ripe, ticks, out):
+        if ripe is not None and not self._estimate_frame(ripe, out):
             self._by_reports(ripe, out)
 
     def _by_reports(self, frame: HWPCFrame, out: Output) -> None:
         """A frame's ticks the report-by-report way, waiting and buffering as it does."""
         self._process_reports(frame.reports(), out)
 
-    def _estimate_frame(self, frame: HWPCFrame, ticks: FrameTicks, out: Output) -> bool:
+    def _estimate_frame(self, frame: HWPCFrame, out: Output) -> bool:
         """Every tick of a frame; ``False``, having changed nothing, if a tick needs the slow way
-        (it comes after a tick already processed, or too soon after the previous one).
+        (see :func:`~wattflow.actors.formulas.smartwatts_frames.frame_ticks`; or it comes after
+        a tick already processed, or too soon after the previous one), or if making the arrays
+        raised (logged: the report-by-report way then names what fails, tick by tick).
+
+        A tick is the unit of failure here too: one whose model step raises is a dead letter
+        with its reports, as on the report-by-report way (see :meth:`_FrameEstimates.run`).
+        """
+        mark = out.mark()
+        try:
+            estimates = self._frame_estimates(frame)
+        except Exception as error:
+            out.fall_back(mark, error, way="frame")
+            return False
+        if estimates is None:
+            return False
+        self.last_tick = datetime_of(estimates.millis[-1])
+        try:
+            self._step_frame(frame, estimates, out)
+        except Exception as error:  # outside any tick's model step: the frame is the unit
+            out.fail(frame.reports(), error, unit="frame", since=mark)
+        return True
+
+    def _frame_estimates(self, frame: HWPCFrame) -> _FrameEstimates | None:
+        """The frame's ticks ready to step through, or ``None`` for the slow way."""
+        ticks = frame_ticks(frame, self.base_frequency, scale_multiplexed=True)
+        if ticks is None:
+            return None
+        millis = ticks.millis
+        previous = None if self.last_tick is None else to_millis(self.last_tick)
+        if previous is not None and int(millis[0]) <= previous:
+            return None
+        interval_s, first = tick_intervals(millis, previous, self.config.sensor_reports_frequency)
+        if bool((interval_s[first:] < self.period_s / 4).any()):
+            return None
+        return _FrameEstimates(self, ticks, interval_s, first)
+
+    def _step_frame(self, frame: HWPCFrame, estimates: _FrameEstimates, out: Output) -> None:
+        """Step the models through the frame's ticks and emit their estimates.
 
         Each socket and scope has its own models, so their ticks are stepped through one
         (socket, scope) at a time; the estimates are put back in the order of ticks, sockets
         and scopes that the report-by-report way makes them in.
         """
-        millis = ticks.millis
-        previous = None if self.last_tick is None else to_millis(self.last_tick)
-        if previous is not None and int(millis[0]) <= previous:
-            return False
-        interval_s, first = tick_intervals(millis, previous, self.config.sensor_reports_frequency)
-        if bool((interval_s[first:] < self.period_s / 4).any()):
-            return False
-        self.last_tick = datetime_of(int(millis[-1]))
+        ticks = estimates.ticks
         targets = ticks.targets
+        first = estimates.first
         if first:
             out.absorb(int(targets[0]) + 1)
-        estimates = _FrameEstimates(self, ticks, interval_s, first)
         for at, socket in enumerate(ticks.sockets):
             for number, scope in enumerate(self.scopes):
                 energy = ticks.energy.get(scope.rapl_event)
                 if energy is not None:
                     estimates.run(at, socket, number, scope, energy[:, at] * RAPL_UNIT_J)
+        failed = estimates.drop_failed()
         estimated = estimates.ticks_estimated()
         with_targets = targets > 0
         with_targets[:first] = False
+        with_targets[failed] = False
         absorbed = np.where(estimated, 0, 1 + targets)[with_targets]
         out.absorb(int(absorbed.sum()) + int((targets[first:] == 0).sum()))
         estimates.emit(frame, out)
-        return True
+        if failed:
+            estimates.reject_failed(frame, out)
 
 
 class _FrameEstimates:
@@ -787,6 +835,8 @@ class _FrameEstimates:
         self.hashes: list[str] = []
         self.hash_codes: dict[str, int] = {}
         self.described: list[tuple[int, str, tuple[Any, ...]]] = []
+        self.failed: dict[int, BaseException] = {}
+        """The ticks whose model step raised, and the error: each is a dead letter whole."""
 
     def run(self, at: int, socket: str, number: int, scope: Scope, energy_w_s: FloatArray) -> None:
         """What ``_estimate`` does, for one socket and scope, tick after tick; the targets'
@@ -815,43 +865,45 @@ class _FrameEstimates:
         for tick in range(self.first, len(millis)):
             if not filled[tick]:
                 continue
-            layer = layer_of[tick]
-            model = models.get(layer)
-            if model is None:
-                model = layers.model(layer)
-            if model.events != events:
-                model.use_events(events)
-            power = rapl_w[tick]
-            stored = False
-            if model.coef is None:
-                model.store(power, features[tick])
-                stored = True
-                learned = model.learn(tdp)
-                model.clear_errors()
-                if not learned:
-                    continue
-            coef = model.coef
-            assert coef is not None
-            known = dynamic_of.get(id(coef))
-            if known is None:  # once per model, for every tick: the global features' power
-                known = dynamic_of[id(coef)] = (len(coefs), dynamic_power(rates, coef).tolist())
-                coefs.append(coef)
-            coef_code, dynamic = known
-            dynamic_global = dynamic[tick]
-            raw_global = dynamic_global + model.intercept
-            code = hash_codes.get(model.hash)
-            if code is None:
-                code = hash_codes[model.hash] = len(self.hashes)
-                self.hashes.append(model.hash)
-            done.append((tick, at, number, coef_code, power, code, dynamic_global, raw_global))
-            error = abs(power - raw_global)
-            if not stored:
-                model.store(power, features[tick])
-            model.store_error(error)
-            if model.window_error(method) > threshold:
-                model.relearn(tdp)
-            described.append(
-                (
+            try:
+                layer = layer_of[tick]
+                model = models.get(layer)
+                if model is None:
+                    model = layers.model(layer)
+                if model.events != events:
+                    model.use_events(events)
+                power = rapl_w[tick]
+                stored = False
+                if model.coef is None:
+                    model.store(power, features[tick])
+                    stored = True
+                    learned = model.learn(tdp)
+                    model.clear_errors()
+                    if not learned:
+                        continue
+                coef = model.coef
+                assert coef is not None
+                known = dynamic_of.get(id(coef))
+                if known is None:  # once per model, for every tick: the global features' power
+                    known = dynamic_of[id(coef)] = (
+                        len(coefs),
+                        dynamic_power(rates, coef).tolist(),
+                    )
+                    coefs.append(coef)
+                coef_code, dynamic = known
+                dynamic_global = dynamic[tick]
+                raw_global = dynamic_global + model.intercept
+                code = hash_codes.get(model.hash)
+                if code is None:
+                    code = hash_codes[model.hash] = len(self.hashes)
+                    self.hashes.append(model.hash)
+                error = abs(power - raw_global)
+                if not stored:
+                    model.store(power, features[tick])
+                model.store_error(error)
+                if model.window_error(method) > threshold:
+                    model.relearn(tdp)
+                summary = (
                     millis[tick],
                     model.hash,
                     (
@@ -866,7 +918,42 @@ class _FrameEstimates:
                         model.coef_text,
                     ),
                 )
-            )
+                # Both at once, once nothing can raise: they stay entry for entry.
+                done.append((tick, at, number, coef_code, power, code, dynamic_global, raw_global))
+                described.append(summary)
+            except Exception as failure:
+                self.fail(tick, failure)
+
+    def fail(self, tick: int, error: BaseException) -> None:
+        """A tick's model step raised: the tick is done for, on every socket and scope.
+
+        The socket and scope steps made before it keep what they did to their models, and
+        those after it skip the tick, as the report-by-report way leaves them; the estimates
+        it got are dropped (:meth:`drop_failed`).
+        """
+        self.failed[tick] = error
+        for filled in self.filled:
+            filled[tick] = False
+
+    def drop_failed(self) -> list[int]:
+        """Forget the estimates of the ticks that failed; return those ticks."""
+        failed = self.failed
+        if failed:
+            kept = [at for at, entry in enumerate(self.done) if entry[0] not in failed]
+            self.done = [self.done[at] for at in kept]
+            self.described = [self.described[at] for at in kept]
+        return sorted(failed)
+
+    def reject_failed(self, frame: HWPCFrame, out: Output) -> None:
+        """Dead-letter the reports of each tick that failed, naming its error."""
+        errors = {self.millis[tick]: error for tick, error in sorted(self.failed.items())}
+        reports: dict[int, list[Report]] = {millis: [] for millis in errors}
+        for report in frame.reports():
+            found = reports.get(to_millis(report.timestamp))
+            if found is not None:
+                found.append(report)
+        for millis, error in errors.items():
+            out.fail(reports[millis], error, unit="tick")
 
     def ticks_estimated(self) -> npt.NDArray[np.bool_]:
         """Which ticks got at least one estimate."""
