@@ -10,11 +10,9 @@ left as output or as a dead letter.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -38,30 +36,6 @@ from wattflow.formats.reports import Report
 logger = logging.getLogger(__name__)
 
 _kind = attrgetter("kind")
-
-YOUNG_COLLECTION_THRESHOLD = 100_000
-"""Net allocations of tracked objects between two young garbage collections while running."""
-
-
-@contextmanager
-def _few_collections() -> Iterator[None]:
-    """Collect cyclic garbage rarely while the pipeline runs.
-
-    Reports are nested dicts, thousands of them in the mailboxes at any time, and almost all
-    are freed by reference counting once written. With the default threshold (700 net
-    allocations) the collector runs every few dozen reports and, every so often, walks every
-    report in flight: a fifth of the run's time for no garbage found. The objects that exist
-    before the run (modules, schemas, configuration) are frozen out of the collector's walks
-    for the same reason. Both are undone when the run ends.
-    """
-    threshold = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_THRESHOLD), *threshold[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
 
 
 def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
@@ -313,11 +287,11 @@ class Pipeline:
             self.stopping.set()
 
     async def run(self) -> PipelineResult:
-        """Run until the input ends or :meth:`stop` is called, then drain; return the result."""
-        with _few_collections():
-            return await self._run()
+        """Run until the input ends or :meth:`stop` is called, then drain; return the result.
 
-    async def _run(self) -> PipelineResult:
+        Process-wide settings (the garbage collector's, signal handlers) are left to the program
+        that runs the pipeline: ``wattflow run`` tunes the collector for itself.
+        """
         supervisor = self.supervisor
         for pusher in self.pushers:
             supervisor.start(pusher)

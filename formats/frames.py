@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar
 
 import numpy as np
@@ -400,11 +401,12 @@ class PowerFrame(Frame):
     def reports(self) -> list[Report]:
         names = self.target_names
         sensor = self.sensor
+        timestamps = _Timestamps()
         return [
             trusted_report(
                 PowerReport,
                 {
-                    "timestamp": datetime_of(millis),
+                    "timestamp": timestamps.of(millis),
                     "sensor": sensor,
                     "target": names[target],
                     "power": power,
@@ -445,11 +447,12 @@ class FormulaFrame(Frame):
 
     def reports(self) -> list[Report]:
         keys = self.keys
+        timestamps = _Timestamps()
         return [
             trusted_report(
                 FormulaReport,
                 {
-                    "timestamp": datetime_of(millis),
+                    "timestamp": timestamps.of(millis),
                     "sensor": self.sensor,
                     "target": target,
                     "metadata": dict(zip(keys, values, strict=True)),
@@ -457,3 +460,19 @@ class FormulaFrame(Frame):
             )
             for millis, target, values in self.rows
         ]
+
+
+class _Timestamps:
+    """The datetimes of one frame's ticks, each converted once: the reports of a tick share
+    one object, which encoders then format once."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        self._known: dict[int, datetime] = {}
+
+    def of(self, millis: int) -> datetime:
+        found = self._known.get(millis)
+        if found is None:
+            found = self._known[millis] = datetime_of(millis)
+        return found

@@ -61,9 +61,8 @@ PowerLayout = tuple[tuple[str, int], ...]
 """Tag prefixes (``,name=``) in line order, each with the index of its value in
 ``(sensor, target, *metadata.values())``."""
 
-_power_layouts: dict[tuple[tuple[str, ...], tuple[str, ...]], PowerLayout] = {}
 _LAYOUTS_KEPT = 4096
-_last_time: tuple[datetime | None, int] = (None, 0)
+"""Most PowerReport layouts one :class:`LineEncoder` keeps; it starts afresh past that."""
 
 
 def flatten_tags(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,49 +181,6 @@ def _power_layout(keys: tuple[str, ...], selected: tuple[str, ...]) -> PowerLayo
     )
 
 
-def _power_line(report: PowerReport, selected: tuple[str, ...]) -> str:
-    """A PowerReport's line, without building its tag table.
-
-    Formulas write thousands of PowerReports a second, nearly all with the same metadata keys:
-    the sanitised, selected and sorted tag names are worked out once per set of keys and only
-    the values are written per report. Metadata with a nested table takes the general path.
-    """
-    global _last_time
-    metadata = report.metadata
-    values = (report.sensor, report.target, *metadata.values())
-    for value in values:
-        if value.__class__ is dict:
-            return _general_power_line(report, selected)
-    cache_key = (tuple(metadata), selected)
-    layout = _power_layouts.get(cache_key)
-    if layout is None:
-        if len(_power_layouts) >= _LAYOUTS_KEPT:
-            _power_layouts.clear()
-        layout = _power_layouts[cache_key] = _power_layout(cache_key[0], selected)
-    power = report.power
-    if not math.isfinite(power):
-        raise ValueError(f"power is {power}: InfluxDB cannot store it")
-    parts = ["power_consumption"]
-    for prefix, index in layout:
-        value = values[index]
-        if value is not None:
-            text = _tag_text(value)
-            if text:
-                parts.append(prefix)
-                parts.append(text)
-    timestamp = report.timestamp
-    # One tick's reports share their timestamp object; a tuple is replaced whole, so threads
-    # encoding at once never read one time with another's milliseconds.
-    last = _last_time
-    if last[0] is timestamp:
-        millis = last[1]
-    else:
-        millis = to_millis(timestamp)
-        _last_time = (timestamp, millis)
-    parts.append(f" power={_float_text(float(power))} {millis}")
-    return "".join(parts)
-
-
 def _general_power_line(report: PowerReport, selected: Iterable[str]) -> str:
     line = point(
         "power_consumption",
@@ -237,19 +193,87 @@ def _general_power_line(report: PowerReport, selected: Iterable[str]) -> str:
     return line
 
 
+class LineEncoder:
+    """Writes reports as lines for one output, with the ``--tags`` it selects.
+
+    Formulas write thousands of PowerReports a second, nearly all with the same metadata keys:
+    the sanitised, selected and sorted tag names are worked out once per set of keys, kept here
+    (by whoever holds the encoder: a batch, an output), and only the values are written per
+    report. Metadata with a nested table takes the general path.
+    """
+
+    __slots__ = ("_last_time", "_layouts", "selected")
+
+    def __init__(self, selected_tags: Iterable[str] = ()) -> None:
+        self.selected = tuple(selected_tags)
+        self._layouts: dict[tuple[str, ...], PowerLayout] = {}
+        # One tick's reports share their timestamp object: its milliseconds, worked out once.
+        # A tuple is replaced whole, so threads encoding at once never read one time with
+        # another's milliseconds.
+        self._last_time: tuple[datetime | None, int] = (None, 0)
+
+    def lines(self, report: Report) -> list[str]:
+        """The report's points (most kinds have one; GPU and meter reports one per device or
+        channel).
+
+        Raises:
+            ValueError: for a report kind with no point layout, or a PowerReport or
+                FormulaReport with nothing InfluxDB can store (a NaN power, no usable metadata).
+        """
+        if type(report) is PowerReport:
+            return [self._power_line(report)]
+        return _other_lines(report, self.selected)
+
+    def _power_line(self, report: PowerReport) -> str:
+        """A PowerReport's line, without building its tag table."""
+        metadata = report.metadata
+        values = (report.sensor, report.target, *metadata.values())
+        for value in values:
+            if value.__class__ is dict:
+                return _general_power_line(report, self.selected)
+        keys = tuple(metadata)
+        layout = self._layouts.get(keys)
+        if layout is None:
+            if len(self._layouts) >= _LAYOUTS_KEPT:
+                self._layouts.clear()
+            layout = self._layouts[keys] = _power_layout(keys, self.selected)
+        power = report.power
+        if not math.isfinite(power):
+            raise ValueError(f"power is {power}: InfluxDB cannot store it")
+        parts = ["power_consumption"]
+        for prefix, index in layout:
+            value = values[index]
+            if value is not None:
+                text = _tag_text(value)
+                if text:
+                    parts.append(prefix)
+                    parts.append(text)
+        timestamp = report.timestamp
+        last = self._last_time
+        if last[0] is timestamp:
+            millis = last[1]
+        else:
+            millis = to_millis(timestamp)
+            self._last_time = (timestamp, millis)
+        parts.append(f" power={_float_text(float(power))} {millis}")
+        return "".join(parts)
+
+
 def lines(report: Report, selected_tags: Iterable[str] = ()) -> list[str]:
     """The report's points (most kinds have one; GPU and meter reports one per device or channel).
 
-    ``selected_tags`` applies to PowerReports only, as PowerAPI's ``--tags`` does; a tuple is
-    cheapest, as it keys the PowerReport layout cache as it is.
+    ``selected_tags`` applies to PowerReports only, as PowerAPI's ``--tags`` does. Writing many
+    reports, a :class:`LineEncoder` (or :func:`requests`) works each PowerReport layout out once.
 
     Raises:
         ValueError: for a report kind with no point layout, or a PowerReport or FormulaReport
             with nothing InfluxDB can store (a NaN power, no usable metadata).
     """
-    if type(report) is PowerReport:
-        selected = selected_tags if type(selected_tags) is tuple else tuple(selected_tags)
-        return [_power_line(report, selected)]
+    return LineEncoder(selected_tags).lines(report)
+
+
+def _other_lines(report: Report, selected_tags: Iterable[str]) -> list[str]:
+    """The points of a report that is not exactly a PowerReport."""
     millis = to_millis(report.timestamp)
     found: list[str | None]
     if isinstance(report, PowerReport):  # a subclass: no fast path
@@ -297,14 +321,14 @@ def requests(
     the reports it held; a report with more lines than ``max_points`` (a GPU report of a large
     node under a tiny limit) goes alone.
     """
-    selected = tuple(selected_tags)
+    encoder = LineEncoder(selected_tags)
     found: list[Request] = []
     refused: list[tuple[Report, str]] = []
     held: list[Report] = []
     held_lines: list[str] = []
     for report in reports:
         try:
-            report_lines = lines(report, selected)
+            report_lines = encoder.lines(report)
         except ValueError as error:
             refused.append((report, str(error)))
             continue

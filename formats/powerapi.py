@@ -17,7 +17,6 @@ Facts this module keeps (from PowerAPI 2.10's report and database code):
 
 from __future__ import annotations
 
-import ast
 import csv
 import heapq
 import io
@@ -67,8 +66,13 @@ def format_timestamp(timestamp: datetime) -> str:
 
 def to_json_dict(report: Report) -> dict[str, Any]:
     """A report as PowerAPI's JSON document (timestamp as a string)."""
+    return _document(report, format_timestamp(report.timestamp))
+
+
+def _document(report: Report, timestamp: Any) -> dict[str, Any]:
+    """A report's PowerAPI document, with ``timestamp`` as the encoding writes it."""
     document: dict[str, Any] = {
-        "timestamp": _formatted_timestamp(report.timestamp),
+        "timestamp": timestamp,
         "sensor": report.sensor,
         "target": report.target,
         "metadata": report.metadata,
@@ -81,17 +85,6 @@ def to_json_dict(report: Report) -> dict[str, Any]:
     elif type(report) is not FormulaReport:
         document.update(report.model_dump(mode="json", exclude=_PAYLOAD_EXCLUDE, exclude_none=True))
     return document
-
-
-_last_formatted: list[Any] = [None, ""]
-
-
-def _formatted_timestamp(timestamp: datetime) -> str:
-    """``format_timestamp`` remembering its last answer: a tick's reports share a timestamp."""
-    if timestamp is not _last_formatted[0]:
-        _last_formatted[0], _last_formatted[1] = timestamp, format_timestamp(timestamp)
-    text: str = _last_formatted[1]
-    return text
 
 
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
@@ -110,30 +103,37 @@ def encode_json_lines(reports: Iterable[Report]) -> bytes:
     path: PowerReports are laid out here without a call per report, a tick's shared timestamp is
     formatted once, and the bytes never go through ``str``.
     """
+    return b"".join(_encoded(reports, _JSON_LINE_OPTIONS))
+
+
+def encode_json_documents(reports: Iterable[Report]) -> list[bytes]:
+    """Each report as what :func:`encode_json` writes, in UTF-8, a tick's timestamp formatted
+    once for all its reports (as :func:`encode_json_lines` does)."""
+    return _encoded(reports, _JSON_OPTIONS)
+
+
+def _encoded(reports: Iterable[Report], options: int) -> list[bytes]:
     dumps = orjson.dumps
-    options = _JSON_LINE_OPTIONS
-    power = PowerReport
     last: datetime | None = None
     stamp = ""
-    lines: list[bytes] = []
-    append = lines.append
+    encoded: list[bytes] = []
+    append = encoded.append
     for report in reports:
-        if type(report) is power:
-            fields = report.__dict__
-            timestamp = fields["timestamp"]
-            if timestamp is not last:
-                last, stamp = timestamp, format_timestamp(timestamp)
+        timestamp = report.timestamp
+        if timestamp is not last:
+            last, stamp = timestamp, format_timestamp(timestamp)
+        if type(report) is PowerReport:
             document = {
                 "timestamp": stamp,
-                "sensor": fields["sensor"],
-                "target": fields["target"],
-                "metadata": fields["metadata"],
-                "power": fields["power"],
+                "sensor": report.sensor,
+                "target": report.target,
+                "metadata": report.metadata,
+                "power": report.power,
             }
         else:
-            document = to_json_dict(report)
+            document = _document(report, stamp)
         append(dumps(document, option=options))
-    return b"".join(lines)
+    return encoded
 
 
 class _HwpcDocument(msgspec.Struct, gc=False):
@@ -183,9 +183,10 @@ def decode_json_lines(
     """Decode consecutive JSON lines, numbered from ``first_line``; blank lines are skipped.
 
     Returns the reports, and each line that could not become one with its error, in order. An
-    HWPCReport line that passes msgspec's checks becomes a report here with no call per line;
-    any other line goes through :func:`decode_json`, so its report, or its error and the reason
-    it gives, are exactly those of one line decoded alone.
+    HWPCReport line that passes msgspec's checks becomes a report here; any other line goes
+    through :func:`decode_json`, so its report, or its error and the reason it gives, are
+    exactly those of one line decoded alone. Each timestamp is converted once per call: the
+    reports of a tick share one datetime, which encoders then format once.
     """
     reports: list[Report] = []
     errors: list[tuple[DecodeError, str | bytes]] = []
@@ -201,15 +202,22 @@ def decode_json_lines(
         return reports, errors
     decode = _decode_hwpc_document
     invalid = msgspec.DecodeError
-    stamps = _timestamps
+    stamps: dict[int | float | str, datetime] = {}
     append = reports.append
     for line in lines:
         number += 1
         try:
             document = decode(line)
-            timestamp = stamps.get(document.timestamp) or _timestamp(document.timestamp)
         except invalid:
             timestamp = None
+        else:
+            raw = document.timestamp
+            timestamp = stamps.get(raw)
+            if timestamp is None:
+                # Also None for a timestamp that cannot be read: rare, and never remembered.
+                timestamp = _utc_or_none(raw)
+                if timestamp is not None:
+                    stamps[raw] = timestamp
         if timestamp is None:
             if line.strip():
                 try:
@@ -243,7 +251,7 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
         document = _decode_hwpc_document(data)
     except msgspec.DecodeError:
         return None
-    timestamp = _timestamp(document.timestamp)
+    timestamp = _utc_or_none(document.timestamp)
     if timestamp is None:
         return None
     return trusted_report(
@@ -258,44 +266,34 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     )
 
 
-_timestamps: dict[int | float | str, datetime] = {}
-"""Timestamps already converted: every report of a tick, from every sensor, shares one."""
-
-_TIMESTAMPS_KEPT = 4096
-
-
-def _timestamp(value: int | float | str) -> datetime | None:
-    """``to_utc`` remembering its answers, or ``None`` when it cannot read the value.
-
-    Besides saving the conversion, handing out the same object for a tick lets encoders format
-    it once per tick.
-    """
-    found = _timestamps.get(value)
-    if found is not None:
-        return found
+def _utc_or_none(value: int | float | str) -> datetime | None:
+    """``to_utc``, or ``None`` when it cannot read the value."""
     if type(value) is bool:
         return None
     try:
-        converted = to_utc(value)
+        return to_utc(value)
     except (ValueError, OverflowError):
         return None
-    if len(_timestamps) >= _TIMESTAMPS_KEPT:
-        _timestamps.clear()
-    _timestamps[value] = converted
-    return converted
+
+
+FIRST_MILLIS = -62_135_596_800_000
+"""Unix milliseconds of 0001-01-01T00:00:00Z, the earliest datetime Python holds."""
+LAST_MILLIS = 253_402_300_799_999
+"""Unix milliseconds of 9999-12-31T23:59:59.999Z, the latest whole millisecond it holds."""
 
 
 def datetime_of(millis: int) -> datetime:
-    """The UTC datetime of Unix milliseconds, from the same cache as the decoders: one object
-    per tick, which encoders format once.
+    """The UTC datetime of Unix milliseconds.
+
+    Each call makes a new object: a caller that converts a tick's timestamp for many reports
+    converts it once and hands the same object to each, which encoders then format once.
 
     Raises:
         ValueError: for milliseconds outside the datetimes Python holds.
     """
-    found = _timestamp(millis)
-    if found is None:
+    if not FIRST_MILLIS <= millis <= LAST_MILLIS:
         raise ValueError(f"timestamp {millis} ms is out of range")
-    return found
+    return to_utc(millis)
 
 
 def decode_document(kind: type[Report], document: Any, source: str, line: int | None) -> Report:
@@ -319,9 +317,7 @@ def decode_document(kind: type[Report], document: Any, source: str, line: int | 
 
 def to_mongodb(report: Report) -> dict[str, Any]:
     """A report as PowerAPI stores it in MongoDB: the JSON layout with a BSON date."""
-    document = to_json_dict(report)
-    document["timestamp"] = report.timestamp.astimezone(UTC).replace(tzinfo=None)
-    return document
+    return _document(report, report.timestamp.astimezone(UTC).replace(tzinfo=None))
 
 
 def from_mongodb(kind: type[Report], document: dict[str, Any], source: str = "mongodb") -> Report:
@@ -418,49 +414,67 @@ class _EventsLayout:
         self.make_events = _events_maker(tuple(self.names))
 
 
-_EVENTS_MAKERS: dict[tuple[str, ...], Callable[[list[list[int | float]]], list[Counters]]] = {}
+EventsMaker = Callable[[list[list[int | float]]], list[Counters]]
+"""Rows of counters to one ``{event: value}`` dict per row."""
 
 
-def _events_maker(names: tuple[str, ...]) -> Callable[[list[list[int | float]]], list[Counters]]:
+def _events_maker(names: tuple[str, ...]) -> EventsMaker:
     """A function turning rows of counters into one ``{event: value}`` dict per row.
 
-    It is the comprehension ``[{names[0]: v0, …} for v0, … in rows]`` compiled for this header:
-    a dict display with constant keys builds each cpu's dict about three times faster than
-    ``dict(zip(names, row))``, and CSV input builds one per row. It is assembled as a syntax
-    tree, with the event names as constants, so no text from the file is ever parsed as code.
-    Unpacking raises ``ValueError`` for a row of another width.
+    For the widths hwpc-sensor's groups have it is a comprehension with a dict display,
+    ``[{k0: v0, …} for v0, … in rows]``, the keys bound in a closure: that builds each cpu's
+    dict about three times faster than ``dict(zip(names, row))``, and the row-by-row CSV input
+    builds one per row. Wider groups take ``dict(zip(…))``. Either raises ``ValueError`` for a
+    row of another width.
     """
-    found = _EVENTS_MAKERS.get(names)
-    if found is not None:
-        return found
-    variables = [f"v{i}" for i in range(len(names))]
-    comprehension = ast.ListComp(
-        elt=ast.Dict(
-            keys=[ast.Constant(name) for name in names],
-            values=[ast.Name(v, ast.Load()) for v in variables],
-        ),
-        generators=[
-            ast.comprehension(
-                target=ast.Tuple([ast.Name(v, ast.Store()) for v in variables], ast.Store()),
-                iter=ast.Name("rows", ast.Load()),
-                ifs=[],
-                is_async=0,
-            )
-        ],
-    )
-    function = ast.Lambda(
-        args=ast.arguments(
-            posonlyargs=[], args=[ast.arg("rows")], kwonlyargs=[], kw_defaults=[], defaults=[]
-        ),
-        body=comprehension,
-    )
-    tree = ast.fix_missing_locations(ast.Expression(function))
-    made: Callable[[list[list[int | float]]], list[Counters]] = eval(
-        compile(tree, "<csv events>", "eval"), {"__builtins__": {}}
-    )
-    if len(_EVENTS_MAKERS) < 256:
-        _EVENTS_MAKERS[names] = made
-    return made
+    if 1 <= len(names) <= len(_FIXED_WIDTH_MAKERS):
+        return _FIXED_WIDTH_MAKERS[len(names) - 1](*names)
+
+    def make(rows: list[list[int | float]]) -> list[Counters]:
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    return make
+
+
+def _make1(k0: str) -> EventsMaker:
+    return lambda rows: [{k0: a} for (a,) in rows]
+
+
+def _make2(k0: str, k1: str) -> EventsMaker:
+    return lambda rows: [{k0: a, k1: b} for a, b in rows]
+
+
+def _make3(k0: str, k1: str, k2: str) -> EventsMaker:
+    return lambda rows: [{k0: a, k1: b, k2: c} for a, b, c in rows]
+
+
+def _make4(k0: str, k1: str, k2: str, k3: str) -> EventsMaker:
+    return lambda rows: [{k0: a, k1: b, k2: c, k3: d} for a, b, c, d in rows]
+
+
+def _make5(k0: str, k1: str, k2: str, k3: str, k4: str) -> EventsMaker:
+    return lambda rows: [{k0: a, k1: b, k2: c, k3: d, k4: e} for a, b, c, d, e in rows]
+
+
+def _make6(k0: str, k1: str, k2: str, k3: str, k4: str, k5: str) -> EventsMaker:
+    return lambda rows: [{k0: a, k1: b, k2: c, k3: d, k4: e, k5: f} for a, b, c, d, e, f in rows]
+
+
+def _make7(k0: str, k1: str, k2: str, k3: str, k4: str, k5: str, k6: str) -> EventsMaker:
+    return lambda rows: [
+        {k0: a, k1: b, k2: c, k3: d, k4: e, k5: f, k6: g} for a, b, c, d, e, f, g in rows
+    ]
+
+
+def _make8(k0: str, k1: str, k2: str, k3: str, k4: str, k5: str, k6: str, k7: str) -> EventsMaker:
+    return lambda rows: [
+        {k0: a, k1: b, k2: c, k3: d, k4: e, k5: f, k6: g, k7: h} for a, b, c, d, e, f, g, h in rows
+    ]
+
+
+_FIXED_WIDTH_MAKERS: tuple[Callable[..., EventsMaker], ...] = (
+    _make1, _make2, _make3, _make4, _make5, _make6, _make7, _make8,
+)  # fmt: skip
 
 
 def _hwpc_blocks(
@@ -582,7 +596,7 @@ def _plain_blocks(
             last_text = text
             stamp = int(text)
             if stamp != millis:
-                if _timestamp(stamp) is None:
+                if not FIRST_MILLIS <= stamp <= LAST_MILLIS:
                     return None
                 millis = stamp
                 entries = {}
@@ -635,7 +649,7 @@ def _hwpc_rows(
             except ValueError as error:
                 yield DecodeError(str(path), line, f"field 'timestamp': {error}")
                 continue
-        if _timestamp(millis) is None:
+        if not FIRST_MILLIS <= millis <= LAST_MILLIS:
             yield DecodeError(
                 str(path), line, f"field 'timestamp': {cells[at_ts]!r} is out of range"
             )
@@ -788,7 +802,8 @@ def _merge_sockets(into: Sockets, sockets: Sockets) -> None:
 
 def _flush(millis: int, pending: dict[tuple[str, str], dict[str, Sockets]]) -> Iterator[HWPCReport]:
     # Every value was parsed and checked row by row: no need to validate the report again.
-    timestamp = _timestamp(millis)
+    # One datetime for the tick's reports, which encoders then format once.
+    timestamp = datetime_of(millis)
     for (sensor, target), groups in pending.items():
         yield trusted_report(
             HWPCReport,

@@ -93,10 +93,6 @@ def open_store(uri: str | None, *, create: bool = True) -> RunStore:
     return SqliteRunStore(path)
 
 
-def _encode(report: Report) -> bytes:
-    return orjson.dumps(powerapi.to_json_dict(report), option=orjson.OPT_NON_STR_KEYS)
-
-
 def _micros(moment: datetime) -> int:
     """Unix microseconds: processing times are finer than report timestamps' milliseconds."""
     return round(to_utc(moment).timestamp() * 1e6)
@@ -263,7 +259,12 @@ class SqliteRunStore(RunStore):
         self, run: str, reports: Iterable[Report], processed: datetime | None = None
     ) -> int:
         micros = None if processed is None else _micros(processed)
-        rows = ((run, to_millis(r.timestamp), r.kind, _encode(r), micros) for r in reports)
+        reports = list(reports)
+        bodies = powerapi.encode_json_documents(reports)  # a tick's timestamp formatted once
+        rows = (
+            (run, to_millis(r.timestamp), r.kind, body, micros)
+            for r, body in zip(reports, bodies, strict=True)
+        )
         with self.db:
             cursor = self.db.executemany(
                 "INSERT INTO reports (run, ts, kind, body, processed) VALUES (?, ?, ?, ?, ?)",

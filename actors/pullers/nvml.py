@@ -361,9 +361,9 @@ class NvmlSampler:
             )
             if values is not None:
                 for value, averaged in zip(values, (False, True), strict=True):
-                    if _field(value, "nvmlReturn") == nvml.NVML_SUCCESS:
+                    if value.nvmlReturn == nvml.NVML_SUCCESS:
                         return {"power": float(_union(value)), "power_averaged": averaged}
-                if all(_field(value, "nvmlReturn") in self._field_unknown for value in values):
+                if all(value.nvmlReturn in self._field_unknown for value in values):
                     # Drivers older than these fields: ask the legacy call from now on.
                     state.unsupported.add("power_fields")
         usage = self._call(state, "power_usage", nvml.nvmlDeviceGetPowerUsage)
@@ -391,9 +391,9 @@ class NvmlSampler:
             last = state.last_sample_us[kind]
             member = _UNION_MEMBER.get(value_type, "uiVal")
             taken = sorted(
-                (int(_field(s, "timeStamp")), float(_field(_field(s, "sampleValue"), member)))
+                (int(s.timeStamp), float(getattr(s.sampleValue, member)))
                 for s in raw
-                if _field(s, "timeStamp") > last
+                if s.timeStamp > last
             )
             if taken:
                 state.last_sample_us[kind] = taken[-1][0]
@@ -427,13 +427,13 @@ class NvmlSampler:
         sums: dict[int, list[float]] = {}
         newest = last
         for sample in answer:
-            stamp = _field(sample, "timeStamp")
+            stamp = sample.timeStamp
             if stamp <= last:
                 continue
             newest = max(newest, int(stamp))
-            totals = sums.setdefault(int(_field(sample, "pid")), [0.0, 0.0, 0])
-            totals[0] += _field(sample, "smUtil")
-            totals[1] += _field(sample, "memUtil")
+            totals = sums.setdefault(int(sample.pid), [0.0, 0.0, 0])
+            totals[0] += sample.smUtil
+            totals[1] += sample.memUtil
             totals[2] += 1
         state.last_process_us = newest
         processes = []
@@ -460,15 +460,10 @@ class NvmlSampler:
         return processes
 
 
-_field: Callable[[Any, str], Any] = object.__getattribute__
-"""A field of one of pynvml's C structures, read straight from ctypes: their own
-``__getattribute__`` is Python code that decodes bytes, run on every read; the numbers the
-sampler reads a hundred times a second need none of it."""
-
-
 def _union(field_value: Any) -> float:
-    member = _UNION_MEMBER.get(int(_field(field_value, "valueType")), "uiVal")
-    return float(_field(_field(field_value, "value"), member))
+    """The number an ``nvmlFieldValue_t`` holds, from the union member its type names."""
+    member = _UNION_MEMBER.get(int(field_value.valueType), "uiVal")
+    return float(getattr(field_value.value, member))
 
 
 @pullers.register("nvml")
