@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PositiveInt
 
@@ -29,9 +29,19 @@ if TYPE_CHECKING:
 RowKey = tuple[str, str, str, str]
 
 
+def _place(metadata: dict[str, Any]) -> str:
+    """Where on the node a report's power is: its CPU socket, or its GPU (``gpu 1``), so that a
+    container on two GPUs gets a row per GPU."""
+    if "socket" in metadata:
+        return str(metadata["socket"])
+    if "device" in metadata:
+        return f"gpu {metadata['device']}"
+    return ""
+
+
 @pushers.register("table")
 class TablePusher(Pusher[TablePusherConfig]):
-    """Keeps the latest PowerReport per (sensor, target, scope, socket) and draws them.
+    """Keeps the latest PowerReport per (sensor, target, scope, socket or GPU) and draws them.
 
     On a terminal the table redraws live; otherwise (a pipe, CI) it is printed once at the end,
     so logs hold one final table instead of escape sequences.
@@ -71,7 +81,7 @@ class TablePusher(Pusher[TablePusherConfig]):
                     report.sensor,
                     report.target,
                     str(meta.get("scope", "")),
-                    str(meta.get("socket", "")),
+                    _place(meta),
                 )
                 self.latest[key] = report
         self.reports_seen += len(batch)
@@ -84,13 +94,13 @@ class TablePusher(Pusher[TablePusherConfig]):
         from rich.table import Table
 
         table = Table(title=f"wattflow: power per target ({self.reports_seen} reports)")
-        for column in ("sensor", "target", "scope", "socket", "time (UTC)"):
+        for column in ("sensor", "target", "scope", "socket/gpu", "time (UTC)"):
             table.add_column(column)
         table.add_column("power (W)", justify="right")
         rows = sorted(self.latest.items(), key=lambda item: -item[1].power)
-        for (sensor, target, scope, socket), report in rows[: self.config.max_rows]:
+        for (sensor, target, scope, place), report in rows[: self.config.max_rows]:
             when = report.timestamp.strftime("%H:%M:%S.%f")[:-3]
-            table.add_row(sensor, target, scope, socket, when, f"{report.power:9.2f}")
+            table.add_row(sensor, target, scope, place, when, f"{report.power:9.2f}")
         return table
 
     async def close(self) -> None:
