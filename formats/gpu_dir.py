@@ -2,21 +2,28 @@
 
 Layout: ``<root>/<experiment>/<benchmark>/<settings>/<repetition>/`` holding
 ``system_info.json``, ``timestamps.csv``, ``gpu-power.csv``, ``power-external.csv`` (when a
-meter was read) and ``total_power_samples.csv``, ``gpu_utilization_samples.csv``,
-``memory_utilization_samples.csv``. The facts its loader depends on:
+meter was read) and, when the GPU gave such samples, ``total_power_samples.csv``,
+``gpu_utilization_samples.csv`` and ``memory_utilization_samples.csv``. The facts its loader
+depends on:
 
 - ``gpu-power.csv``, ``power-external.csv`` and the sample files start with pandas' default
   index (an unnamed first column of 0, 1, 2, …); ``timestamps.csv`` has none, exactly
-  ``timestamp,event,data``;
+  ``timestamp,event,data``, where ``data`` is the event's integer index, 0 when unused;
 - ``gpu-power.csv``, ``power-external.csv`` and ``timestamps.csv`` hold naive local times as
   ``str(datetime)`` (``2020-05-01 12:00:00.123456``); sample files hold integer Unix µs;
 - ``gpu-power.csv``'s columns come in its collector's order, unsupported ones left out;
-- ``total_power_samples.csv`` is always there (its ``value`` is power in mW).
+- ``gpu-power.csv`` and ``total_power_samples.csv`` (its ``value`` is power in mW) are what
+  it loads in every repetition.
+
+No CSV file is written without rows: pandas reads a file of only a header with an index of
+dtype object, and the loader fails on it with an error that stops the whole load, whereas a
+missing file makes it skip that one repetition, naming the file.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -53,21 +60,44 @@ def local_text(moment: datetime) -> str:
     return str(moment.astimezone().replace(tzinfo=None))
 
 
+def event_index(data: int | str | None) -> int | str:
+    """An event's ``data`` as ``timestamps.csv`` holds it: the spec's integer index, 0 when
+    unused. Text that is a whole number (as earlier recordings stored epoch numbers) becomes
+    that number; other text is written as it is."""
+    if data is None:
+        return 0
+    if isinstance(data, int):
+        return data
+    text = data.strip()
+    if not text:
+        return 0
+    if re.fullmatch(r"[+-]?[0-9]+", text):
+        return int(text)
+    return data
+
+
 class _IndexedCsv:
-    """A CSV file with pandas' default index column, written row by row."""
+    """A CSV file with pandas' default index column, written row by row, created with its
+    first row: a file of only a header is never written."""
 
     def __init__(self, path: Path, header: list[str]) -> None:
-        self.handle: IO[str] = path.open("w", newline="", encoding="utf-8")
-        self.writer = csv.writer(self.handle)
-        self.writer.writerow(["", *header])
+        self.path = path
+        self.header = header
+        self.handle: IO[str] | None = None
+        self.writer: Any = None
         self.index = 0
 
     def row(self, values: Iterable[Any]) -> None:
+        if self.writer is None:
+            self.handle = self.path.open("w", newline="", encoding="utf-8")
+            self.writer = csv.writer(self.handle)
+            self.writer.writerow(["", *self.header])
         self.writer.writerow([self.index, *values])
         self.index += 1
 
     def close(self) -> None:
-        self.handle.close()
+        if self.handle is not None:
+            self.handle.close()
 
 
 class RepetitionWriter:
@@ -75,10 +105,16 @@ class RepetitionWriter:
 
     def __init__(self, directory: Path, device: str | None = None) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        # Files are written only when they get rows: those of an earlier export into the same
+        # directory must not stay behind as if this run had them.
+        for name in ("gpu-power.csv", "power-external.csv", *SAMPLE_FILES.values()):
+            (directory / name).unlink(missing_ok=True)
         self.directory = directory
         self.device = device
         self.gpu: _IndexedCsv | None = None
         self.gpu_fields: list[tuple[str, str]] = []
+        self.power_limit: float | None = None
+        """The enforced power limit of the first GPU reading, in mW."""
         self.meter: _IndexedCsv | None = None
         self.meter_channels: list[str] = []
         self.samples = {
@@ -95,7 +131,9 @@ class RepetitionWriter:
         elif isinstance(report, MeterReport):
             self._meter(report)
         elif isinstance(report, EventReport):
-            self.events.writerow([local_text(report.timestamp), report.event, report.data or 0])
+            self.events.writerow(
+                [local_text(report.timestamp), report.event, event_index(report.data)]
+            )
 
     def _gpu(self, report: GPUReport) -> None:
         if not report.devices:
@@ -109,6 +147,7 @@ class RepetitionWriter:
             self.gpu_fields = [(c, f) for c, f in GPU_COLUMNS if getattr(device, f) is not None]
             header = ["timestamp", *(column for column, _ in self.gpu_fields)]
             self.gpu = _IndexedCsv(self.directory / "gpu-power.csv", header)
+            self.power_limit = device.enforced_power_limit
         values = [getattr(device, field) for _, field in self.gpu_fields]
         self.gpu.row(
             [local_text(report.timestamp), *("" if v is None else _number(v) for v in values)]
@@ -126,13 +165,19 @@ class RepetitionWriter:
         self.meter.row([local_text(report.timestamp), *map(_number, values)])
 
     def close(self, system: dict[str, Any]) -> None:
-        if self.gpu is None:  # the loader needs the file even when no GPU was read
-            self.gpu = _IndexedCsv(self.directory / "gpu-power.csv", ["timestamp"])
+        """Close the CSV files and write ``system_info.json`` from the run's system info.
+
+        The run's own values are written as they are; a key it lacks is ``null``, except
+        ``effective_power_limit``, which the written GPU's first reading gives (in mW, as the
+        collector's NVML call gave it).
+        """
         for writer in (self.gpu, self.meter, *self.samples.values()):
             if writer is not None:
                 writer.close()
         self.timestamps.close()
         info = {key: system.get(key) for key in SYSTEM_INFO_KEYS}
+        if info["effective_power_limit"] is None and self.power_limit is not None:
+            info["effective_power_limit"] = _number(self.power_limit)
         info.update({k: v for k, v in system.items() if k not in info})
         (self.directory / "system_info.json").write_bytes(
             orjson.dumps(info, option=orjson.OPT_INDENT_2)

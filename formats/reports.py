@@ -255,12 +255,30 @@ EventName = Literal[
 ]
 
 
+def _event_data(value: Any) -> Any:
+    """An event's data as given: whole numbers become the integer index the GPU directory's
+    ``timestamps.csv`` holds; booleans are refused rather than read as 0 and 1."""
+    if isinstance(value, bool):
+        raise ValueError("an event's data is an index (an integer) or text, not a boolean")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+EventData = Annotated[int | str | None, BeforeValidator(_event_data)]
+"""An event's data: the index of the event (an epoch or batch number) as the GPU measurement
+directory's spec has it, or text, as earlier recordings wrote it; ``None`` when unused."""
+
+
 class EventReport(Report):
     """A run marker recorded by the program under measurement."""
 
     kind: ClassVar[str] = "EventReport"
     event: EventName
-    data: str | None = None
+    data: EventData = Field(
+        default=None,
+        description="Index of the event (an epoch or batch number), or text; None when unused.",
+    )
 
 
 REPORT_KINDS: dict[str, type[Report]] = {

@@ -16,7 +16,7 @@ is counted the same way, so its mean power is its own energy over its own time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from wattflow.formats.reports import EventReport, PowerReport, Report
+from wattflow.formats.reports import EventReport, GPUReport, PowerReport, Report
 
 DOMAINS = ("cpu", "dram", "gpu", "node")
 """Energy domains exporters report, from PowerReports' ``scope``."""
@@ -38,7 +38,7 @@ class Run(BaseModel):
     id: str = Field(description="Unique in its store.")
     experiment: str
     benchmark: str
-    settings: str = Field(description="E.g. '877MHz,1065MHz' or '250W'.")
+    settings: str = Field(description="E.g. '877MHz,1065MHz', '250W' or 'p=4'.")
     repetition: int = Field(ge=0)
     parameters: dict[str, float] = Field(
         default_factory=dict, description="Free parameters (name → number), for Extra-P."
@@ -52,6 +52,70 @@ class Run(BaseModel):
     def duration_s(self) -> float:
         """Length of the window in seconds."""
         return (self.end - self.start).total_seconds()
+
+
+def number_text(value: float) -> str:
+    """A parameter's value as a name holds it: ``4`` for 4.0, ``0.5``, ``1e-06``; exact, so
+    that two values never share a name."""
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+def parameter_settings(parameters: Mapping[str, float]) -> str:
+    """Settings named after a run's parameters: ``p=4``, or ``batch=32,p=4`` for several.
+
+    The spec names a benchmark-run directory by its settings, several joined with commas
+    (``877MHz,1065MHz``); the parameters come sorted by name, so the same parameters always
+    name the same run, whatever order they were given in.
+    """
+    return ",".join(f"{name}={number_text(value)}" for name, value in sorted(parameters.items()))
+
+
+GPU_SYSTEM_KEYS = ("device_name", "cuda_capability", "driver_version", "cuda_version",
+                   "nvml_version")  # fmt: skip
+"""The GPU measurement directory's system-info keys that describe the GPU and its driver."""
+
+
+class RecordedSystem:
+    """What a recording itself says about the machine it was made on, gathered report by report.
+
+    The node's name is the reports' sensor name, when they all have one (or else when the GPU
+    reports all have one); the GPU's model and driver come from GPU reports whose metadata carry
+    them under the GPU measurement directory's keys (``device_name``, ``driver_version``, …).
+    Everything else about the machine is unknown: the machine that imports a recording is not
+    the one it was made on.
+    """
+
+    def __init__(self) -> None:
+        self.sensors: set[str] = set()
+        self.gpu_sensors: set[str] = set()
+        self.gpu: dict[str, Any] = {}
+
+    def add(self, report: Report) -> None:
+        self.sensors.add(report.sensor)
+        if isinstance(report, GPUReport):
+            self.gpu_sensors.add(report.sensor)
+            if report.metadata and len(self.gpu) < len(GPU_SYSTEM_KEYS):
+                for key in GPU_SYSTEM_KEYS:
+                    value = report.metadata.get(key)
+                    if value is not None and key not in self.gpu:
+                        self.gpu[key] = value
+
+    def info(self) -> dict[str, Any]:
+        """The keys the recording gave a value for."""
+        found: dict[str, Any] = dict(self.gpu)
+        for sensors in (self.sensors, self.gpu_sensors):
+            if len(sensors) == 1:
+                found["node"] = next(iter(sensors))
+                break
+        return found
+
+
+def merge_system(stored: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """System info ``given`` over ``stored``: a value given replaces the stored one, a ``None``
+    given does not."""
+    return {**stored, **{key: value for key, value in given.items() if value is not None}}
 
 
 ReportStream = Callable[[Run], Iterator[Report]]

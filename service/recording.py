@@ -2,7 +2,12 @@
 
 The service records a run by adding one more output, which stores every report the pipeline
 carries except hwpc-sensor's raw counters (the formulas' PowerReports, and the GPU, meter and
-event reports), and stretches the run's window as they come.
+event reports), and stretches the run's window as they come. A run created here gets the
+system info of the machine recording it, the node itself.
+
+The service and a program may record the same run at once, in either order: each holds its own
+copy of the run, so each only widens the stored window and never drops what the other stored
+(the store merges parameters and system info, see :meth:`RunStore.save_run`).
 
 Programs mark what they are doing with events, which is what the exporters turn into phases::
 
@@ -31,10 +36,10 @@ from datetime import UTC, datetime
 from typing import ClassVar, Literal
 
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.formats.reports import EventName, EventReport, Report
+from wattflow.formats.reports import EventName, EventReport, Report, to_millis
 from wattflow.formats.runs import Run
 from wattflow.service.runs import RunStore, StoreError, open_store, parse_run_id, run_id
-from wattflow.service.runs_cli import system_info
+from wattflow.service.runs_cli import event_data, system_info
 
 NOT_RECORDED = frozenset({"HWPCReport"})
 """hwpc-sensor's per-cpu counters: large, and what the formulas turn into the power recorded."""
@@ -87,7 +92,8 @@ class RunRecorder(Pusher[RunRecorderConfig]):
                 start=now,
                 end=now,
             )
-        await asyncio.to_thread(self.store.save_run, self.run)
+        # Widening: a program's record() may have created the run since it was looked up.
+        await asyncio.to_thread(self.store.save_run, self.run, widen=True)
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         assert self.store is not None, "open() first"
@@ -100,14 +106,28 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         last = max(report.timestamp for report in batch)
         if self._provisional:
             self._provisional = False
-            self.run = self.run.model_copy(update={"start": first, "end": last})
-            await asyncio.to_thread(self.store.save_run, self.run)
+            await asyncio.to_thread(self._settle, first, last)
         elif first < self.run.start or last > self.run.end:
             self.run = self.run.model_copy(
                 update={"start": min(first, self.run.start), "end": max(last, self.run.end)}
             )
-            await asyncio.to_thread(self.store.save_run, self.run)
+            await asyncio.to_thread(self.store.save_run, self.run, widen=True)
         return []
+
+    def _settle(self, first: datetime, last: datetime) -> None:
+        """Give a run this recorder created the window of its first reports, unless another
+        writer (a program's ``record()``) has widened the stored one since: then only widen."""
+        assert self.store is not None
+        assert self.run is not None
+        stored = self.store.get(self.run.id)
+        untouched = (to_millis(stored.start), to_millis(stored.end)) == (
+            to_millis(self.run.start), to_millis(self.run.end))  # fmt: skip
+        self.run = self.run.model_copy(update={"start": first, "end": last})
+        self.store.save_run(self.run, widen=not untouched)
+        if not untouched:
+            self.run = self.run.model_copy(
+                update={"start": min(first, stored.start), "end": max(last, stored.end)}
+            )
 
     async def close(self) -> None:
         if self.store is not None:
@@ -123,19 +143,21 @@ class Recording:
         self.run = run
 
     def mark(self, event: EventName, data: object | None = None) -> None:
-        """Record an event now (``data``: an epoch or batch number, say)."""
+        """Record an event now. ``data`` is the event's index (an epoch or batch number, as
+        the GPU measurement directory's spec has it); text that is not a whole number is
+        kept as text."""
         now = datetime.now(UTC)
         report = EventReport(
             timestamp=now,
             sensor=platform.node(),
             target="all",
             event=event,
-            data=None if data is None else str(data),
+            data=event_data(data),
         )
         self.store.add_reports(self.run.id, [report], processed=now)
         if now > self.run.end:
             self.run = self.run.model_copy(update={"end": now})
-            self.store.save_run(self.run)
+            self.store.save_run(self.run, widen=True)
 
 
 @contextmanager
@@ -151,7 +173,8 @@ def record(
     """Record a run around a block: ``experiment_begin`` before it, ``experiment_end`` after.
 
     The service (``wattflow run --run …`` with the same run and store) or an import fills the
-    run with reports; the window spans at least the block.
+    run with reports; the window spans at least the block. The service may start before or
+    after the block: the parameters given here are kept either way.
     """
     opened = open_store(store)
     identifier = run_id(experiment, benchmark, settings, repetition)
@@ -176,7 +199,7 @@ def record(
             start=now,
             end=now,
         )
-    opened.save_run(run)
+    opened.save_run(run, widen=True)
     recording = Recording(opened, run)
     recording.mark("experiment_begin")
     try:

@@ -126,8 +126,17 @@ class RunStore(ABC):
     """Runs and their reports."""
 
     @abstractmethod
-    def save_run(self, run: Run) -> None:
-        """Create or update a run's description (not its reports)."""
+    def save_run(self, run: Run, *, widen: bool = False) -> None:
+        """Create or update a run's description (not its reports), in one atomic write.
+
+        A run can have several writers at once, each holding its own copy: the service
+        recording it (``wattflow run --run``), a program marking it (``record()``), an import.
+        So what is stored is never lost to a copy that lacks it: the parameters given are
+        merged into the stored ones (a value given replaces the stored one of that name, and
+        no parameter is dropped), and so is the system info (a ``None`` given replaces
+        nothing). The window is replaced by the one given, or with ``widen`` only widened to
+        cover it, as the writers that stretch a run while others stretch it too need.
+        """
 
     @abstractmethod
     def add_reports(
@@ -244,13 +253,23 @@ class SqliteRunStore(RunStore):
             with self.db:
                 self.db.execute("ALTER TABLE reports ADD COLUMN processed INTEGER")
 
-    def save_run(self, run: Run) -> None:
+    def save_run(self, run: Run, *, widen: bool = False) -> None:
+        # One upsert: the merge happens inside SQLite, so that another process's write between
+        # a read and this write cannot be lost. json_patch merges objects key by key (a null
+        # would delete a key: the system info's are left out of the patch).
+        system = {key: value for key, value in run.system.items() if value is not None}
+        start, end = ("MIN(start, excluded.start)", 'MAX("end", excluded."end")') if widen else (
+            "excluded.start", 'excluded."end"')  # fmt: skip
         with self.db:
             self.db.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                "SET experiment = excluded.experiment, benchmark = excluded.benchmark, "
+                "settings = excluded.settings, repetition = excluded.repetition, "
+                "parameters = json_patch(parameters, excluded.parameters), "
+                f'system = json_patch(system, excluded.system), start = {start}, "end" = {end}',
                 (
                     run.id, run.experiment, run.benchmark, run.settings, run.repetition,
-                    orjson.dumps(run.parameters).decode(), orjson.dumps(run.system).decode(),
+                    orjson.dumps(run.parameters).decode(), orjson.dumps(system).decode(),
                     to_millis(run.start), to_millis(run.end),
                 ),
             )  # fmt: skip
@@ -338,9 +357,21 @@ class MongoRunStore(RunStore):
             raise StoreError(f"store {redact_uri(uri)}: {describe_driver_error(error)}") from None
         self._sequence = int(datetime.now().timestamp() * 1e6)
 
-    def save_run(self, run: Run) -> None:
+    def save_run(self, run: Run, *, widen: bool = False) -> None:
+        # One update with an aggregation pipeline, so that the merge is atomic on the server.
+        # Values go in as $literal: a string starting with '$' would be read as a field path.
         document = run.model_dump(exclude={"events"})
-        self.db.runs.replace_one({"_id": run.id}, {"_id": run.id, **document}, upsert=True)
+        system = {key: value for key, value in run.system.items() if value is not None}
+        fields: dict[str, Any] = {
+            name: {"$literal": document[name]}
+            for name in ("experiment", "benchmark", "settings", "repetition", "start", "end")
+        }
+        fields["parameters"] = {"$mergeObjects": ["$parameters", {"$literal": run.parameters}]}
+        fields["system"] = {"$mergeObjects": ["$system", {"$literal": system}]}
+        if widen:
+            fields["start"] = {"$min": ["$start", fields["start"]]}
+            fields["end"] = {"$max": ["$end", fields["end"]]}
+        self.db.runs.update_one({"_id": run.id}, [{"$set": fields}], upsert=True)
 
     def add_reports(
         self, run: str, reports: Iterable[Report], processed: datetime | None = None

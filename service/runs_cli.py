@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
+import operator
 import platform
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn, cast, get_args
+from typing import Any, NoReturn, SupportsIndex, cast, get_args
 
 import orjson
 from rich.console import Console
@@ -19,7 +22,13 @@ from wattflow.actors.exporters import exporters
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import EventName, EventReport, Report, report_kind
-from wattflow.formats.runs import Run
+from wattflow.formats.runs import (
+    RecordedSystem,
+    Run,
+    merge_system,
+    number_text,
+    parameter_settings,
+)
 from wattflow.service.runs import RunStore, StoreError, open_store, run_id
 
 EVENT_NAMES = list(get_args(EventName))
@@ -41,7 +50,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def system_info() -> dict[str, Any]:
-    """What is known of this machine, in the keys of the GPU measurement directory spec."""
+    """What is known of this machine, in the keys of the GPU measurement directory spec (and
+    ``node``, its host name): for runs recorded on it, never for runs imported into it."""
     return {
         "platform": platform.platform(),
         "os_release": platform.release(),
@@ -50,6 +60,42 @@ def system_info() -> dict[str, Any]:
         "python_version": platform.python_version(),
         "node": platform.node(),
     }
+
+
+def event_data(value: object) -> int | str | None:
+    """An event's data as wattflow records it: the spec's integer index where the value is a
+    whole number (``3``, ``"3"``, ``3.0``, numpy's integers), other values as text, ``None``
+    for none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return int(value) if re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, bool) and hasattr(value, "__index__"):
+        return operator.index(cast(SupportsIndex, value))
+    return str(value)
+
+
+def read_system_info(path: Path) -> dict[str, Any]:
+    """``--system-info FILE``: a JSON object in the keys of the GPU measurement directory's
+    ``system_info.json`` (``device_name``, ``driver_version``, ``platform``, …, and ``node``).
+
+    Raises:
+        StoreError: when the file cannot be read or is not a JSON object.
+    """
+    try:
+        document = orjson.loads(path.read_bytes())
+    except OSError as error:
+        raise StoreError(f"--system-info {path}: {error.strerror or error}") from None
+    except orjson.JSONDecodeError as error:
+        raise StoreError(f"--system-info {path}: not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise StoreError(
+            f"--system-info {path}: give a JSON object such as "
+            '{"device_name": "Tesla V100-SXM2-16GB", "driver_version": "450.51.06"}'
+        )
+    return document
 
 
 def read_json_lines(path: Path, model: str | None) -> Iterator[Report]:
@@ -112,12 +158,31 @@ def import_files(
     *,
     experiment: str,
     benchmark: str,
-    settings: str,
+    settings: str | None,
     repetition: int,
     parameters: dict[str, float],
     model: str | None = None,
+    system: dict[str, Any] | None = None,
 ) -> tuple[Run, int]:
-    """Put recorded reports into a run; its window spans them (or its experiment events)."""
+    """Put recorded reports into a run; its window spans them (or its experiment events).
+
+    Without ``settings`` the run is named after its parameters (``p=4``; see
+    :func:`parameter_settings`). Its system info is ``system`` (``--system-info``), then what
+    the run already holds, then what the recording says (:class:`RecordedSystem`): never this
+    machine's, which only imports the recording.
+    """
+    if settings is None:
+        if not parameters:
+            raise StoreError(
+                "give --settings (the run's settings, e.g. 250W or 877MHz,1065MHz), or "
+                "--param NAME=VALUE to name the run after its parameters"
+            )
+        for name in parameters:
+            if "/" in name:
+                raise StoreError(
+                    f"--param {name}: a name with '/' cannot name a run; give --settings"
+                )
+        settings = parameter_settings(parameters)
     identifier = run_id(experiment, benchmark, settings, repetition)
     try:
         existing: Run | None = store.get(identifier)
@@ -125,27 +190,32 @@ def import_files(
         existing = None
     if existing is not None:
         conflicts = [
-            f"{name}={existing.parameters[name]:g}"
+            name
             for name, value in parameters.items()
             if name in existing.parameters and existing.parameters[name] != value
         ]
         if conflicts:
+            stored = ", ".join(f"{n}={number_text(existing.parameters[n])}" for n in conflicts)
+            wanted = parameter_settings(parameters)
+            keep = " ".join(f"--param {n}={number_text(existing.parameters[n])}" for n in conflicts)
             raise StoreError(
-                f"run {identifier} already exists with {', '.join(conflicts)}: a run is named by "
-                f"its experiment, benchmark, settings and repetition, so a run at other "
-                f"parameters needs its own --settings (e.g. {settings}-"
-                + "-".join(f"{n}{v:g}" for n, v in parameters.items())
-                + ") or --repetition; to add files to this run, give its parameters"
+                f"run {identifier} already exists with {stored}, and a run is named by its "
+                f"experiment, benchmark, settings and repetition, not by its parameters: to "
+                f"import {wanted} as a run of its own, give --settings {settings},{wanted} "
+                f"(without --settings, the run is named {wanted}); to add these files to the "
+                f"existing run, give {keep}"
             )
     first: datetime | None = existing.start if existing else None
     last: datetime | None = existing.end if existing else None
     begin = end = None
     count = 0
+    recorded = RecordedSystem()
 
     def watched(reports: Iterator[Report]) -> Iterator[Report]:
         nonlocal first, last, begin, end, count
         for report in reports:
             count += 1
+            recorded.add(report)
             first = report.timestamp if first is None else min(first, report.timestamp)
             last = report.timestamp if last is None else max(last, report.timestamp)
             if isinstance(report, EventReport) and report.event == "experiment_begin":
@@ -158,6 +228,7 @@ def import_files(
         store.add_reports(identifier, watched(read_file(path, model)))
     if first is None or last is None:
         raise StoreError("no reports in " + ", ".join(map(str, files)))
+    known = merge_system(recorded.info(), existing.system if existing else {})
     run = Run(
         id=identifier,
         experiment=experiment,
@@ -165,7 +236,7 @@ def import_files(
         settings=settings,
         repetition=repetition,
         parameters={**(existing.parameters if existing else {}), **parameters},
-        system=existing.system if existing else system_info(),
+        system=merge_system(known, system or {}),
         start=begin or first,
         end=end or last,
     )
@@ -178,11 +249,14 @@ def _parameters(pairs: Sequence[str]) -> dict[str, float]:
     for pair in pairs:
         name, _, value = pair.partition("=")
         try:
-            found[name.strip()] = float(value)
+            number = float(value)
         except ValueError:
             raise StoreError(f"--param {pair!r}: write NAME=NUMBER") from None
+        if not math.isfinite(number):
+            raise StoreError(f"--param {pair!r}: give a finite number")
         if not name.strip():
             raise StoreError(f"--param {pair!r}: the name is empty")
+        found[name.strip()] = number
     return found
 
 
@@ -198,9 +272,13 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     importing.add_argument("--store", dest="store_", default=None)
     importing.add_argument("--experiment", required=True)
     importing.add_argument("--benchmark", required=True)
-    importing.add_argument("--settings", required=True)
+    importing.add_argument("--settings", help="names the run's directory, e.g. 250W or "
+                           "877MHz,1065MHz (default: its parameters, e.g. p=4)")  # fmt: skip
     importing.add_argument("--repetition", type=int, required=True)
     importing.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    importing.add_argument("--system-info", type=Path, default=None, metavar="FILE",
+                           help="JSON object describing the machine the recording was made on, "
+                           "in system_info.json's keys")  # fmt: skip
     importing.add_argument("--model", default=None, help="report kind of every line")
     listing = commands.add_parser("list", help="the runs in the store")
     listing.add_argument("--store", dest="store_", default=None)
@@ -211,17 +289,18 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     showing.add_argument("--store", dest="store_", default=None)
     marking = commands.add_parser("mark", help="record an event in a run, now")
     marking.add_argument("event", choices=EVENT_NAMES)
-    marking.add_argument("data", nargs="?")
+    marking.add_argument("data", nargs="?", help="the event's index (an epoch number, say)")
     marking.add_argument("--store", dest="store_", default=None)
     marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
                          "latest run)")  # fmt: skip
     args = parser.parse_args(argv)
     with open_store(args.store_ or args.store, create=args.action == "import") as store:
         if args.action == "import":
+            system = None if args.system_info is None else read_system_info(args.system_info)
             run, count = import_files(
                 store, args.files, experiment=args.experiment, benchmark=args.benchmark,
                 settings=args.settings, repetition=args.repetition,
-                parameters=_parameters(args.param), model=args.model,
+                parameters=_parameters(args.param), model=args.model, system=system,
             )  # fmt: skip
             held = store.count(run)
             console.print(f"imported {count} reports into {run.id} ({run.start} – {run.end})")
@@ -268,12 +347,17 @@ def show(store: RunStore, run: Run, console: Console) -> None:
     kinds = Counter(report.kind for report in store.reports(run))
     console.print("reports: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
     for event in run.events:
-        console.print(f"  {event.timestamp.isoformat()}  {event.event}  {event.data or ''}")
+        data = "" if event.data is None else event.data
+        console.print(f"  {event.timestamp.isoformat()}  {event.event}  {data}")
     console.print(f"system: {orjson.dumps(run.system).decode()}")
 
 
-def mark(store: RunStore, event: str, data: str | None, identifier: str | None) -> Run:
-    """Record an event now in a run (the latest one by default), widening its window."""
+def mark(store: RunStore, event: str, data: object, identifier: str | None) -> Run:
+    """Record an event now in a run (the latest one by default), widening its window.
+
+    ``data`` is the event's index (an epoch number, say): a whole number, given as text on
+    the command line, is stored as the integer the GPU measurement directory's spec has.
+    """
     if identifier is not None:
         run = store.get(identifier)
     else:
@@ -283,12 +367,16 @@ def mark(store: RunStore, event: str, data: str | None, identifier: str | None) 
         run = max(runs, key=lambda r: r.start)
     now = datetime.now(UTC)
     report = EventReport(
-        timestamp=now, sensor=platform.node(), target="all", event=cast(EventName, event), data=data
+        timestamp=now,
+        sensor=platform.node(),
+        target="all",
+        event=cast(EventName, event),
+        data=event_data(data),
     )
     store.add_reports(run.id, [report], processed=now)
     if now > run.end or now < run.start:
         run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
-        store.save_run(run)
+        store.save_run(run, widen=True)
     return run
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import platform
 import re
 import sqlite3
 import time
@@ -23,8 +25,8 @@ from wattflow.formats.reports import (
     PowerReport,
     Report,
 )
-from wattflow.formats.runs import summarise
-from wattflow.service.recording import TrainingCallback, record
+from wattflow.formats.runs import Run, summarise
+from wattflow.service.recording import RunRecorder, RunRecorderConfig, TrainingCallback, record
 from wattflow.service.runs import PAGE, open_store
 from wattflow.service.runs_cli import mark
 
@@ -75,13 +77,15 @@ def recording(seconds: int = 10) -> list[Report]:
                 )
             )
     for epoch in range(2):
+        # The spec's integer index; the first epoch as text, as earlier recordings stored it.
+        data: int | str = str(epoch) if epoch == 0 else epoch
         reports.append(
             EventReport(
                 timestamp=at(1 + 4 * epoch),
                 sensor="n",
                 target="all",
                 event="epoch_begin",
-                data=str(epoch),
+                data=data,
             )
         )
         reports.append(
@@ -90,7 +94,7 @@ def recording(seconds: int = 10) -> list[Report]:
                 sensor="n",
                 target="all",
                 event="epoch_end",
-                data=str(epoch),
+                data=data,
             )
         )
     reports.append(
@@ -161,9 +165,22 @@ def test_importing_other_parameters_into_an_existing_run_is_refused(tmp_path: Pa
         "--param", "p=8",
     )  # fmt: skip
     assert again.returncode == 2
-    assert "run clock-limit/bert/877MHz,1065MHz/0 already exists with p=4" in again.stderr
-    assert "--settings (e.g. 877MHz,1065MHz-p8)" in again.stderr
+    message = " ".join(again.stderr.split())
+    assert "run clock-limit/bert/877MHz,1065MHz/0 already exists with p=4" in message
+    assert "give --settings 877MHz,1065MHz,p=8 (without --settings, the run is named p=8)" in (
+        message
+    )
+    assert "to add these files to the existing run, give --param p=4" in message
     assert wattflow("runs", "--store", store, "list").stdout == before  # nothing was added
+    # Doing what it says: the run at p=8 gets its own settings.
+    own = wattflow(
+        "runs", "import", str(source), "--store", store, "--experiment", "clock-limit",
+        "--benchmark", "bert", "--settings", "877MHz,1065MHz,p=8", "--repetition", "0",
+        "--param", "p=8",
+    )  # fmt: skip
+    assert own.returncode == 0, own.stderr
+    with open_store(store) as opened:
+        assert opened.get("clock-limit/bert/877MHz,1065MHz,p=8/0").parameters == {"p": 8.0}
     added = wattflow(
         "runs", "import", str(source), "--store", store, "--experiment", "clock-limit",
         "--benchmark", "bert", "--settings", "877MHz,1065MHz", "--repetition", "0",
@@ -292,6 +309,204 @@ def test_programs_mark_phases_with_the_python_api(tmp_path: Path) -> None:
     assert names.count("batch_end") == 2
     assert stored.parameters == {"batch": 64.0}
     assert summary.reports == len(names)
+
+
+def test_runs_that_differ_only_by_parameters_are_named_after_them(tmp_path: Path) -> None:
+    """Without --settings, the benchmark-run directory is named by the parameters, joined
+    with commas as the spec joins settings, in name order whatever order they were given."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    source = write_jsonl(tmp_path / "run.jsonl", recording(2))
+    for params in (["p=4"], ["p=8", "batch=32"], ["batch=32", "p=8"], ["p=0.5"]):
+        done = wattflow(
+            "runs", "import", str(source), "--store", store, "--experiment", "scaling",
+            "--benchmark", "solver", "--repetition", "0",
+            *(argument for param in params for argument in ("--param", param)),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    with open_store(store) as opened:
+        runs = {run.settings: run.parameters for run in opened.runs()}
+    assert runs == {
+        "p=4": {"p": 4.0},
+        "batch=32,p=8": {"batch": 32.0, "p": 8.0},  # imported twice into the same run
+        "p=0.5": {"p": 0.5},
+    }
+    out = tmp_path / "out"
+    assert wattflow("export", "gpu-dir", "--store", store, "--out", str(out)).returncode == 0
+    assert sorted(p.name for p in (out / "scaling" / "solver").iterdir()) == [
+        "batch=32,p=8",
+        "p=0.5",
+        "p=4",
+    ]
+    nothing = wattflow(
+        "runs", "import", str(source), "--store", store, "--experiment", "scaling",
+        "--benchmark", "solver", "--repetition", "0",
+    )  # fmt: skip
+    assert nothing.returncode == 2
+    assert "give --settings" in nothing.stderr
+    assert "or --param NAME=VALUE to name the run after its parameters" in nothing.stderr
+
+
+def test_event_data_is_the_specs_integer_index_everywhere(
+    mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """JSON Lines, both stores, `runs mark` and the Python API keep an integer index; text, as
+    older recordings hold it, is still read."""
+    lines: list[dict[str, object]] = [
+        {"timestamp": "2026-06-01T08:00:00.000", "sensor": "n", "target": "all",
+         "event": "experiment_begin"},
+        {"timestamp": "2026-06-01T08:00:01.000", "sensor": "n", "target": "all",
+         "event": "epoch_begin", "data": 3},
+        {"timestamp": "2026-06-01T08:00:02.000", "sensor": "n", "target": "all",
+         "event": "epoch_end", "data": "3"},
+        {"timestamp": "2026-06-01T08:00:03.000", "sensor": "n", "target": "all",
+         "event": "experiment_end", "data": "done"},
+    ]  # fmt: skip
+    source = tmp_path / "events.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for store in (f"sqlite:///{tmp_path / 'runs.db'}", mongodb_uri(mongodb_server) + "events"):
+        done = wattflow(
+            "runs", "import", str(source), "--store", store, "--experiment", "e",
+            "--benchmark", "b", "--settings", "s", "--repetition", "0",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        with open_store(store) as opened:
+            [run] = opened.runs()
+            assert [event.data for event in run.events] == [None, 3, "3", "done"]
+            mark(opened, "batch_begin", "7", run.id)  # as `runs mark batch_begin 7` gives it
+            mark(opened, "batch_end", 7, run.id)
+            assert [event.data for event in opened.get(run.id).events][-2:] == [7, 7]
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    marked = wattflow("runs", "mark", "train_begin", "5", "--store", store, "--run", "e/b/s/0")
+    assert marked.returncode == 0, marked.stderr
+    with record("e", "b", settings="s", repetition=1, store=store) as program:
+        TrainingCallback(program).on_epoch_begin(2)
+        program.mark("epoch_end", "2")
+        program.mark("batch_begin", "warm-up")
+    with open_store(store) as opened:
+        assert opened.get("e/b/s/0").events[-1].data == 5
+        events = opened.get("e/b/s/1").events
+    assert [(event.event, event.data) for event in events] == [
+        ("experiment_begin", None),
+        ("epoch_begin", 2),
+        ("epoch_end", 2),
+        ("batch_begin", "warm-up"),
+        ("experiment_end", None),
+    ]
+    shown = wattflow("runs", "show", "e/b/s/0", "--store", store)
+    assert re.search(r"epoch_begin\s+3\n", shown.stdout), shown.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**lines[1], "data": True}) + "\n")
+    refused = wattflow(
+        "runs", "import", str(bad), "--store", store, "--experiment", "e", "--benchmark", "b",
+        "--settings", "s", "--repetition", "2",
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "an index (an integer) or text, not a boolean" in refused.stderr
+
+
+def test_a_store_with_text_event_data_reads_and_exports_integers(tmp_path: Path) -> None:
+    """Stores written before the index was an integer hold text: it is read as it is, and
+    timestamps.csv gets the integers."""
+    path = tmp_path / "old.db"
+    events = [("experiment_begin", None), ("epoch_begin", "0"), ("epoch_end", "0"),
+              ("experiment_end", None)]  # fmt: skip
+    with sqlite3.connect(path) as old:
+        old.executescript(
+            """
+            CREATE TABLE runs (
+                id TEXT PRIMARY KEY, experiment TEXT, benchmark TEXT, settings TEXT,
+                repetition INTEGER, parameters TEXT, system TEXT, start INTEGER, end INTEGER);
+            CREATE TABLE reports (seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, kind TEXT,
+                body BLOB);
+            INSERT INTO runs VALUES ('e/b/s/0', 'e', 'b', 's', 0, '{}', '{}', 0, 10000);
+            """
+        )
+        for second, (name, data) in enumerate(events):
+            body = {"timestamp": second * 1000, "sensor": "n", "target": "all", "event": name}
+            if data is not None:
+                body["data"] = data
+            old.execute(
+                "INSERT INTO reports (run, ts, kind, body) VALUES ('e/b/s/0', ?, 'EventReport', ?)",
+                (second * 1000, json.dumps(body)),
+            )
+    old.close()
+    with open_store(f"sqlite:///{path}") as store:
+        assert [event.data for event in store.get("e/b/s/0").events] == [None, "0", "0", None]
+    out = tmp_path / "out"
+    done = wattflow("export", "gpu-dir", "--store", f"sqlite:///{path}", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(out / "e" / "b" / "s" / "0" / "timestamps.csv")
+    assert list(table["data"]) == [0, 0, 0, 0]
+    assert table["data"].dtype.kind == "i"
+
+
+def test_the_service_and_a_program_recording_one_run_keep_its_parameters(
+    tmp_path: Path,
+) -> None:
+    """Whichever starts second, neither's copy of the run drops the other's parameters or
+    narrows the window the other widened."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    def report(seconds: float = 0.0, moment: datetime | None = None) -> PowerReport:
+        moment = (moment or datetime.now(UTC)) + timedelta(seconds=seconds)
+        return PowerReport(timestamp=moment, sensor="n", target="t", power=1.0)
+
+    async def service_first() -> None:
+        recorder = RunRecorder(RunRecorderConfig(name="run_store", run="e/b/s/0", store=store))
+        await recorder.open()
+        with record("e", "b", settings="s", repetition=0, parameters={"p": 4}, store=store):
+            await recorder.write([report()])
+            await recorder.write([report(0.001)])
+            await asyncio.sleep(0.05)
+        with open_store(store) as opened:
+            ended = opened.get("e/b/s/0").end  # experiment_end's moment
+        # The pipeline's last reports from just before the block's end reach the recorder
+        # after it: they widen the recorder's window, which must not shrink the stored one.
+        await recorder.write([report(-0.01, ended)])
+        await recorder.close()
+
+    async def program_first() -> None:
+        with record("e", "b", settings="s", repetition=1, parameters={"p": 8}, store=store):
+            recorder = RunRecorder(RunRecorderConfig(name="run_store", run="e/b/s/1", store=store))
+            await recorder.open()
+            await recorder.write([report()])
+            with record("e", "b", settings="s", repetition=1, store=store) as again:
+                again.mark("epoch_begin", 0)  # a second block, with no parameters
+            await recorder.write([report(0.001)])
+            await recorder.close()
+
+    asyncio.run(service_first())
+    asyncio.run(program_first())
+    with open_store(store) as opened:
+        first, second = opened.get("e/b/s/0"), opened.get("e/b/s/1")
+    assert first.parameters == {"p": 4.0}
+    assert second.parameters == {"p": 8.0}
+    for run in (first, second):
+        assert run.system["node"] == platform.node()  # recorded live, on this machine
+        names = [event.event for event in run.events]
+        assert names[0] == "experiment_begin"
+        assert names[-1] == "experiment_end", "the window still holds the block's end"
+
+
+def test_the_mongodb_store_merges_what_its_writers_give(
+    mongodb_server: ServerProcess,
+) -> None:
+    store = mongodb_uri(mongodb_server) + "merging"
+    run = Run(id="e/b/s/0", experiment="e", benchmark="b", settings="s", repetition=0,
+              parameters={"p": 4.0}, system={"node": "n", "platform": "$HOME"},
+              start=at(1), end=at(2))  # fmt: skip
+    with open_store(store) as opened:
+        opened.save_run(run)
+        update = {"parameters": {"q": 1.0}, "system": {"node": None, "machine": "x"},
+                  "start": at(1.5), "end": at(3)}  # fmt: skip
+        stale = run.model_copy(update=update)
+        opened.save_run(stale, widen=True)
+        merged = opened.get(run.id)
+        assert merged.parameters == {"p": 4.0, "q": 1.0}
+        assert merged.system == {"node": "n", "platform": "$HOME", "machine": "x"}
+        assert (merged.start, merged.end) == (at(1), at(3))
+        opened.save_run(stale)  # not widening: the window given
+        assert (opened.get(run.id).start, opened.get(run.id).end) == (at(1.5), at(3))
 
 
 @pytest.mark.parametrize(
