@@ -24,6 +24,7 @@ import importlib
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -32,6 +33,18 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 ErrorMethod = Literal["median", "mean"]
+
+
+@dataclass(frozen=True, slots=True)
+class Relearning:
+    """When a layer's model is learned again, and which models are kept: one scope's settings."""
+
+    max_intercept_w: float
+    """A model whose intercept (idle power) is not under this (the TDP) is discarded."""
+    error_threshold_w: float
+    """The model is learned again once its window of errors sums up above this."""
+    error_method: ErrorMethod
+    """How the window of errors is summed up."""
 
 
 class PowerModel:
@@ -95,10 +108,39 @@ class PowerModel:
             self.intercept = 0.0
             self.hash = "uninitialized"
 
-    def store(self, power: float, features: list[float]) -> None:
+    def store(self, power_w: float, features: list[float]) -> None:
         """Add a (counters, reference power) sample to the learning window."""
         self.samples.append(features)
-        self.powers.append(power)
+        self.powers.append(power_w)
+
+    def first_fit(self, power_w: float, features: list[float], max_intercept_w: float) -> bool:
+        """The step of a layer that has no model yet: store the sample and learn (the sample
+        stays in the window either way), then start a new error window. Whether a model was
+        accepted, which can then predict this very sample."""
+        self.store(power_w, features)
+        learned = self.learn(max_intercept_w)
+        self.clear_errors()
+        return learned
+
+    def track(
+        self,
+        power_w: float,
+        features: list[float],
+        predicted_w: float,
+        relearning: Relearning,
+        *,
+        stored: bool,
+    ) -> float:
+        """The rest of a step, once the model predicted ``predicted_w`` for the sample: store
+        the sample (unless :meth:`first_fit` already did) and its error, and relearn when the
+        window of errors says the model drifted. Returns the error in W."""
+        error_w = abs(power_w - predicted_w)
+        if not stored:
+            self.store(power_w, features)
+        self.store_error(error_w)
+        if self.window_error(relearning.error_method) > relearning.error_threshold_w:
+            self.relearn(relearning.max_intercept_w)
+        return error_w
 
     def store_error(self, error: float) -> None:
         """Add one tick's |reference − predicted| to the error window."""
@@ -133,16 +175,16 @@ class PowerModel:
             return ordered[middle]
         return (ordered[middle - 1] + ordered[middle]) / 2
 
-    def relearn(self, max_intercept: float) -> None:
+    def relearn(self, max_intercept_w: float) -> None:
         """Learn from the sample window, then start a new error window, as SmartWatts does.
 
-        A model whose intercept is negative or not under ``max_intercept`` (the TDP) is
+        A model whose intercept is negative or not under ``max_intercept_w`` (the TDP) is
         discarded and the previous one kept.
         """
-        self.learn(max_intercept)
+        self.learn(max_intercept_w)
         self.clear_errors()
 
-    def learn(self, max_intercept: float) -> bool:
+    def learn(self, max_intercept_w: float) -> bool:
         """Fit a model on the sample window; whether it was accepted."""
         if len(self.samples) < self.min_samples:
             return False
@@ -152,7 +194,7 @@ class PowerModel:
             coef, intercept = _fit_elastic_net(x, y, fit_intercept=len(y) == self.window)
         else:
             coef, intercept = _fit_scaled_nnls(x, y)
-        if not 0.0 <= intercept < max_intercept:
+        if not 0.0 <= intercept < max_intercept_w:
             return False
         self.coef = coef
         self.coef_text = str(coef)  # as SmartWatts writes it; formatting it per tick is slow

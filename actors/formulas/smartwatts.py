@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
 from operator import itemgetter
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -59,9 +59,10 @@ from pydantic import (
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.power_model import (
-    ErrorMethod,
     FloatArray,
     FrequencyLayers,
+    PowerModel,
+    Relearning,
     dynamic_power,
     load_regression,
 )
@@ -77,6 +78,7 @@ from wattflow.formats.frames import (
     FormulaFrame,
     Frame,
     HWPCFrame,
+    IntArray,
     PowerFrame,
 )
 from wattflow.formats.powerapi import datetime_of
@@ -183,22 +185,39 @@ class BadCounters(ValueError):
     """A report whose counters cannot be real."""
 
 
+# --- What travels between the steps --------------------------------------------------------
+#
+# Tick assembly gathers a tick's reports (Tick, Reading) and makes each socket's features
+# (SocketFeatures, from the global report's SocketReference); one model step per socket and scope
+# (SmartWattsFormula._step) turns them into a ModelStep; report building turns that into the
+# PowerReports and the FormulaReport. The frame way (_FrameEstimates) makes the same steps on
+# arrays: FrameTicks in, FrameEstimates out.
+
+
 @dataclass(slots=True)
 class Scope:
-    """One estimated scope: its RAPL reference, relearning threshold and models per socket."""
+    """One estimated scope: its RAPL reference, when to relearn, and its models per socket."""
 
     name: str
     rapl_event: str
-    error_threshold: float
+    relearning: Relearning
     layers: dict[str, FrequencyLayers] = field(default_factory=dict)
 
 
 Counts = tuple[tuple[str, ...], list[float] | list[int]]
-"""Event names, sorted, and the matching counts summed over a socket's cpus."""
+"""Event names, sorted, and the matching counts summed over a socket's cpus (made for every
+report and socket, so a plain pair)."""
 
 
-Layout = tuple[tuple[str, ...], Callable[[Any], Any], bool]
-"""Counter names, a getter of a cpu's counters (then its time columns), and whether it has them."""
+class CpuLayout(NamedTuple):
+    """How to read the counters of a cpu whose events come in one known order."""
+
+    counters: tuple[str, ...]
+    """The counters, sorted; empty when there are none (the slow way then says so)."""
+    values_of: Callable[[Any], Any]
+    """A cpu's values in one C call: the counters', then (when ``timed``) the time columns."""
+    timed: bool
+    """Whether ``values_of`` ends with ``time_enabled`` and ``time_running``."""
 
 
 @dataclass(slots=True)
@@ -227,10 +246,46 @@ class Tick:
 
 @dataclass(slots=True)
 class SocketReference:
-    """What the global report says of one socket: RAPL energy per event, package frequency."""
+    """What the global report says of one socket."""
 
-    energy: dict[str, float]
-    package_frequency: int
+    rapl_energy: dict[str, float]
+    """RAPL event → energy over the interval, in RAPL units (2⁻³² J)."""
+    package_frequency_mhz: int
+
+
+@dataclass(slots=True)
+class SocketFeatures:
+    """One socket of an assembled tick: what its models step on."""
+
+    socket: str
+    targets: list[str]
+    """The targets with counters on this socket, in the order their reports came."""
+    events: tuple[str, ...]
+    """The features' names, sorted."""
+    rows: FloatArray
+    """The global features (the targets' sum), then one row per target: counter rates per
+    second, or in compat mode the raw counts."""
+    rapl_power_w: dict[str, float]
+    """RAPL event → the socket's measured power over the interval."""
+    package_frequency_mhz: int
+
+
+@dataclass(slots=True)
+class ModelStep:
+    """What one socket and scope's model predicted on a tick, for its reports."""
+
+    model: PowerModel
+    """The layer's model, as the step left it (relearned, maybe): the FormulaReport's."""
+    model_hash: str
+    """The model that predicted (before any relearning): the PowerReports' ``formula``."""
+    rapl_power_w: float
+    intercept_w: float
+    dynamic_w: list[float]
+    """The prediction without the intercept for each of the features' rows."""
+    global_power_w: float
+    """The prediction of the global features, intercept included."""
+    error_w: float
+    """|RAPL − global prediction|, stored in the error window."""
 
 
 def core_group(report: HWPCReport) -> dict[str, dict[str, dict[str, int | float]]] | None:
@@ -278,19 +333,19 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             config.cpu_base_freq // config.cpu_base_clock
         )
         self.scopes: list[Scope] = []
+        method = config.learn_error_window_method
         if not config.disable_cpu_formula:
-            self.scopes.append(Scope("cpu", config.cpu_rapl_ref_event, config.cpu_error_threshold))
+            cpu = Relearning(config.cpu_tdp, config.cpu_error_threshold, method)
+            self.scopes.append(Scope("cpu", config.cpu_rapl_ref_event, cpu))
         if not config.disable_dram_formula:
-            self.scopes.append(
-                Scope("dram", config.dram_rapl_ref_event, config.dram_error_threshold)
-            )
-        self.error_method: ErrorMethod = config.learn_error_window_method
+            dram = Relearning(config.cpu_tdp, config.dram_error_threshold, method)
+            self.scopes.append(Scope("dram", config.dram_rapl_ref_event, dram))
         self.ticks: dict[datetime, Tick] = {}
         self.held: HWPCFrame | None = None
         """The last ticks of a frame, waiting ``--tick-lateness-ms`` for the next frame."""
         self.latest: datetime | None = None
         self.last_tick: datetime | None = None
-        self._layouts: dict[tuple[str, ...], Layout] = {}
+        self._layouts: dict[tuple[str, ...], CpuLayout] = {}
 
     @classmethod
     def prepare(cls, config: FormulaConfig) -> None:
@@ -356,6 +411,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             out.fail(tick.reports(), error, unit="tick", since=mark)
         del self.ticks[timestamp]
 
+    # --- tick assembly: reports into ticks, counters into features ----------------------------
+
     def _receive(self, report: HWPCReport, out: Output) -> None:
         timestamp = report.timestamp
         if not self.compat and self.last_tick is not None and timestamp <= self.last_tick:
@@ -393,11 +450,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         return tick
 
     def _features(self, report: HWPCReport) -> dict[str, Counts]:
-        """Sum a target's counters per socket, undoing perf's multiplexing outside compat.
-
-        This runs once per input report, so the common case (every cpu reporting the same
-        events) stays in C: one ``itemgetter`` call per cpu and ``zip``/``sum`` per event.
-        """
+        """Sum a target's counters per socket, undoing perf's multiplexing outside compat."""
         group = core_group(report)
         if group is None:
             raise BadCounters(
@@ -406,53 +459,62 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         features: dict[str, Counts] = {}
         for socket, cpus in group.items():
             rows = list(cpus.values())
-            if not rows:
-                continue
-            layout = self._layouts.get(tuple(rows[0]))
-            if layout is None:
-                layout = self._layout(rows[0])
-            if not layout[0]:
-                features[socket] = self._features_slowly(socket, cpus)
-                continue
-            names, values_of, timed = layout
-            try:
-                values = list(map(values_of, rows))
-                columns = list(zip(*values, strict=True))
-                if timed:  # the time columns come last
-                    counts = columns[:-2]
-                    multiplexed = columns[-2] != columns[-1] and not self.compat
-                else:
-                    counts = columns
-                    multiplexed = False
-                sums = list(map(sum, counts))
-                unusual = (
-                    multiplexed
-                    or sum(map(len, rows)) != len(rows[0]) * len(rows)
-                    or min(chain.from_iterable(counts)) < 0
-                    or max(sums) >= WRAPPED_COUNTER
-                )
-            except (KeyError, TypeError, ValueError):  # other events per cpu, or not numbers
-                unusual = True
-            if unusual:
-                features[socket] = self._features_slowly(socket, cpus)
-                continue
-            features[socket] = (names, sums)
+            if rows:
+                features[socket] = self._socket_counts(socket, cpus, rows)
         return features
 
-    def _layout(self, events: dict[str, int | float]) -> Layout:
-        """How to read a cpu's events in one C call: sorted counters, then the time columns.
+    def _socket_counts(
+        self, socket: str, cpus: dict[str, dict[str, int | float]], rows: list[dict[str, Any]]
+    ) -> Counts:
+        """One socket's counters summed over its cpus (``rows``: the cpus' events).
 
-        ``timed`` says whether the getter ends with the two time columns.
+        This runs once per input report and socket, so the common case (every cpu reporting the
+        same events) stays in C: one ``itemgetter`` call per cpu and ``zip``/``sum`` per event.
         """
+        layout = self._layouts.get(tuple(rows[0]))
+        if layout is None:
+            layout = self._layout(rows[0])
+        if layout.counters:
+            sums = self._usual_sums(rows, layout)
+            if sums is not None:
+                return layout.counters, sums
+        return self._features_slowly(socket, cpus)
+
+    def _usual_sums(self, rows: list[dict[str, Any]], layout: CpuLayout) -> list[Any] | None:
+        """The counters summed over the cpus the fast way, or ``None`` for anything unusual:
+        other events per cpu, values that are not numbers or cannot be real, multiplexing
+        (outside compat)."""
+        try:
+            values = list(map(layout.values_of, rows))
+            columns = list(zip(*values, strict=True))
+            if layout.timed:  # the time columns come last
+                counts = columns[:-2]
+                multiplexed = columns[-2] != columns[-1] and not self.compat
+            else:
+                counts = columns
+                multiplexed = False
+            sums = list(map(sum, counts))
+            unusual = (
+                multiplexed
+                or sum(map(len, rows)) != len(rows[0]) * len(rows)
+                or min(chain.from_iterable(counts)) < 0
+                or max(sums) >= WRAPPED_COUNTER
+            )
+        except (KeyError, TypeError, ValueError):  # other events per cpu, or not numbers
+            return None
+        return None if unusual else sums
+
+    def _layout(self, events: dict[str, int | float]) -> CpuLayout:
+        """How to read a cpu's events in one C call: sorted counters, then the time columns."""
         names = tuple(sorted(e for e in events if e not in TIME_EVENTS))
         timed = events.keys() >= TIME_EVENTS
         keys = (*names, "time_enabled", "time_running") if timed else names
         if not keys:  # no counters at all: the slow way says so
-            return ((), tuple, False)
-        layout: Layout = (names, itemgetter(*keys), timed)
+            return CpuLayout((), tuple, False)
+        layout = CpuLayout(names, itemgetter(*keys), timed)
         if len(keys) == 1:
             only = itemgetter(keys[0])
-            layout = (names, lambda row: (only(row),), False)
+            layout = CpuLayout(names, lambda row: (only(row),), False)
         if len(self._layouts) < 64:
             self._layouts[tuple(events)] = layout
         return layout
@@ -463,16 +525,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         for cpu, events in cpus.items():
             if not isinstance(events, dict):
                 raise BadCounters(f"cpu {cpu} of socket {socket} holds no events")
-            scale = 1.0
-            enabled = events.get("time_enabled")
-            running = events.get("time_running")
-            if (
-                not self.compat
-                and isinstance(enabled, int | float)
-                and isinstance(running, int | float)
-                and running < enabled
-            ):
-                scale = enabled / running if running > 0 else 0.0
+            scale = 1.0 if self.compat else _multiplexing_scale(events)
             for event, value in events.items():
                 if event in TIME_EVENTS:
                     continue
@@ -499,51 +552,89 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         references: dict[str, SocketReference] = {}
         for group in rapl_groups(report):
             for socket, cpus in report.groups[group].items():
-                energy: dict[str, float] = {}
-                for cpu, events in cpus.items():
-                    for event, value in events.items():
-                        if event in TIME_EVENTS or event in energy:
-                            continue
-                        if not 0 <= value < WRAPPED_COUNTER:
-                            raise BadCounters(_bad_counter(event, value, socket, cpu))
-                        energy[event] = value
-                msr_cpus = msr.get(socket)
-                if not msr_cpus:
-                    raise BadCounters(f"global report without msr counters for socket {socket}")
-                aperf = mperf = 0.0
-                for cpu, events in msr_cpus.items():
-                    a, m = events.get("APERF", 0), events.get("MPERF", 0)
-                    if a < 0 or m < 0:
-                        raise BadCounters(_bad_counter("APERF/MPERF", min(a, m), socket, cpu))
-                    aperf += a
-                    mperf += m
-                if mperf <= 0:
-                    raise BadCounters(
-                        f"MPERF is zero on socket {socket}: the package frequency is unknown"
-                    )
-                frequency = int(self.base_frequency * aperf / mperf)
-                references[socket] = SocketReference(energy, frequency)
+                energy = _rapl_energy(socket, cpus)
+                frequency_mhz = self._package_frequency_mhz(socket, msr.get(socket))
+                references[socket] = SocketReference(energy, frequency_mhz)
         if not references:
             raise BadCounters("global report without RAPL energy counters")
         return references
 
+    def _package_frequency_mhz(
+        self, socket: str, cpus: dict[str, dict[str, int | float]] | None
+    ) -> int:
+        """The base frequency × APERF/MPERF, both summed over the socket's cpus."""
+        if not cpus:
+            raise BadCounters(f"global report without msr counters for socket {socket}")
+        aperf = mperf = 0.0
+        for cpu, events in cpus.items():
+            a, m = events.get("APERF", 0), events.get("MPERF", 0)
+            if a < 0 or m < 0:
+                raise BadCounters(_bad_counter("APERF/MPERF", min(a, m), socket, cpu))
+            aperf += a
+            mperf += m
+        if mperf <= 0:
+            raise BadCounters(f"MPERF is zero on socket {socket}: the package frequency is unknown")
+        return int(self.base_frequency * aperf / mperf)
+
     def _process_tick(self, tick: Tick, out: Output) -> None:
-        interval_s = self.period_s
-        if not self.compat:
-            previous, self.last_tick = self.last_tick, tick.timestamp
-            if previous is None:
-                # Like the RAPL formula: a sensor's first tick only starts the first interval.
-                out.absorb(len(tick.targets) + (tick.global_report is not None))
-                return
-            interval_s = (tick.timestamp - previous).total_seconds()
-            if interval_s < self.period_s / 4:
-                reason = (
-                    f"tick {interval_s * 1000:.0f} ms after the previous one, under a quarter of "
-                    f"the sensor period ({self.config.sensor_reports_frequency} ms)"
-                )
-                for report in tick.reports():
-                    out.reject(report, reason)
-                return
+        """Assemble a tick, step each socket and scope's model on it, and emit the reports."""
+        sockets = self._assemble(tick, out)
+        if sockets is None:
+            return
+        estimated = False
+        for features in sockets:
+            for scope in self.scopes:
+                rapl_power_w = features.rapl_power_w.get(scope.rapl_event)
+                if rapl_power_w is None:
+                    continue
+                step = self._step(scope, features, rapl_power_w)
+                if step is not None:
+                    out.emit_all(self._power_reports(tick, scope, features, step))
+                    out.emit(self._formula_report(tick, scope, features, step))
+                    estimated = True
+        if not estimated:
+            out.absorb(1 + len(tick.targets))
+
+    def _assemble(self, tick: Tick, out: Output) -> list[SocketFeatures] | None:
+        """The features of each socket of the tick that has targets; ``None`` when the tick
+        has nothing to estimate, its reports then absorbed or rejected here."""
+        interval_s = self._interval_s(tick, out)
+        if interval_s is None:
+            return None
+        references = self._references(tick, out)
+        if references is None:
+            return None
+        sockets = []
+        for socket, reference in references.items():
+            features = self._socket_features(tick, socket, reference, interval_s)
+            if features is not None:
+                sockets.append(features)
+        return sockets
+
+    def _interval_s(self, tick: Tick, out: Output) -> float | None:
+        """The tick's interval: since the previous tick, or the configured period in compat
+        mode; ``None`` for a sensor's first tick (absorbed: it only starts the first interval,
+        as in the RAPL formula) or a tick too soon after the previous one (rejected)."""
+        if self.compat:
+            return self.period_s
+        previous, self.last_tick = self.last_tick, tick.timestamp
+        if previous is None:
+            out.absorb(len(tick.targets) + (tick.global_report is not None))
+            return None
+        interval_s = (tick.timestamp - previous).total_seconds()
+        if interval_s < self.period_s / 4:
+            reason = (
+                f"tick {interval_s * 1000:.0f} ms after the previous one, under a quarter of "
+                f"the sensor period ({self.config.sensor_reports_frequency} ms)"
+            )
+            for report in tick.reports():
+                out.reject(report, reason)
+            return None
+        return interval_s
+
+    def _references(self, tick: Tick, out: Output) -> dict[str, SocketReference] | None:
+        """What the tick's global report says of each socket; ``None``, the reports absorbed
+        or rejected, when the tick has no global report, no targets, or a bad global report."""
         global_report = tick.global_report
         if global_report is None:
             lateness = self.config.tick_lateness_ms
@@ -554,51 +645,38 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                     f"tick {tick.timestamp.isoformat()} is incomplete: no global report "
                     f"('all'){wait}",
                 )
-            return
+            return None
         if not tick.targets:
             out.absorb()
-            return
+            return None
         try:
-            references = self._reference(global_report)
+            return self._reference(global_report)
         except BadCounters as error:
             out.reject(global_report, str(error))
             for reading in tick.targets.values():
                 out.reject(reading.report, f"the global report of its tick was rejected: {error}")
-            return
-        estimated = False
-        for socket, reference in references.items():
-            names = [name for name, r in tick.targets.items() if socket in r.features]
-            if not names:
-                continue
-            counts = [tick.targets[name].features[socket] for name in names]
-            events = counts[0][0]
-            if all(c[0] == events for c in counts):
-                matrix = np.array([[0.0] * len(events)] + [c[1] for c in counts])
-            else:  # targets reporting different events: align them on the union, 0 if absent
-                events = tuple(sorted({e for c in counts for e in c[0]}))
-                matrix = np.zeros((len(names) + 1, len(events)))
-                for row, (own, values) in enumerate(counts, start=1):
-                    matrix[row, [events.index(e) for e in own]] = values
-            matrix[0] = matrix[1:].sum(axis=0)
-            if not self.compat:
-                matrix /= interval_s
-            for scope in self.scopes:
-                energy = reference.energy.get(scope.rapl_event)
-                if energy is None:
-                    continue
-                estimated |= self._estimate(
-                    scope,
-                    socket,
-                    tick,
-                    names,
-                    events,
-                    matrix,
-                    energy * RAPL_UNIT_J / interval_s,
-                    reference.package_frequency,
-                    out,
-                )
-        if not estimated:
-            out.absorb(1 + len(tick.targets))
+            return None
+
+    def _socket_features(
+        self, tick: Tick, socket: str, reference: SocketReference, interval_s: float
+    ) -> SocketFeatures | None:
+        """One socket's features and RAPL power; ``None`` when no target ran on it."""
+        targets = [name for name, r in tick.targets.items() if socket in r.features]
+        if not targets:
+            return None
+        events, rows = _feature_rows([tick.targets[name].features[socket] for name in targets])
+        if not self.compat:
+            rows /= interval_s
+        rapl_power_w = {}
+        for scope in self.scopes:
+            energy = reference.rapl_energy.get(scope.rapl_event)
+            if energy is not None:
+                rapl_power_w[scope.rapl_event] = energy * RAPL_UNIT_J / interval_s
+        return SocketFeatures(
+            socket, targets, events, rows, rapl_power_w, reference.package_frequency_mhz
+        )
+
+    # --- one model step per socket, scope and layer ------------------------------------------
 
     def _layers(self, scope: Scope, socket: str) -> FrequencyLayers:
         """The models of one scope and socket, created on first use."""
@@ -614,67 +692,82 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             )
         return layers
 
-    def _estimate(
-        self,
-        scope: Scope,
-        socket: str,
-        tick: Tick,
-        names: list[str],
-        events: tuple[str, ...],
-        matrix: FloatArray,
-        rapl_w: float,
-        package_frequency: int,
-        out: Output,
-    ) -> bool:
-        """One socket and scope of a tick; whether it produced estimates."""
-        config = self.config
-        layers = self._layers(scope, socket)
-        model = layers.model(package_frequency)
-        model.use_events(events)
-        global_features = matrix[0].tolist()
-        stored = False
-        if not model.fitted:
-            model.store(rapl_w, global_features)
-            stored = True
-            learned = model.learn(config.cpu_tdp)
-            model.clear_errors()
-            if self.compat or not learned:
-                return False
+    def _step(
+        self, scope: Scope, features: SocketFeatures, rapl_power_w: float
+    ) -> ModelStep | None:
+        """Learn, predict and relearn the model of the socket's layer on one tick; ``None``
+        while the layer has no model to predict with (or, in compat mode, on the tick that
+        learned it, as SmartWatts waits for the next one)."""
+        layers = self._layers(scope, features.socket)
+        model = layers.model(features.package_frequency_mhz)
+        model.use_events(features.events)
+        global_features = features.rows[0].tolist()
+        stored = not model.fitted
+        if stored and (
+            not model.first_fit(rapl_power_w, global_features, scope.relearning.max_intercept_w)
+            or self.compat
+        ):
+            return None
         assert model.coef is not None
-        # The intercept cancels out of every share.
-        dynamic = dynamic_power(matrix, model.coef).tolist()
-        intercept = model.intercept
-        dynamic_global = dynamic[0]
-        raw_global = dynamic_global + intercept
+        intercept_w = model.intercept
+        model_hash = model.hash
+        dynamic_w = dynamic_power(features.rows, model.coef).tolist()
+        global_power_w = dynamic_w[0] + intercept_w
+        error_w = model.track(
+            rapl_power_w, global_features, global_power_w, scope.relearning, stored=stored
+        )
+        return ModelStep(
+            model, model_hash, rapl_power_w, intercept_w, dynamic_w, global_power_w, error_w
+        )
+
+    # --- report building ---------------------------------------------------------------------
+
+    def _power_reports(
+        self, tick: Tick, scope: Scope, features: SocketFeatures, step: ModelStep
+    ) -> list[PowerReport]:
+        """The ``global`` PowerReport (the model's raw prediction), then one per target, with
+        its share (``ratio``) of the global prediction less the intercept (which cancels out of
+        every share).
+
+        The formula's hot loop: the reports are built from complete field dicts.
+        """
         timestamp = tick.timestamp
         sensor = self.sensor
-        labels: dict[str, Any] = {"scope": scope.name, "socket": socket, "formula": model.hash}
+        labels: dict[str, Any] = {
+            "scope": scope.name,
+            "socket": features.socket,
+            "formula": step.model_hash,
+        }
         global_report = tick.global_report
         assert global_report is not None
-        # One PowerReport per target per socket and scope: the formula's hot loop, so the
-        # reports are built from complete field dicts and handed on in one call.
-        emitted = [
+        reports = [
             trusted_report(
                 PowerReport,
                 {
                     "timestamp": timestamp,
                     "sensor": sensor,
                     "target": "global",
-                    "power": raw_global,
+                    "power": step.global_power_w,
                     "metadata": {**global_report.metadata, **labels, "ratio": 1.0},
                 },
             )
         ]
-        targets = tick.targets
+        dynamic_global = step.dynamic_w[0]
+        rapl_power_w = step.rapl_power_w
+        intercept_w = step.intercept_w
+        readings = tick.targets
         share_measured = not self.compat
-        for name, target_dynamic in zip(names, dynamic[1:], strict=True):
+        for name, target_dynamic in zip(features.targets, step.dynamic_w[1:], strict=True):
             if dynamic_global > 0.0 and target_dynamic > 0.0:
                 ratio = target_dynamic / dynamic_global
                 # SmartWatts shares its predicted global power; wattflow the measured one.
-                power = ratio * rapl_w if share_measured else target_dynamic + ratio * intercept
+                if share_measured:
+                    power = ratio * rapl_power_w
+                else:
+                    power = target_dynamic + ratio * intercept_w
             else:
                 ratio = power = 0.0
-            emitted.append(
+            reports.append(
                 trusted_report(
                     PowerReport,
                     {
@@ -682,36 +775,35 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                         "sensor": sensor,
                         "target": name,
                         "power": power,
-                        "metadata": {**targets[name].report.metadata, **labels, "ratio": ratio},
+                        "metadata": {**readings[name].report.metadata, **labels, "ratio": ratio},
                     },
                 )
             )
-        out.emit_all(emitted)
-        error = abs(rapl_w - raw_global)
-        if not stored:
-            model.store(rapl_w, global_features)
-        model.store_error(error)
-        if model.window_error(self.error_method) > scope.error_threshold:
-            model.relearn(config.cpu_tdp)
-        out.emit(
-            FormulaReport.trusted(
-                timestamp=timestamp,
-                sensor=self.sensor,
-                target=model.hash,
-                metadata={
-                    "scope": scope.name,
-                    "socket": socket,
-                    "layer_frequency": model.frequency,
-                    "pkg_frequency": package_frequency,
-                    "samples": len(model.samples),
-                    "id": model.id,
-                    "error": error,
-                    "intercept": model.intercept,
-                    "coef": model.coef_text,
-                },
-            )
+        return reports
+
+    def _formula_report(
+        self, tick: Tick, scope: Scope, features: SocketFeatures, step: ModelStep
+    ) -> FormulaReport:
+        """The FormulaReport describing the model as the step left it."""
+        model = step.model
+        return FormulaReport.trusted(
+            timestamp=tick.timestamp,
+            sensor=self.sensor,
+            target=model.hash,
+            metadata=dict(
+                zip(
+                    FORMULA_KEYS,
+                    model_description(
+                        scope.name,
+                        features.socket,
+                        model,
+                        features.package_frequency_mhz,
+                        step.error_w,
+                    ),
+                    strict=True,
+                )
+            ),
         )
-        return True
 
     # --- frames: every tick of a frame with array operations --------------------------------
 
@@ -794,11 +886,11 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         first = estimates.first
         if first:
             out.absorb(int(targets[0]) + 1)
-        for at, socket in enumerate(ticks.sockets):
-            for number, scope in enumerate(self.scopes):
+        for socket_at in range(len(ticks.sockets)):
+            for scope_at, scope in enumerate(self.scopes):
                 energy = ticks.energy.get(scope.rapl_event)
                 if energy is not None:
-                    estimates.run(at, socket, number, scope, energy[:, at] * RAPL_UNIT_J)
+                    estimates.run(socket_at, scope_at, scope, energy[:, socket_at] * RAPL_UNIT_J)
         failed = estimates.drop_failed()
         estimated = estimates.ticks_estimated()
         with_targets = targets > 0
@@ -809,6 +901,84 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         estimates.emit(frame, out)
         if failed:
             estimates.reject_failed(frame, out)
+
+
+class FrameEstimate(NamedTuple):
+    """One model step of the frame way: what its reports are built from."""
+
+    tick: int
+    """The tick's place in the frame."""
+    socket_at: int
+    """The socket's place in :attr:`FrameTicks.sockets`."""
+    scope_at: int
+    """The scope's place in the formula's scopes."""
+    coef_code: int
+    """The predicting model's coefficients: their place in :attr:`_FrameEstimates.coefs`."""
+    rapl_power_w: float
+    hash_code: int
+    """The predicting model's hash: its place in :attr:`_FrameEstimates.hashes`."""
+    global_dynamic_w: float
+    """The prediction of the global features without the intercept."""
+    global_power_w: float
+    """The same with the intercept: the ``global`` report's power."""
+
+
+class CoefPower(NamedTuple):
+    """What one model's coefficients predict for a socket's global features, every tick."""
+
+    coef_code: int
+    dynamic_w: list[float]
+    """Without the intercept, one per tick of the frame."""
+
+
+@dataclass(slots=True, eq=False)
+class ScopeSteps:
+    """What the model steps of one socket and scope read, over a frame's ticks."""
+
+    socket_at: int
+    scope_at: int
+    scope: Scope
+    layers: FrequencyLayers
+    rapl_power_w: list[float]
+    """The measured power of each tick."""
+    features: FloatArray
+    """(ticks, events): the global features, per second."""
+    feature_rows: list[list[float]]
+    """The same rows as lists, as the models store them."""
+    package_frequency_mhz: list[int]
+    layer_mhz: list[int]
+    """The frequency layer of each tick."""
+    coef_power: dict[int, CoefPower] = field(default_factory=dict)
+    """By ``id`` of the coefficients (kept alive in :attr:`_FrameEstimates.coefs`)."""
+
+
+class EstimateColumns(NamedTuple):
+    """A frame's estimates (:class:`FrameEstimate`) in report order, as columns."""
+
+    tick: IntArray
+    socket_at: IntArray
+    scope_at: IntArray
+    coef_code: IntArray
+    rapl_power_w: FloatArray
+    hash_code: IntArray
+    global_dynamic_w: FloatArray
+    global_power_w: FloatArray
+
+
+class TargetShares(NamedTuple):
+    """The target rows of a frame's estimates: each estimate's block of targets, in turn."""
+
+    rows: IntArray
+    """Rows of :attr:`FrameTicks.counts`."""
+    estimate: IntArray
+    """Each row's estimate."""
+    first_row: IntArray
+    """Each estimate's first place in ``rows``."""
+    sizes: IntArray
+    """Each estimate's number of targets."""
+    ratio: FloatArray
+    """Each target's share of its estimate's global dynamic power."""
+    power_w: FloatArray
 
 
 class _FrameEstimates:
@@ -827,102 +997,97 @@ class _FrameEstimates:
         self.frequency = ticks.frequency.tolist()
         self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
         self.millis = ticks.millis.tolist()
-        self.done: list[tuple[int, int, int, int, float, int, float, float]] = []
-        """(tick, socket, scope, coef code, RAPL W, hash code, dynamic W, global W) of each
-        estimate, the dynamic power being the model's without its intercept."""
+        self.done: list[FrameEstimate] = []
         self.coefs: list[FloatArray] = []
         """The coefficients the estimates used, each model's once."""
         self.hashes: list[str] = []
         self.hash_codes: dict[str, int] = {}
         self.described: list[tuple[int, str, tuple[Any, ...]]] = []
+        """Each estimate's FormulaReport, entry for entry with ``done``."""
         self.failed: dict[int, BaseException] = {}
         """The ticks whose model step raised, and the error: each is a dead letter whole."""
 
-    def run(self, at: int, socket: str, number: int, scope: Scope, energy_w_s: FloatArray) -> None:
-        """What ``_estimate`` does, for one socket and scope, tick after tick; the targets'
+    def run(self, socket_at: int, scope_at: int, scope: Scope, energy_j: FloatArray) -> None:
+        """What ``_step`` does, for one socket and scope, tick after tick; the targets'
         shares are left for :meth:`emit`."""
-        formula = self.formula
-        config = formula.config
-        layers = formula._layers(scope, socket)
-        models = layers.models
-        events = self.ticks.events
-        tdp = config.cpu_tdp
-        threshold = scope.error_threshold
-        method = formula.error_method
-        rapl_w = (energy_w_s / self.interval_s).tolist()
-        rates = self.rates[:, at, :]
-        features = rates.tolist()
-        frequencies = [row[at] for row in self.frequency]
-        layer_of = [row[at] for row in self.layers]
-        filled = self.filled[at]
-        millis = self.millis
-        dynamic_of: dict[int, tuple[int, list[float]]] = {}
-        coefs = self.coefs
-        hash_codes = self.hash_codes
-        done = self.done
-        described = self.described
-        name = scope.name
-        for tick in range(self.first, len(millis)):
+        features = self.rates[:, socket_at, :]
+        steps = ScopeSteps(
+            socket_at=socket_at,
+            scope_at=scope_at,
+            scope=scope,
+            layers=self.formula._layers(scope, self.ticks.sockets[socket_at]),
+            rapl_power_w=(energy_j / self.interval_s).tolist(),
+            features=features,
+            feature_rows=features.tolist(),
+            package_frequency_mhz=[row[socket_at] for row in self.frequency],
+            layer_mhz=[row[socket_at] for row in self.layers],
+        )
+        filled = self.filled[socket_at]
+        for tick in range(self.first, len(self.millis)):
             if not filled[tick]:
                 continue
             try:
-                layer = layer_of[tick]
-                model = models.get(layer)
-                if model is None:
-                    model = layers.model(layer)
-                if model.events != events:
-                    model.use_events(events)
-                power = rapl_w[tick]
-                stored = False
-                if model.coef is None:
-                    model.store(power, features[tick])
-                    stored = True
-                    learned = model.learn(tdp)
-                    model.clear_errors()
-                    if not learned:
-                        continue
-                coef = model.coef
-                assert coef is not None
-                known = dynamic_of.get(id(coef))
-                if known is None:  # once per model, for every tick: the global features' power
-                    known = dynamic_of[id(coef)] = (
-                        len(coefs),
-                        dynamic_power(rates, coef).tolist(),
-                    )
-                    coefs.append(coef)
-                coef_code, dynamic = known
-                dynamic_global = dynamic[tick]
-                raw_global = dynamic_global + model.intercept
-                code = hash_codes.get(model.hash)
-                if code is None:
-                    code = hash_codes[model.hash] = len(self.hashes)
-                    self.hashes.append(model.hash)
-                error = abs(power - raw_global)
-                if not stored:
-                    model.store(power, features[tick])
-                model.store_error(error)
-                if model.window_error(method) > threshold:
-                    model.relearn(tdp)
-                summary = (
-                    millis[tick],
-                    model.hash,
-                    (
-                        name,
-                        socket,
-                        model.frequency,
-                        frequencies[tick],
-                        len(model.samples),
-                        model.id,
-                        error,
-                        model.intercept,
-                        model.coef_text,
-                    ),
-                )
-                # Both at once, once nothing can raise: they stay entry for entry.
-                done.append((tick, at, number, coef_code, power, code, dynamic_global, raw_global))
-                described.append(summary)
+                self._step(steps, tick)
             except Exception as failure:
                 self.fail(tick, failure)
+
+    def _step(self, steps: ScopeSteps, tick: int) -> None:
+        """One tick's model step: learn, predict, relearn, and keep the estimate."""
+        layers = steps.layers
+        layer = steps.layer_mhz[tick]
+        model = layers.models.get(layer)
+        if model is None:
+            model = layers.model(layer)
+        model.use_events(self.ticks.events)
+        rapl_power_w = steps.rapl_power_w[tick]
+        features = steps.feature_rows[tick]
+        relearning = steps.scope.relearning
+        stored = not model.fitted
+        if stored and not model.first_fit(rapl_power_w, features, relearning.max_intercept_w):
+            return
+        coef_power = self._coef_power(steps, model)
+        global_dynamic_w = coef_power.dynamic_w[tick]
+        global_power_w = global_dynamic_w + model.intercept
+        hash_code = self._hash_code(model.hash)
+        error_w = model.track(rapl_power_w, features, global_power_w, relearning, stored=stored)
+        description = model_description(
+            steps.scope.name,
+            self.ticks.sockets[steps.socket_at],
+            model,
+            steps.package_frequency_mhz[tick],
+            error_w,
+        )
+        estimate = FrameEstimate(
+            tick,
+            steps.socket_at,
+            steps.scope_at,
+            coef_power.coef_code,
+            rapl_power_w,
+            hash_code,
+            global_dynamic_w,
+            global_power_w,
+        )
+        # Both at once, once nothing can raise: they stay entry for entry.
+        self.done.append(estimate)
+        self.described.append((self.millis[tick], model.hash, description))
+
+    def _coef_power(self, steps: ScopeSteps, model: PowerModel) -> CoefPower:
+        """What the model's coefficients predict for every tick, computed once per model."""
+        coef = model.coef
+        assert coef is not None
+        known = steps.coef_power.get(id(coef))
+        if known is None:
+            known = CoefPower(len(self.coefs), dynamic_power(steps.features, coef).tolist())
+            steps.coef_power[id(coef)] = known
+            self.coefs.append(coef)
+        return known
+
+    def _hash_code(self, model_hash: str) -> int:
+        code = self.hash_codes.get(model_hash)
+        if code is None:
+            code = self.hash_codes[model_hash] = len(self.hashes)
+            self.hashes.append(model_hash)
+        return code
 
     def fail(self, tick: int, error: BaseException) -> None:
         """A tick's model step raised: the tick is done for, on every socket and scope.
@@ -939,7 +1104,7 @@ class _FrameEstimates:
         """Forget the estimates of the ticks that failed; return those ticks."""
         failed = self.failed
         if failed:
-            kept = [at for at, entry in enumerate(self.done) if entry[0] not in failed]
+            kept = [at for at, estimate in enumerate(self.done) if estimate.tick not in failed]
             self.done = [self.done[at] for at in kept]
             self.described = [self.described[at] for at in kept]
         return sorted(failed)
@@ -959,82 +1124,97 @@ class _FrameEstimates:
         """Which ticks got at least one estimate."""
         estimated = np.zeros(len(self.millis), dtype=np.bool_)
         if self.done:
-            estimated[[entry[0] for entry in self.done]] = True
+            estimated[[estimate.tick for estimate in self.done]] = True
         return estimated
 
     def emit(self, frame: HWPCFrame, out: Output) -> None:
-        """Every estimate's global and target PowerReports, in the order ``_estimate`` makes
+        """Every estimate's global and target PowerReports, in the order ``_step`` makes
         them (tick, socket, scope; the global report, then the targets), and FormulaReports."""
-        formula = self.formula
         if not self.done:
             return
-        ticks = self.ticks
         order = np.lexsort(
             (
-                np.array([entry[2] for entry in self.done]),
-                np.array([entry[1] for entry in self.done]),
-                np.array([entry[0] for entry in self.done]),
+                np.array([estimate.scope_at for estimate in self.done]),
+                np.array([estimate.socket_at for estimate in self.done]),
+                np.array([estimate.tick for estimate in self.done]),
             )
         ).tolist()
-        done = [self.done[at] for at in order]
+        columns = _estimate_columns([self.done[at] for at in order])
         described = [self.described[at] for at in order]
-        tick, at, scope, coefs, rapl_w, code, dynamic_w, raw_global = zip(*done, strict=True)
-        tick_of = np.array(tick, dtype=np.int64)
-        at_of = np.array(at, dtype=np.int64)
-        start = ticks.block_start[tick_of, at_of]
-        size = ticks.block_stop[tick_of, at_of] - start
-        # Target rows: each estimate's block of targets.
-        estimate_of_row = np.repeat(np.arange(len(tick_of)), size)
-        first_row = np.cumsum(size) - size
-        rows = start[estimate_of_row] + (
-            np.arange(len(estimate_of_row)) - first_row[estimate_of_row]
-        )
-        features = ticks.counts[rows] / self.interval_s[tick_of[estimate_of_row]][:, None]
-        coef = np.array(self.coefs)[np.array(coefs, dtype=np.int64)[estimate_of_row]]
+        out.emit_frame(self._power_frame(frame, columns, self._shares(columns)))
+        out.emit_frame(FormulaFrame(self.formula.sensor, FORMULA_KEYS, described))
+
+    def _shares(self, columns: EstimateColumns) -> TargetShares:
+        """Each estimate's targets: their rows and their shares of the estimate's power."""
+        ticks = self.ticks
+        start = ticks.block_start[columns.tick, columns.socket_at]
+        sizes = ticks.block_stop[columns.tick, columns.socket_at] - start
+        estimate = np.repeat(np.arange(len(columns.tick)), sizes)
+        first_row = np.cumsum(sizes) - sizes
+        rows = start[estimate] + (np.arange(len(estimate)) - first_row[estimate])
+        features = ticks.counts[rows] / self.interval_s[columns.tick[estimate]][:, None]
+        coef = np.array(self.coefs)[columns.coef_code[estimate]]
         dynamic = dynamic_power(features, coef)
-        global_w = np.array(raw_global)
-        rapl = np.array(rapl_w)
-        dynamic_global = np.array(dynamic_w)[estimate_of_row]
+        dynamic_global = columns.global_dynamic_w[estimate]
         shared = (dynamic_global > 0.0) & (dynamic > 0.0)
         ratio = np.zeros(len(rows))
         np.divide(dynamic, dynamic_global, out=ratio, where=shared)
-        power = np.zeros(len(rows))
-        np.multiply(ratio, rapl[estimate_of_row], out=power, where=shared)
-        # Interleave: each estimate's global row, then its targets.
-        count = len(tick_of) + len(rows)
-        global_at = first_row + np.arange(len(tick_of))
+        power_w = np.zeros(len(rows))
+        np.multiply(ratio, columns.rapl_power_w[estimate], out=power_w, where=shared)
+        return TargetShares(rows, estimate, first_row, sizes, ratio, power_w)
+
+    def _power_frame(
+        self, frame: HWPCFrame, columns: EstimateColumns, shares: TargetShares
+    ) -> PowerFrame:
+        """The PowerReports: each estimate's global row, then its targets' rows."""
+        ticks = self.ticks
+        estimates = len(columns.tick)
+        count = estimates + len(shares.rows)
+        global_at = shares.first_row + np.arange(estimates)
         target_at = np.ones(count, dtype=np.bool_)
         target_at[global_at] = False
         names = [*frame.names, "global"]
         column_target = np.empty(count, dtype=np.int64)
         column_target[global_at] = len(names) - 1
-        column_target[target_at] = ticks.target_codes[rows]
+        column_target[target_at] = ticks.target_codes[shares.rows]
         column_power = np.empty(count)
-        column_power[global_at] = global_w
-        column_power[target_at] = power
+        column_power[global_at] = columns.global_power_w
+        column_power[target_at] = shares.power_w
         column_ratio = np.empty(count)
         column_ratio[global_at] = 1.0
-        column_ratio[target_at] = ratio
-        estimate = np.repeat(np.arange(len(tick_of)), size + 1)
-        out.emit_frame(
-            PowerFrame(
-                sensor=formula.sensor,
-                millis=ticks.millis[tick_of][estimate],
-                targets=column_target,
-                target_names=names,
-                power=column_power,
-                metadata={
-                    "scope": Column(
-                        np.array(scope, dtype=np.int64)[estimate],
-                        [s.name for s in formula.scopes],
-                    ),
-                    "socket": Column(at_of[estimate], list(ticks.sockets)),
-                    "formula": Column(np.array(code, dtype=np.int64)[estimate], self.hashes),
-                    "ratio": column_ratio,
-                },
-            )
+        column_ratio[target_at] = shares.ratio
+        estimate = np.repeat(np.arange(estimates), shares.sizes + 1)
+        formula = self.formula
+        return PowerFrame(
+            sensor=formula.sensor,
+            millis=ticks.millis[columns.tick][estimate],
+            targets=column_target,
+            target_names=names,
+            power=column_power,
+            metadata={
+                "scope": Column(columns.scope_at[estimate], [s.name for s in formula.scopes]),
+                "socket": Column(columns.socket_at[estimate], list(ticks.sockets)),
+                "formula": Column(columns.hash_code[estimate], self.hashes),
+                "ratio": column_ratio,
+            },
         )
-        out.emit_frame(FormulaFrame(formula.sensor, FORMULA_KEYS, described))
+
+
+def _estimate_columns(estimates: list[FrameEstimate]) -> EstimateColumns:
+    """The estimates' fields as arrays."""
+    tick, socket_at, scope_at, coef_code, rapl_power_w, hash_code, global_dynamic_w, global_w = zip(
+        *estimates, strict=True
+    )
+    return EstimateColumns(
+        tick=np.array(tick, dtype=np.int64),
+        socket_at=np.array(socket_at, dtype=np.int64),
+        scope_at=np.array(scope_at, dtype=np.int64),
+        coef_code=np.array(coef_code, dtype=np.int64),
+        rapl_power_w=np.array(rapl_power_w),
+        hash_code=np.array(hash_code, dtype=np.int64),
+        global_dynamic_w=np.array(global_dynamic_w),
+        global_power_w=np.array(global_w),
+    )
 
 
 FORMULA_KEYS = (
@@ -1049,6 +1229,61 @@ FORMULA_KEYS = (
     "coef",
 )
 """The metadata of SmartWatts' FormulaReports, in the order it writes them."""
+
+
+def model_description(
+    scope: str, socket: str, model: PowerModel, package_frequency_mhz: int, error_w: float
+) -> tuple[Any, ...]:
+    """A FormulaReport's metadata values, in :data:`FORMULA_KEYS`' order: the model as a
+    step left it, and that step's package frequency and error."""
+    return (
+        scope,
+        socket,
+        model.frequency,
+        package_frequency_mhz,
+        len(model.samples),
+        model.id,
+        error_w,
+        model.intercept,
+        model.coef_text,
+    )
+
+
+def _feature_rows(counts: list[Counts]) -> tuple[tuple[str, ...], FloatArray]:
+    """The targets' counters of one socket as rows under one set of events, after a first row
+    for their sum (the global features); a target without an event counts 0 of it."""
+    events = counts[0][0]
+    if all(c[0] == events for c in counts):
+        rows = np.array([[0.0] * len(events)] + [c[1] for c in counts])
+    else:  # targets reporting different events: align them on the union
+        events = tuple(sorted({e for c in counts for e in c[0]}))
+        rows = np.zeros((len(counts) + 1, len(events)))
+        for row, (own, values) in enumerate(counts, start=1):
+            rows[row, [events.index(e) for e in own]] = values
+    rows[0] = rows[1:].sum(axis=0)
+    return events, rows
+
+
+def _rapl_energy(socket: str, cpus: dict[str, dict[str, int | float]]) -> dict[str, float]:
+    """Each RAPL event's energy on a socket: its first cpu's value, as SmartWatts reads."""
+    energy: dict[str, float] = {}
+    for cpu, events in cpus.items():
+        for event, value in events.items():
+            if event in TIME_EVENTS or event in energy:
+                continue
+            if not 0 <= value < WRAPPED_COUNTER:
+                raise BadCounters(_bad_counter(event, value, socket, cpu))
+            energy[event] = value
+    return energy
+
+
+def _multiplexing_scale(events: dict[str, int | float]) -> float:
+    """time_enabled / time_running of a cpu that perf multiplexed (0 if it never ran), else 1."""
+    enabled = events.get("time_enabled")
+    running = events.get("time_running")
+    if isinstance(enabled, int | float) and isinstance(running, int | float) and running < enabled:
+        return enabled / running if running > 0 else 0.0
+    return 1.0
 
 
 def _bad_counter(event: str, value: float, socket: str, cpu: str) -> str:

@@ -12,6 +12,7 @@ a duplicate. The formula then takes the frame's reports one by one instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,10 +48,96 @@ class FrameTicks:
     global_counts: FloatArray  # (ticks, sockets, events): the sum of each block's rows
 
 
+class FrameTables(NamedTuple):
+    """A frame's three groups, when it has exactly those, and the code of its global target."""
+
+    rapl: EventsTable
+    msr: EventsTable
+    core: EventsTable
+    global_code: int
+
+
+class TargetRows(NamedTuple):
+    """Every target's counters per socket, summed over its cpus, in the order SmartWatts reads
+    them: by tick, socket (only sockets with RAPL rows), then the target's place in its tick."""
+
+    events: tuple[str, ...]
+    """The features' names, sorted."""
+    counts: FloatArray
+    """(rows, events): one target's counters on one socket, summed over its cpus."""
+    target_codes: IntArray
+    """Each row's target, a code into the frame's names."""
+    tick_of_row: IntArray
+    socket_of_row: IntArray
+    """Each row's socket, as its place in the RAPL order."""
+    targets: IntArray
+    """(ticks,): the target reports of each tick."""
+
+
+class TargetBlocks(NamedTuple):
+    """The rows of each tick and socket, and their sum (see :class:`FrameTicks`)."""
+
+    start: IntArray
+    stop: IntArray
+    global_counts: FloatArray
+
+
+class ReadOrder(NamedTuple):
+    """Where each segment (a target's rows of one socket and tick) goes, and the targets."""
+
+    segments: IntArray
+    """The segments on sockets with RAPL rows, in the order SmartWatts reads them."""
+    targets: IntArray
+    """(ticks,): the target reports of each tick, each counted once whatever its sockets."""
+
+
 def frame_ticks(
     frame: HWPCFrame, base_frequency: int, *, scale_multiplexed: bool
 ) -> FrameTicks | None:
     """The frame's ticks as arrays, or ``None`` when one of its reports needs the slow way."""
+    tables = _tables(frame)
+    if tables is None:
+        return None
+    millis, tick_of_rapl = np.unique(tables.rapl.millis, return_inverse=True)
+    tick_of_rapl = tick_of_rapl.reshape(-1)
+    ticks = len(millis)
+    sockets = _socket_order(tables.rapl.sockets, tick_of_rapl, ticks)
+    if sockets is None:
+        return None
+    position = {socket: at for at, socket in enumerate(sockets)}
+    energy = _energy(tables.rapl, tick_of_rapl, position, ticks)
+
+    frequency = _frequency(tables.msr, millis, position, ticks, base_frequency)
+    if frequency is None:
+        return None
+
+    core = tables.core
+    is_target = core.targets != tables.global_code
+    if not bool(np.isin(core.millis[~is_target], millis).all()):
+        return None  # a global report without RAPL rows
+    rows = _features(core.where(is_target), millis, position, scale_multiplexed)
+    if rows is None:
+        return None
+    blocks = _blocks(rows, ticks, len(sockets))
+    return FrameTicks(
+        millis=millis,
+        sockets=[str(socket) for socket in sockets],
+        events=rows.events,
+        energy=energy,
+        frequency=frequency,
+        targets=rows.targets,
+        counts=rows.counts,
+        target_codes=rows.target_codes,
+        block_start=blocks.start,
+        block_stop=blocks.stop,
+        global_counts=blocks.global_counts,
+    )
+
+
+def _tables(frame: HWPCFrame) -> FrameTables | None:
+    """The frame's rapl, msr and core tables, or ``None`` for anything the slow way treats
+    otherwise: other groups, no RAPL or msr rows, target rows in them, counters that cannot be
+    real (dead letters for the slow way to write, with their reasons)."""
     tables = {table.group: table for table in frame.tables}
     if set(tables) != _GROUPS or len(tables) != len(frame.tables):
         return None
@@ -63,56 +150,33 @@ def frame_ticks(
     for table in (rapl, msr):
         if not bool((table.targets == global_code).all()):
             return None
-    for table in frame.tables:
-        if len(table) and (
-            int(table.values.min()) < 0 or int(table.values.max()) >= WRAPPED_COUNTER
-        ):
-            return None  # a dead letter for the slow way to write, with its reason
-
-    millis, tick_of_rapl = np.unique(rapl.millis, return_inverse=True)
-    tick_of_rapl = tick_of_rapl.reshape(-1)
-    ticks = len(millis)
-    sockets = _socket_order(rapl.sockets, tick_of_rapl, ticks)
-    if sockets is None:
+    if not _counters_real(frame):
         return None
-    position = {socket: at for at, socket in enumerate(sockets)}
-    energy = _energy(rapl, tick_of_rapl, position, ticks)
+    return FrameTables(rapl, msr, core, global_code)
 
-    frequency = _frequency(msr, millis, position, ticks, base_frequency)
-    if frequency is None:
-        return None
 
-    is_target = core.targets != global_code
-    if not bool(np.isin(core.millis[~is_target], millis).all()):
-        return None  # a global report without RAPL rows
-    features = _features(core.where(is_target), millis, position, scale_multiplexed)
-    if features is None:
-        return None
-    events, counts, target_codes, tick_of_row, socket_of_row, targets = features
+def _counters_real(frame: HWPCFrame) -> bool:
+    """Whether no counter of the frame is negative or wrapped around."""
+    return not any(
+        len(table) and (int(table.values.min()) < 0 or int(table.values.max()) >= WRAPPED_COUNTER)
+        for table in frame.tables
+    )
 
-    blocks = tick_of_row * len(sockets) + socket_of_row
-    edges = np.searchsorted(blocks, np.arange(ticks * len(sockets) + 1))
-    block_start = edges[:-1].reshape(ticks, len(sockets))
-    block_stop = edges[1:].reshape(ticks, len(sockets))
-    global_counts = np.zeros((ticks, len(sockets), len(events)))
+
+def _blocks(rows: TargetRows, ticks: int, sockets: int) -> TargetBlocks:
+    """Each tick and socket's block of target rows, and the sum of each block's rows."""
+    blocks = rows.tick_of_row * sockets + rows.socket_of_row
+    edges = np.searchsorted(blocks, np.arange(ticks * sockets + 1))
+    block_start = edges[:-1].reshape(ticks, sockets)
+    block_stop = edges[1:].reshape(ticks, sockets)
+    global_counts = np.zeros((ticks, sockets, len(rows.events)))
     filled = block_stop > block_start
+    counts = rows.counts
     if len(counts):
         integral = bool((counts == np.floor(counts)).all()) and float(counts.max()) < 2**52
         sums = ordered_sums(counts, block_start[filled].reshape(-1), exact=integral)
         global_counts[filled] = sums
-    return FrameTicks(
-        millis=millis,
-        sockets=[str(socket) for socket in sockets],
-        events=events,
-        energy=energy,
-        frequency=frequency,
-        targets=targets,
-        counts=counts,
-        target_codes=target_codes,
-        block_start=block_start,
-        block_stop=block_stop,
-        global_counts=global_counts,
-    )
+    return TargetBlocks(block_start, block_stop, global_counts)
 
 
 def _global_code(frame: HWPCFrame, rapl: EventsTable) -> int | None:
@@ -168,10 +232,8 @@ def _frequency(
     """The package frequency per tick and socket: base × ΣAPERF / ΣMPERF over its cpus."""
     if "APERF" not in msr.events or "MPERF" not in msr.events:
         return None
-    tick = np.searchsorted(millis, msr.millis)
-    if bool((tick >= ticks).any()) or not bool(
-        (millis[np.minimum(tick, ticks - 1)] == msr.millis).all()
-    ):
+    tick = _tick_of_rows(millis, msr.millis)
+    if tick is None:
         return None  # msr rows of a tick without RAPL rows
     socket_slot = _positions(msr.sockets, position)
     known = socket_slot >= 0
@@ -194,30 +256,54 @@ def _frequency(
     return frequency.astype(np.int64).reshape(ticks, len(position))
 
 
-Features = tuple[tuple[str, ...], FloatArray, IntArray, IntArray, IntArray, IntArray]
+def _tick_of_rows(millis: IntArray, row_millis: IntArray) -> IntArray | None:
+    """Each row's tick (its place in ``millis``), or ``None`` if a row's tick is not there."""
+    ticks = len(millis)
+    tick = np.searchsorted(millis, row_millis)
+    if bool((tick >= ticks).any()) or not bool(
+        (millis[np.minimum(tick, ticks - 1)] == row_millis).all()
+    ):
+        return None
+    return tick
 
 
 def _features(
     core: EventsTable, millis: IntArray, position: dict[int, int], scale_multiplexed: bool
-) -> Features | None:
-    """Every target's counters per socket, summed over its cpus, in the order SmartWatts reads.
-
-    Returns the features' names, the sums (rows × events, only sockets with RAPL rows), each
-    row's target, tick and socket position, and the number of target reports of each tick.
-    """
+) -> TargetRows | None:
+    """Every target's counters per socket, summed over its cpus, in the order SmartWatts reads."""
     ticks = len(millis)
     events = tuple(sorted(e for e in core.events if e not in TIME_EVENTS))
     if not events:
         return None
     if not len(core):
         empty = np.empty(0, dtype=np.int64)
-        return (events, np.empty((0, len(events))), empty, empty, empty, np.zeros(ticks, np.int64))
-    tick = np.searchsorted(millis, core.millis)
-    if bool((tick >= ticks).any()) or not bool(
-        (millis[np.minimum(tick, ticks - 1)] == core.millis).all()
-    ):
+        counts = np.empty((0, len(events)))
+        return TargetRows(events, counts, empty, empty, empty, np.zeros(ticks, np.int64))
+    tick = _tick_of_rows(millis, core.millis)
+    if tick is None:
         return None  # a target's report in a tick without the global one
-    # Segments: runs of rows of one tick, target and socket.
+    starts = _segments(core, tick)
+    if starts is None:
+        return None
+    sums = _segment_sums(core, events, starts, scale_multiplexed)
+    segment_tick = tick[starts]
+    segment_target = core.targets[starts]
+    socket_of = _positions(core.sockets[starts], position)
+    order = _read_order(segment_tick, segment_target, socket_of, ticks)
+    segments = order.segments
+    return TargetRows(
+        events,
+        np.ascontiguousarray(sums[segments]),
+        segment_target[segments],
+        segment_tick[segments],
+        socket_of[segments],
+        order.targets,
+    )
+
+
+def _segments(core: EventsTable, tick: IntArray) -> IntArray | None:
+    """Where each segment (runs of rows of one tick, target and socket) starts; ``None`` when
+    a segment comes apart or holds a cpu twice (the slow way merges or overwrites them)."""
     starts = run_starts(tick, core.targets, core.sockets)
     width = int(core.targets.max()) + 1
     sockets_span = int(core.sockets.max()) + 1
@@ -228,48 +314,59 @@ def _features(
         return None  # one target's rows of a socket apart in a tick: the slow way merges them
     if not _cpus_unique(core.cpus, starts):
         return None
-    # Counters in feature order; a multiplexed cpu's scaled by time_enabled/time_running.
+    return starts
+
+
+def _segment_sums(
+    core: EventsTable, events: tuple[str, ...], starts: IntArray, scale_multiplexed: bool
+) -> FloatArray:
+    """Each segment's counters in feature order, summed over its cpus as the slow way adds
+    them; a multiplexed cpu's counters scaled by time_enabled/time_running first."""
     columns = [core.events.index(e) for e in events]
     values = core.values[:, columns].astype(np.float64)
     scaled = False
     if scale_multiplexed and set(TIME_EVENTS) <= set(core.events):
-        enabled = core.values[:, core.events.index("time_enabled")]
-        running = core.values[:, core.events.index("time_running")]
-        multiplexed = running < enabled
-        if bool(multiplexed.any()):
-            scale = np.ones(len(core))
-            divided = multiplexed & (running > 0)
-            scale[divided] = enabled[divided] / running[divided]
-            scale[multiplexed & (running <= 0)] = 0.0
-            values *= scale[:, None]
-            scaled = True
+        scaled = _unmultiplex(core, values)
     if (
         int(core.values[:, columns].max(initial=0)) * (int(np.diff(starts).max(initial=1)) + 1)
         >= 2**52
     ):
         scaled = True  # sums an int64 holds, but a float does not hold exactly
-    sums = ordered_sums(values, starts, exact=not scaled)
-    segment_tick = tick[starts]
-    segment_target = core.targets[starts]
+    return ordered_sums(values, starts, exact=not scaled)
+
+
+def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
+    """Scale the counters (``values``, in place) of each cpu that perf multiplexed by
+    time_enabled/time_running (0 if it never ran); whether there was one."""
+    enabled = core.values[:, core.events.index("time_enabled")]
+    running = core.values[:, core.events.index("time_running")]
+    multiplexed = running < enabled
+    if not bool(multiplexed.any()):
+        return False
+    scale = np.ones(len(core))
+    divided = multiplexed & (running > 0)
+    scale[divided] = enabled[divided] / running[divided]
+    scale[multiplexed & (running <= 0)] = 0.0
+    values *= scale[:, None]
+    return True
+
+
+def _read_order(
+    segment_tick: IntArray, segment_target: IntArray, socket_of: IntArray, ticks: int
+) -> ReadOrder:
+    """The segments by tick, socket, then the place of the target's first row in its tick;
+    those on a socket without RAPL rows (``socket_of`` -1) left out."""
+    width = int(segment_target.max()) + 1
     # Target reports per tick, each counted once whatever its sockets.
     pair = segment_tick * width + segment_target
     reports, first_segment = np.unique(pair, return_index=True)
     targets = np.bincount(reports // width, minlength=ticks)
     # A target's place in its tick: where its first row comes.
-    rank = np.empty(len(starts), dtype=np.int64)
+    rank = np.empty(len(segment_tick), dtype=np.int64)
     rank[:] = first_segment[np.searchsorted(reports, pair)]
-    socket_of = _positions(core.sockets[starts], position)
     known = socket_of >= 0
     order = np.lexsort((rank, socket_of, segment_tick))
-    order = order[known[order]]
-    return (
-        events,
-        np.ascontiguousarray(sums[order]),
-        segment_target[order],
-        segment_tick[order],
-        socket_of[order],
-        targets,
-    )
+    return ReadOrder(order[known[order]], targets)
 
 
 def ordered_sums(values: FloatArray, starts: IntArray, *, exact: bool) -> FloatArray:
