@@ -222,11 +222,12 @@ class HWPCFrame(Frame):
         return first, second
 
     def joined(self, later: HWPCFrame) -> HWPCFrame:
-        """This frame followed by a later one of the same groups; ``None`` when they differ."""
-        if [(t.group, t.events) for t in self.tables] != [
-            (t.group, t.events) for t in later.tables
-        ]:
-            raise ValueError("frames of other groups or events cannot be joined")
+        """This frame followed by a later one: each group's rows followed by the later frame's
+        rows of that group, the groups only the later frame has after this frame's.
+
+        Raises:
+            ValueError: when a group has other events in the later frame.
+        """
         names = self.names
         tables = later.tables
         if later.names != names:
@@ -249,9 +250,20 @@ class HWPCFrame(Frame):
                 )
                 for t in tables
             ]
+        following = {table.group: table for table in tables}
+        together: list[EventsTable] = []
+        for table in self.tables:
+            more = following.pop(table.group, None)
+            if more is None:
+                together.append(table)
+            elif more.events != table.events:
+                raise ValueError(f"frames with other events in group {table.group!r}")
+            else:
+                together.append(table.then(more))
+        together.extend(following.values())
         return HWPCFrame(
             names,
-            [a.then(b) for a, b in zip(self.tables, tables, strict=True)],
+            together,
             None if self.count is None or later.count is None else self.count + later.count,
         )
 

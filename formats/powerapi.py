@@ -136,7 +136,7 @@ def _encoded(reports: Iterable[Report], options: int) -> list[bytes]:
     return encoded
 
 
-class _HwpcDocument(msgspec.Struct, gc=False):
+class HwpcDocument(msgspec.Struct, gc=False):
     """hwpc-sensor's JSON report, as far as it must be checked before it is trusted.
 
     msgspec checks the whole layout, down to every counter being an integer or a float, in C
@@ -151,7 +151,8 @@ class _HwpcDocument(msgspec.Struct, gc=False):
     metadata: dict[str, Any] = {}
 
 
-_decode_hwpc_document = msgspec.json.Decoder(_HwpcDocument).decode
+decode_hwpc_document = msgspec.json.Decoder(HwpcDocument).decode
+"""Parse and check one hwpc-sensor JSON report (raises ``msgspec.DecodeError``)."""
 
 
 def decode_json(kind: type[Report], data: str | bytes, source: str, line: int | None) -> Report:
@@ -200,7 +201,7 @@ def decode_json_lines(
                 except DecodeError as error:
                     errors.append((error, line))
         return reports, errors
-    decode = _decode_hwpc_document
+    decode = decode_hwpc_document
     invalid = msgspec.DecodeError
     stamps: dict[int | float | str, datetime] = {}
     append = reports.append
@@ -215,7 +216,7 @@ def decode_json_lines(
             timestamp = stamps.get(raw)
             if timestamp is None:
                 # Also None for a timestamp that cannot be read: rare, and never remembered.
-                timestamp = _utc_or_none(raw)
+                timestamp = utc_or_none(raw)
                 if timestamp is not None:
                     stamps[raw] = timestamp
         if timestamp is None:
@@ -248,10 +249,10 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     also accepts the rare forms msgspec does not, such as counters written as strings).
     """
     try:
-        document = _decode_hwpc_document(data)
+        document = decode_hwpc_document(data)
     except msgspec.DecodeError:
         return None
-    timestamp = _utc_or_none(document.timestamp)
+    timestamp = utc_or_none(document.timestamp)
     if timestamp is None:
         return None
     return trusted_report(
@@ -266,7 +267,7 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     )
 
 
-def _utc_or_none(value: int | float | str) -> datetime | None:
+def utc_or_none(value: int | float | str) -> datetime | None:
     """``to_utc``, or ``None`` when it cannot read the value."""
     if type(value) is bool:
         return None

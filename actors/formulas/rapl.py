@@ -93,9 +93,11 @@ def global_parts(frame: Frame) -> list[tuple[Hashable, Frame]] | None:
 def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     tables = {table.group: table for table in frame.tables}
     rapl = tables.get("rapl")
+    codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
+    if rapl is None and not any(bool(np.isin(t.targets, codes).any()) for t in frame.tables):
+        return []  # only targets' reports, none of them the formula's
     if rapl is None or len(tables) != len(frame.tables):
         return None
-    codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
     if not bool(np.isin(rapl.targets, codes).all()):
         return None  # a target's RAPL rows
     first = min(int(table.millis.min()) for table in frame.tables if len(table))

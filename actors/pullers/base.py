@@ -11,7 +11,9 @@ from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
 from wattflow.formats.frames import Frame
-from wattflow.formats.reports import Report
+from wattflow.formats.json_frames import Layout, decode_hwpc_frames
+from wattflow.formats.powerapi import decode_json_lines
+from wattflow.formats.reports import HWPCReport, Report
 
 
 class PullerConfig(BackendConfig):
@@ -41,6 +43,51 @@ class Emitter(Protocol):
 
     def reject(self, payload: Any, reason: str) -> None:
         """Dead-letter input that could not become a report, naming where it came from."""
+
+
+class LineOutbox:
+    """Complete JSON lines an input read and has not handed on yet, decoded together when they
+    are: a busy sensor's reads, however the network cut them, become one frame
+    (:func:`~wattflow.formats.json_frames.decode_hwpc_frames`) rather than one per read, and
+    the frame engine's costs per frame are shared by hundreds of reports."""
+
+    def __init__(self, kind: type[Report], source: str) -> None:
+        self.kind = kind
+        self.source = source
+        self.segments: list[tuple[int, list[bytes]]] = []
+        """Runs of consecutive lines, each with the number of its first line."""
+        self.size = 0
+        """The number of lines held."""
+        self.layouts: dict[str, Layout] = {}
+        """Each sensor's groups, remembered from one batch to the next."""
+
+    def add(self, lines: list[bytes], first_line: int) -> None:
+        """Hold consecutive lines, the first numbered ``first_line``."""
+        if lines:
+            self.segments.append((first_line, lines))
+            self.size += len(lines)
+
+    async def emit(self, emitter: Emitter) -> None:
+        """Decode what is held and hand it on: frames when every line is plain, else reports,
+        each line that is not one dead-lettered with its number."""
+        segments, self.segments, self.size = self.segments, [], 0
+        if not segments:
+            return
+        if self.kind is HWPCReport:
+            every = segments[0][1] if len(segments) == 1 else [x for _, s in segments for x in s]
+            frames = decode_hwpc_frames(every, self.layouts)
+            if frames is not None:
+                for frame in frames:
+                    await emitter.emit([frame])
+                return
+        reports: list[Report] = []
+        for first_line, lines in segments:
+            decoded, errors = decode_json_lines(self.kind, lines, self.source, first_line)
+            for error, raw in errors:
+                text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+                emitter.reject(text, str(error))
+            reports.extend(decoded)
+        await emitter.emit(reports)
 
 
 C = TypeVar("C", bound=PullerConfig)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BeforeValidator, Field, PositiveInt
 
 from wattflow.actors.backend import split_commas
 from wattflow.actors.pullers.base import Emitter, PullerConfig
 from wattflow.formats.errors import DecodeError
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import Report
 
 FileList = Annotated[list[Path], BeforeValidator(split_commas)]
@@ -91,6 +92,23 @@ class BatchEmitter:
             self.batch = batch[self.max_batch :]
             await self.emitter.emit(batch[: self.max_batch])
             batch = self.batch
+
+    async def add_batch(
+        self,
+        decoded: list[HWPCFrame] | list[Report],
+        errors: list[tuple[DecodeError, str | bytes]],
+    ) -> None:
+        """Queue what :func:`~wattflow.formats.json_frames.decode_json_batch` made of many lines:
+        each frame goes on whole, after the reports queued before it (as its reports when pacing
+        a replay, which goes report by report)."""
+        if decoded and isinstance(decoded[0], HWPCFrame):
+            if self.replay_speed is None:
+                await self.flush()
+                for frame in decoded:
+                    await self.emitter.emit([frame])
+                return
+            decoded = [report for frame in decoded for report in frame.reports()]
+        await self.add_decoded(cast(list[Report], decoded), errors)
 
     async def flush(self) -> None:
         """Emit what is queued."""

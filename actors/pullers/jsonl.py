@@ -18,8 +18,9 @@ from wattflow.actors.pullers.files import (
     check_files_exist,
     split_lines,
 )
-from wattflow.formats import jsonl, powerapi
+from wattflow.formats import jsonl
 from wattflow.formats.errors import DecodeError
+from wattflow.formats.json_frames import Layout, decode_json_batch
 from wattflow.formats.reports import report_kind
 
 _CHUNK_BYTES = 1 << 20
@@ -74,23 +75,24 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                     await batcher.add(item)
             else:
                 with path.open("rb") as handle:
+                    layouts: dict[str, Layout] = {}
                     line_number = 1
                     rest = b""
                     while chunk := handle.read(_CHUNK_BYTES):
                         lines, rest = split_lines(rest + chunk)
-                        reports, errors = powerapi.decode_json_lines(
-                            kind, lines, str(path), line_number
+                        decoded, errors = decode_json_batch(
+                            kind, lines, str(path), line_number, layouts
                         )
                         line_number += len(lines)
-                        await batcher.add_decoded(reports, errors)
+                        await batcher.add_batch(decoded, errors)
                         if emitter.stopping.is_set():
                             break
                     if rest and not emitter.stopping.is_set():
                         lines, _ = split_lines(rest + b"\n")
-                        reports, errors = powerapi.decode_json_lines(
-                            kind, lines, str(path), line_number
+                        decoded, errors = decode_json_batch(
+                            kind, lines, str(path), line_number, layouts
                         )
-                        await batcher.add_decoded(reports, errors)
+                        await batcher.add_batch(decoded, errors)
             if emitter.stopping.is_set():
                 break
         await batcher.flush()
@@ -102,6 +104,7 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
         handle = None
         line_number = 0
         partial = b""
+        layouts: dict[str, Layout] = {}
         try:
             while not emitter.stopping.is_set():
                 if handle is None:
@@ -129,18 +132,18 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                         f"{self.config.max_line_bytes} bytes, skipped",
                     )
                     partial = b""
-                reports, errors = powerapi.decode_json_lines(
-                    kind, lines, str(path), line_number + 1
+                decoded, errors = decode_json_batch(
+                    kind, lines, str(path), line_number + 1, layouts
                 )
                 line_number += len(lines)
-                await batcher.add_decoded(reports, errors)
+                await batcher.add_batch(decoded, errors)
             if partial.strip():
                 # A last line without its newline: at a stop it is read as it is, a report or
                 # (a writer cut off mid-line) a dead letter naming its line, never dropped.
-                reports, errors = powerapi.decode_json_lines(
-                    kind, [partial], str(path), line_number + 1
+                decoded, errors = decode_json_batch(
+                    kind, [partial], str(path), line_number + 1, layouts
                 )
-                await batcher.add_decoded(reports, errors)
+                await batcher.add_batch(decoded, errors)
         finally:
             await batcher.flush()
             if handle is not None:

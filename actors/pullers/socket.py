@@ -17,9 +17,8 @@ from pydantic import Field, PositiveInt
 
 from wattflow.actors.errors import PullUnavailable
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.formats import powerapi
-from wattflow.formats.reports import Report, report_kind
+from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
+from wattflow.formats.reports import report_kind
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +44,13 @@ class SocketPullerConfig(PullerConfig):
     )
     max_batch: PositiveInt = Field(
         default=500, description="Reports decoded from one connection before they are handed on."
+    )
+    gather_ms: float = Field(
+        default=20.0,
+        ge=0,
+        description="How long a connection's lines wait for more before they are decoded and "
+        "handed on: a busy sensor's reads become one batch, a quiet sensor's reports wait at "
+        "most this long.",
     )
     drain_grace_s: float = Field(
         default=1.0,
@@ -117,17 +123,10 @@ class SocketPuller(Puller[SocketPullerConfig]):
         line_number = 0
         partial = b""
         skipping = False  # inside a line longer than the limit, until its end
-        batch: list[Report] = []
+        batch = LineOutbox(self.kind, peer)
         try:
             while True:
-                try:
-                    if emitter.stopping.is_set():
-                        # Draining: read what the peer already sent, stop once it goes quiet.
-                        chunk = await asyncio.wait_for(reader.read(limit), 0.1)
-                    else:
-                        chunk = await reader.read(limit)
-                except TimeoutError:
-                    chunk = None
+                chunk = await self._next_chunk(reader, batch, emitter)
                 if not chunk:
                     self._last_line(partial, skipping, peer, line_number, batch, emitter)
                     break
@@ -144,37 +143,57 @@ class SocketPuller(Puller[SocketPullerConfig]):
                             lines[start:position], peer, line_number, batch, emitter
                         )
                         line_number += 1
+                        await batch.emit(emitter)  # dead letters in the order of lines
                         self._too_long(emitter, peer, line_number)
                         start = position + 1
                 line_number = self._decode(lines[start:], peer, line_number, batch, emitter)
                 if len(partial) > limit and not skipping:
                     line_number += 1
+                    await batch.emit(emitter)
                     self._too_long(emitter, peer, line_number)
                     skipping = True
                 if skipping:
                     partial = b""
-                if len(batch) >= self.config.max_batch or not getattr(reader, "_buffer", b""):
-                    await emitter.emit(batch)
-                    batch = []
+                if batch.size >= self.config.max_batch:
+                    await batch.emit(emitter)
         except ConnectionError as error:
             logger.info("%s closed: %s", peer, error)
-        await emitter.emit(batch)
+        await batch.emit(emitter)
+
+    async def _next_chunk(
+        self, reader: asyncio.StreamReader, batch: LineOutbox, emitter: Emitter
+    ) -> bytes | None:
+        """The peer's next data; ``None`` or empty once it closed, or went quiet while draining.
+
+        While lines are held, the read waits ``gather_ms`` at most: a busy sensor's reads then
+        gather into one batch, and a quiet sensor's lines are handed on once it pauses.
+        """
+        limit = self.config.max_line_bytes
+        while True:
+            if emitter.stopping.is_set():  # draining: what the peer already sent, then stop
+                wait_s: float | None = 0.1
+            elif batch.size:
+                wait_s = self.config.gather_ms / 1000
+            else:
+                return await reader.read(limit)
+            try:
+                return await asyncio.wait_for(reader.read(limit), wait_s)
+            except TimeoutError:
+                if emitter.stopping.is_set():
+                    return None
+                await batch.emit(emitter)
 
     def _decode(
         self,
         lines: list[bytes],
         peer: str,
         line_number: int,
-        batch: list[Report],
+        batch: LineOutbox,
         emitter: Emitter,
     ) -> int:
-        """Decode complete lines that follow line ``line_number``; return the last one's number."""
-        if lines:
-            reports, errors = powerapi.decode_json_lines(self.kind, lines, peer, line_number + 1)
-            for error, raw in errors:
-                text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-                emitter.reject(text, str(error))
-            batch.extend(reports)
+        """Hold complete lines that follow line ``line_number``, to be decoded when handed on;
+        return the last one's number."""
+        batch.add(lines, line_number + 1)
         return line_number + len(lines)
 
     def _last_line(
@@ -183,7 +202,7 @@ class SocketPuller(Puller[SocketPullerConfig]):
         skipping: bool,
         peer: str,
         line_number: int,
-        batch: list[Report],
+        batch: LineOutbox,
         emitter: Emitter,
     ) -> None:
         """What the peer sent after its last newline, once it closed or went quiet."""

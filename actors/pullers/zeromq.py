@@ -28,7 +28,8 @@ from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
 from wattflow.formats import powerapi
-from wattflow.formats.reports import Report, report_kind
+from wattflow.formats.json_frames import Layout, decode_hwpc_frames
+from wattflow.formats.reports import HWPCReport, Report, report_kind
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         self.ready = False
         self.messages = 0
         """Messages received, good or bad: what a user compares with what was sent."""
+        self._layouts: dict[str, Layout] = {}
+        """Each sensor's groups, remembered from one batch of messages to the next."""
 
     @property
     def binds(self) -> bool:
@@ -200,15 +203,32 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
                     return
             elif not await socket.poll(int(self.config.poll_interval_s * 1000)):
                 continue
-            reports: list[Report] = []
+            messages: list[list[zmq.Frame]] = []
             for _ in range(self.config.max_batch):
                 try:
-                    frames = await socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    messages.append(await socket.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     break
-                self.messages += 1
-                reports += self._decode(kind, frames, where, emitter)
-            await emitter.emit(reports)
+            self.messages += len(messages)
+            await self._emit(kind, messages, where, emitter)
+
+    async def _emit(
+        self, kind: type[Report], messages: list[list[zmq.Frame]], where: str, emitter: Emitter
+    ) -> None:
+        """Hand on what messages hold: hwpc-sensor's plain reports as frames (one per sensor,
+        :func:`~wattflow.formats.json_frames.decode_hwpc_frames`), anything else message by
+        message."""
+        if kind is HWPCReport and all(len(message) <= 2 for message in messages):
+            lines = [line for message in messages for line in message[-1].bytes.split(b"\n")]
+            frames = decode_hwpc_frames(lines, self._layouts)
+            if frames is not None:
+                for frame in frames:
+                    await emitter.emit([frame])
+                return
+        reports: list[Report] = []
+        for message in messages:
+            reports += self._decode(kind, message, where, emitter)
+        await emitter.emit(reports)
 
     def _decode(
         self, kind: type[Report], frames: list[zmq.Frame], where: str, emitter: Emitter

@@ -1,0 +1,358 @@
+"""hwpc-sensor's JSON reports read into frames: the live inputs' way into the frame engine.
+
+hwpc-sensor writes one JSON object per report to its socket (and to files and ZeroMQ), and a
+node of a hundred containers writes a hundred of them a second. Made into one Python object per
+report, then summed per socket and estimated one target at a time, they cost about ten times what
+parsing them costs. Here a batch of lines becomes one :class:`~wattflow.formats.frames.HWPCFrame`
+in a single pass: msgspec checks and parses each line in C, and each cpu's counters are appended
+to its group's columns, which numpy then holds. The formulas that know frames estimate every tick
+of it with array operations, as they do for PowerAPI's CSV files.
+
+A frame stands for exactly the reports the lines decode to one by one
+(:func:`~wattflow.formats.powerapi.decode_json_lines`), so a batch becomes a frame only when
+every line is plain: it decodes, carries no metadata, has a timestamp of whole milliseconds not
+earlier than the line before, names a (timestamp, sensor, target) no other line of the batch
+names, holds only integer counters that fit 64 bits, writes sockets and cpus as plain numbers
+(``"0"``, not ``"00"``), gives every cpu of a group the same events, and comes in the order the
+frame gives its reports back. Anything else (hostile input included) leaves the batch to the
+line-by-line way, which decodes, and dead-letters, exactly as it always did. A frame gives each
+cpu's events back in its group's order, which is hwpc-sensor's order; a sensor that wrote them
+in another order on some cpus gets the same counters back in the group's order.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from itertools import chain
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+
+from wattflow.formats.errors import DecodeError
+from wattflow.formats.frames import Column, EventsTable, FloatArray, HWPCFrame, IntArray, PowerFrame
+from wattflow.formats.powerapi import (
+    FIRST_MILLIS,
+    LAST_MILLIS,
+    HwpcDocument,
+    datetime_of,
+    decode_hwpc_document,
+    decode_json_lines,
+    format_timestamp,
+    utc_or_none,
+)
+from wattflow.formats.reports import HWPCReport, Report, to_millis
+
+
+class _NotPlain(Exception):
+    """A line the frame cannot stand for: the batch goes the line-by-line way."""
+
+
+class _Cut(Exception):
+    """A line the frame cannot place after the lines before it (its groups come in another
+    order than the frame's tables): it starts the next frame."""
+
+
+class _GroupRows:
+    """One events group's rows while a batch is read: per line, per socket, then per cpu."""
+
+    __slots__ = ("cpu_texts", "events", "line_millis", "line_rows", "line_sensors",
+                 "line_targets", "pick", "rank", "socket_rows", "socket_texts", "values",
+                 "width")  # fmt: skip
+
+    def __init__(self, events: tuple[str, ...], rank: int) -> None:
+        self.events = events
+        self.width = len(events)
+        self.pick: Callable[[dict[str, Any]], Any] = operator.itemgetter(*events)
+        self.rank = rank
+        """The group's place among the batch's groups: the frame gives a tick's reports back in
+        the order of their first group's place."""
+        self.line_millis: list[int] = []
+        self.line_sensors: list[int] = []
+        self.line_targets: list[int] = []
+        self.line_rows: list[int] = []
+        self.socket_texts: list[str] = []
+        self.socket_rows: list[int] = []
+        self.cpu_texts: list[str] = []
+        self.values: list[Any] = []
+
+    def add(self, sockets: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """One line's rows of this group: each socket's cpus and counters taken in C calls
+        (``itemgetter`` over the cpus, in the group's event order)."""
+        width = self.width
+        pick = self.pick
+        rows = 0
+        for socket_text, cpus in sockets.items():
+            count = len(cpus)
+            # Each cpu must have exactly the group's events: one with more would lose them
+            # here, and with the sum right, any cpu with more means one with fewer, which
+            # ``pick`` refuses (KeyError).
+            if not count or sum(map(len, cpus.values())) != width * count:
+                raise _NotPlain("a socket without cpus, or cpus with other events")
+            self.socket_texts.append(socket_text)
+            self.socket_rows.append(count)
+            self.cpu_texts.extend(cpus)
+            if width > 1:
+                self.values.extend(chain.from_iterable(map(pick, cpus.values())))
+            else:
+                self.values.extend(map(pick, cpus.values()))
+            rows += count
+        self.line_rows.append(rows)
+
+    def table(self, group: str) -> EventsTable:
+        counts = np.array(self.line_rows, dtype=np.int64)
+        try:
+            values = np.array(self.values)
+        except OverflowError:
+            raise _NotPlain("a counter beyond 64 bits") from None
+        if values.dtype != np.int64:  # floats, or integers numpy could only hold as objects
+            raise _NotPlain("a counter that is not a 64-bit integer")
+        sockets = np.repeat(_numbers(self.socket_texts), self.socket_rows)
+        return EventsTable(
+            group,
+            self.events,
+            np.repeat(np.array(self.line_millis, dtype=np.int64), counts),
+            np.repeat(np.array(self.line_sensors, dtype=np.int64), counts),
+            np.repeat(np.array(self.line_targets, dtype=np.int64), counts),
+            sockets,
+            _numbers(self.cpu_texts),
+            values.reshape(-1, self.width),
+        )
+
+
+def _numbers(texts: list[str]) -> IntArray:
+    """Socket or cpu keys as the numbers a frame holds; only keys that are their number's text
+    (``"0"``, ``"12"``), since the frame writes them back as ``str`` of the number."""
+    known: dict[str, int] = {}
+    for text in set(texts):
+        try:
+            number = int(text)
+        except ValueError:
+            raise _NotPlain("a socket or cpu that is not a number") from None
+        if str(number) != text:
+            raise _NotPlain("a socket or cpu written another way than its number")
+        known[text] = number
+    numbers: IntArray = np.fromiter(map(known.__getitem__, texts), dtype=np.int64, count=len(texts))
+    return numbers
+
+
+Layout = tuple[tuple[str, tuple[str, ...]], ...]
+"""A sensor's groups and each group's events, in the order its frames' tables hold them."""
+
+
+class _Batch:
+    """The state of one batch's pass: names, groups, the tick being read."""
+
+    __slots__ = ("codes", "groups", "millis_of", "reports", "tick", "tick_keys",
+                 "tick_rank")  # fmt: skip
+
+    def __init__(self, layout: Layout = ()) -> None:
+        self.codes: dict[str, int] = {}
+        self.groups: dict[str, _GroupRows] = {
+            name: _GroupRows(events, rank) for rank, (name, events) in enumerate(layout)
+        }
+        self.millis_of: dict[int | float | str, int] = {}
+        self.reports = 0
+        self.tick: int | None = None
+        self.tick_keys: set[tuple[int, int]] = set()
+        self.tick_rank = 0
+
+    def add(self, document: HwpcDocument) -> None:
+        millis = self._millis(document.timestamp)
+        codes = self.codes
+        sensor = codes.setdefault(document.sensor, len(codes))
+        target = codes.setdefault(document.target, len(codes))
+        groups = document.groups
+        known = self.groups
+        first_rank = last_rank = -1
+        for name in groups:
+            found = known.get(name)
+            rank = len(known) if found is None else found.rank
+            if rank < last_rank:
+                raise _Cut
+            if first_rank < 0:
+                first_rank = rank
+            last_rank = rank
+        self._place(millis, (sensor, target), first_rank)
+        for name, sockets in groups.items():
+            rows = known.get(name)
+            if rows is None:
+                rows = self._new_group(name, sockets)
+            rows.line_millis.append(millis)
+            rows.line_sensors.append(sensor)
+            rows.line_targets.append(target)
+            rows.add(sockets)
+        self.reports += 1
+
+    def _millis(self, raw: int | float | str) -> int:
+        millis = self.millis_of.get(raw)
+        if millis is None:
+            timestamp = utc_or_none(raw)
+            if timestamp is None or timestamp.microsecond % 1000:
+                raise _NotPlain("a timestamp the frame cannot hold")
+            millis = to_millis(timestamp)
+            if not FIRST_MILLIS <= millis <= LAST_MILLIS:
+                raise _NotPlain("a timestamp out of range")
+            self.millis_of[raw] = millis
+        return millis
+
+    def _place(self, millis: int, key: tuple[int, int], rank: int) -> None:
+        """Check the line comes where the frame gives its report back: ticks in order, each
+        (sensor, target) once per tick, a tick's reports in the order of their first group's
+        place (the frame gives them back group by group)."""
+        if millis != self.tick:
+            if self.tick is not None and millis < self.tick:
+                raise _NotPlain("a timestamp earlier than the line before")
+            self.tick = millis
+            self.tick_keys = set()
+        elif key in self.tick_keys:
+            raise _NotPlain("a second report of a target in one tick")
+        elif rank < self.tick_rank:
+            raise _Cut
+        self.tick_keys.add(key)
+        self.tick_rank = rank
+
+    def _new_group(self, name: str, sockets: dict[str, dict[str, dict[str, Any]]]) -> _GroupRows:
+        for cpus in sockets.values():
+            for counters in cpus.values():
+                rows = self.groups[name] = _GroupRows(tuple(counters), len(self.groups))
+                return rows
+        raise _NotPlain("a group without cpus")
+
+    def layout(self) -> Layout:
+        """The groups and their events, in the order of the batch's tables."""
+        return tuple((name, rows.events) for name, rows in self.groups.items())
+
+    def next(self) -> _Batch:
+        """A batch for the lines after this one's, which still knows the tick being read (a
+        target's second report in it is not plain)."""
+        following = _Batch()
+        following.millis_of = self.millis_of
+        following.tick = self.tick
+        following.tick_keys = self.tick_keys
+        following.tick_rank = -1
+        return following
+
+    def frame(self) -> HWPCFrame:
+        names = list(self.codes)
+        tables = [rows.table(name) for name, rows in self.groups.items() if rows.line_rows]
+        return HWPCFrame(names, tables, self.reports)
+
+
+def decode_hwpc_frames(
+    lines: Sequence[bytes | str], layouts: dict[str, Layout] | None = None
+) -> list[HWPCFrame] | None:
+    """The frames of a batch of hwpc-sensor JSON lines (blank lines skipped), or ``None`` when a
+    line is not plain (see the module's docstring) or there is no line: then decode the batch
+    line by line with :func:`~wattflow.formats.powerapi.decode_json_lines`.
+
+    One frame per sensor, each holding that sensor's reports in the order they came (a batch
+    of several sensors, as a MongoDB collection or a shared file holds them, is handed on
+    sensor by sensor). ``layouts`` is what an input remembers of each sensor's groups from one
+    batch to the next: a batch that starts with containers' reports, before the global report
+    names the rapl and msr groups, then still orders its tables as the sensor writes its groups.
+    A line whose groups come in another order than its frame's tables starts another frame of
+    its sensor, so that each frame gives its reports back as they came.
+    """
+    known = {} if layouts is None else layouts
+    frames = _frames(lines, known)
+    if frames is None and known:  # a sensor whose groups changed: learn them again
+        known.clear()
+        frames = _frames(lines, known)
+    return frames
+
+
+def _frames(lines: Sequence[bytes | str], layouts: dict[str, Layout]) -> list[HWPCFrame] | None:
+    done: dict[str, list[HWPCFrame]] = {}
+    sensors: dict[str, _Batch] = {}
+    try:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                document = decode_hwpc_document(line)
+            except msgspec.DecodeError:
+                return None
+            if document.metadata or not document.groups:
+                return None
+            batch = sensors.get(document.sensor)
+            if batch is None:
+                batch = sensors[document.sensor] = _Batch(layouts.get(document.sensor, ()))
+            try:
+                batch.add(document)
+            except _Cut:
+                done.setdefault(document.sensor, []).append(batch.frame())
+                batch = sensors[document.sensor] = batch.next()
+                batch.add(document)
+        frames = [
+            frame
+            for sensor, batch in sensors.items()
+            for frame in [*done.get(sensor, ()), batch.frame()]
+        ]
+    except (_NotPlain, _Cut, KeyError):  # KeyError: a cpu lacking one of its group's events
+        return None
+    for sensor, batch in sensors.items():
+        layouts[sensor] = batch.layout()
+    return frames or None
+
+
+def decode_json_batch(
+    kind: type[Report],
+    lines: Sequence[bytes | str],
+    source: str,
+    first_line: int,
+    layouts: dict[str, Layout] | None = None,
+) -> tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]:
+    """Decode consecutive JSON lines, numbered from ``first_line``, the way every JSON input
+    does: hwpc-sensor's reports into frames when the batch is plain (see
+    :func:`decode_hwpc_frames`; ``layouts`` is what the input remembers of its sensors),
+    anything else with :func:`~wattflow.formats.powerapi.decode_json_lines` (reports, and each
+    line that could not become one with its error)."""
+    if kind is HWPCReport:
+        frames = decode_hwpc_frames(lines, layouts)
+        if frames is not None:
+            return frames, []
+    return decode_json_lines(kind, lines, source, first_line)
+
+
+def encode_power_frame_lines(frame: PowerFrame) -> bytes:
+    """A frame's PowerReports as JSON Lines, the bytes
+    :func:`~wattflow.formats.powerapi.encode_json_lines` writes for ``frame.reports()``, made
+    a column at a time: each distinct timestamp, target and metadata value is encoded once, and
+    the floats of a column by orjson straight from the array, so no report object is built."""
+    if not len(frame):
+        return b""
+    dumps = orjson.dumps
+    ticks, tick_of_row = np.unique(frame.millis, return_inverse=True)
+    stamps = [dumps(format_timestamp(datetime_of(millis))) for millis in ticks.tolist()]
+    names = [dumps(name) for name in frame.target_names]
+    columns: list[list[bytes]] = [
+        [stamps[at] for at in tick_of_row.tolist()],
+        [names[code] for code in frame.targets.tolist()],
+    ]
+    keys: list[bytes] = []
+    for key, column in frame.metadata.items():
+        keys.append(dumps(key))
+        if isinstance(column, Column):
+            encoded = [dumps(value, option=orjson.OPT_NON_STR_KEYS) for value in column.values]
+            columns.append([encoded[code] for code in column.codes.tolist()])
+        else:
+            columns.append(_float_column(column))
+    columns.append(_float_column(frame.power))
+    metadata = b",".join(key.replace(b"%", b"%%") + b":%s" for key in keys)
+    template = (
+        b'{"timestamp":%s,"sensor":'
+        + dumps(frame.sensor).replace(b"%", b"%%")
+        + b',"target":%s,"metadata":{'
+        + metadata
+        + b'},"power":%s}\n'
+    )
+    return b"".join([template % row for row in zip(*columns, strict=True)])
+
+
+def _float_column(values: FloatArray) -> list[bytes]:
+    """Each float as orjson writes a Python float, formatted in one call from the array."""
+    contiguous = np.ascontiguousarray(values, dtype=np.float64)
+    return orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")

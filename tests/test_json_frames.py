@@ -1,0 +1,188 @@
+"""hwpc-sensor's JSON lines into frames, and PowerReport frames back into JSON lines.
+
+A frame must stand for exactly the reports the lines decode to one by one, or not be made at
+all; the JSON Lines output must write a frame's PowerReports as the same bytes it writes for
+those reports one by one. Both are checked against the line-by-line decoder and encoder on
+generated hwpc-sensor streams, cut into batches at every kind of place, and on each kind of line
+a frame cannot stand for.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from wattflow.actors.formulas.base import Output
+from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.actors.pushers.jsonl import encode_json_lines
+from wattflow.formats import powerapi
+from wattflow.formats.frames import Column, HWPCFrame, PowerFrame
+from wattflow.formats.json_frames import Layout, decode_hwpc_frames, encode_power_frame_lines
+from wattflow.formats.reports import HWPCReport, Report
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from generate_hwpc import record
+
+
+def stream(tmp_path: Path, **shape: Any) -> list[bytes]:
+    """A generated hwpc-sensor stream, as the lines of its JSON Lines file."""
+    path = tmp_path / "hwpc.jsonl"
+    record(jsonl=path, **{"ticks": 12, "containers": 5, **shape})
+    return path.read_bytes().splitlines()
+
+
+def one_by_one(lines: list[bytes]) -> list[Report]:
+    reports, errors = powerapi.decode_json_lines(HWPCReport, lines, "test", 1)
+    assert errors == []
+    return reports
+
+
+def by_sensor(reports: list[Report]) -> list[Report]:
+    """Reports in each sensor's order, sensor after sensor in the order they first come (a
+    frame holds one sensor)."""
+    first = {report.sensor: at for at, report in reversed(list(enumerate(reports)))}
+    return sorted(reports, key=lambda report: first[report.sensor])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {},
+        {"sockets": 1, "cpus_per_socket": 8},
+        {"sensors": ("node-1", "node-2", "node-3")},
+        {"multiplex": 0.3, "containers": 20},
+    ],
+)
+@pytest.mark.parametrize("batch_lines", [1, 7, 50, 10_000])
+def test_frames_stand_for_the_reports_the_lines_decode_to(
+    tmp_path: Path, shape: dict[str, Any], batch_lines: int
+) -> None:
+    """Cut anywhere (mid-tick, before the global report, one line at a time), batch after
+    batch with what the input remembers of its sensors: the same reports, byte for byte."""
+    lines = stream(tmp_path, **shape)
+    layouts: dict[str, Layout] = {}
+    framed: list[Report] = []
+    expected: list[Report] = []
+    for start in range(0, len(lines), batch_lines):
+        batch = lines[start : start + batch_lines]
+        frames = decode_hwpc_frames(batch, layouts)
+        assert frames is not None, f"a plain batch at line {start + 1}"
+        assert all(len(frame) == len(frame.reports()) for frame in frames)
+        for frame in frames:
+            assert len(frame.sensors()) == 1
+        framed += [report for frame in frames for report in frame.reports()]
+        expected += by_sensor(one_by_one(batch))
+    assert powerapi.encode_json_lines(framed) == powerapi.encode_json_lines(expected)
+    assert sum(len(frame) for frame in decode_hwpc_frames(lines) or []) == len(lines)
+
+
+def _change(lines: list[bytes], at: int, change: Any) -> list[bytes]:
+    document = json.loads(lines[at])
+    change(document)
+    return [*lines[:at], json.dumps(document).encode(), *lines[at + 1 :]]
+
+
+def _first_cpu(document: dict[str, Any]) -> dict[str, Any]:
+    group = next(iter(document["groups"].values()))
+    socket = next(iter(group.values()))
+    cpu: dict[str, Any] = next(iter(socket.values()))
+    return cpu
+
+
+def _rename_socket(document: dict[str, Any]) -> None:
+    group = document["groups"]["core"]
+    group["00"] = group.pop("0")
+
+
+CHANGES = {
+    "not JSON": lambda lines: [*lines[:3], b'{"timestamp": ', *lines[4:]],
+    "metadata": lambda lines: _change(lines, 3, lambda d: d.update(metadata={"k": 1})),
+    "a float counter": lambda lines: _change(
+        lines, 3, lambda d: _first_cpu(d).update(time_enabled=1.5)
+    ),
+    "a counter beyond 64 bits": lambda lines: _change(
+        lines, 3, lambda d: _first_cpu(d).update(time_enabled=10**40)
+    ),
+    "a missing event": lambda lines: _change(lines, 3, lambda d: _first_cpu(d).popitem()),
+    "an extra event": lambda lines: _change(lines, 3, lambda d: _first_cpu(d).update(X=1)),
+    "a socket written 00": lambda lines: _change(lines, 3, _rename_socket),
+    "a timestamp going back": lambda lines: [*lines[:3], lines[0], *lines[4:]],
+    "a second report of a target in its tick": lambda lines: [*lines[:4], lines[3], *lines[4:]],
+    "a timestamp finer than a millisecond": lambda lines: _change(
+        lines, 3, lambda d: d.update(timestamp=d["timestamp"] + "5")
+    ),
+    "no groups": lambda lines: _change(lines, 3, lambda d: d.update(groups={})),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES.values(), ids=CHANGES.keys())
+def test_a_batch_with_a_line_the_frame_cannot_stand_for_is_left_to_the_lines(
+    tmp_path: Path, change: Any
+) -> None:
+    lines = change(stream(tmp_path))
+    assert decode_hwpc_frames(lines) is None
+    assert decode_hwpc_frames(lines[10:]) is not None, "the rest of the stream is plain"
+
+
+def test_a_sensor_whose_groups_change_is_learned_again(tmp_path: Path) -> None:
+    lines = stream(tmp_path)
+    layouts: dict[str, Layout] = {}
+    assert decode_hwpc_frames(lines[:20], layouts) is not None
+    assert [name for name, _ in layouts["node-1"]] == ["rapl", "msr", "core"]
+    renamed: list[bytes] = []
+    for document in map(json.loads, lines[20:]):
+        groups = document["groups"]
+        if "msr" in groups:  # the global report: its msr group is now named extra
+            document["groups"] = {name.replace("msr", "extra"): groups[name] for name in groups}
+        renamed.append(json.dumps(document).encode())
+    frames = decode_hwpc_frames(renamed, layouts)
+    assert frames is not None
+    assert [name for name, _ in layouts["node-1"]] == ["rapl", "extra", "core"]
+    framed = [report for frame in frames for report in frame.reports()]
+    assert framed == one_by_one(renamed)
+
+
+def test_power_frames_are_written_as_their_reports_are(tmp_path: Path) -> None:
+    """SmartWatts' frames of a generated stream, and a frame of the floats JSON writes in
+    other forms, give the JSON Lines output the same bytes as their reports."""
+    lines = stream(tmp_path, ticks=40, multiplex=0.2)
+    config = SmartWattsConfig(learn_min_samples_required=5)
+    SmartWattsFormula.prepare(config)
+    layouts: dict[str, Layout] = {}
+    outputs: list[PowerFrame] = []
+    formula = SmartWattsFormula(config, "node-1")
+    for start in range(0, len(lines), 60):
+        for frame in decode_hwpc_frames(lines[start : start + 60], layouts) or []:
+            out = Output()
+            batch: list[Any] = [frame]  # a frame travels alone, as the runtime hands it on
+            formula.process(batch, out)
+            outputs += [item for item in out.items() if isinstance(item, PowerFrame)]
+    assert len(outputs) > 1, "SmartWatts made frames of PowerReports"
+    assert sum(map(len, outputs)) > 100
+    specials = np.array([0.0, -0.0, 1e-7, 123456789.123, 1e300, float("nan"), float("inf"), 0.1])
+    outputs.append(
+        PowerFrame(
+            sensor='sensor "1"',
+            millis=np.arange(8, dtype=np.int64) * 1000,
+            targets=np.array([0, 1, 0, 1, 2, 2, 0, 1], dtype=np.int64),
+            target_names=["/docker/a", "b\\%s", "ünï"],
+            power=specials,
+            metadata={
+                "scope": Column(np.zeros(8, dtype=np.int64), ["cpu"]),
+                "socket": Column(np.array([0, 1] * 4, dtype=np.int64), ["0", "1"]),
+                "ratio": specials[::-1].copy(),
+            },
+        )
+    )
+    for written in outputs:
+        assert encode_power_frame_lines(written) == powerapi.encode_json_lines(written.reports())
+        assert encode_json_lines([written]) == powerapi.encode_json_lines(written.reports())
+    assert orjson.loads(encode_power_frame_lines(outputs[-1]).splitlines()[5])["power"] is None
+    empty = HWPCFrame([], [], 0)
+    assert len(empty) == 0
