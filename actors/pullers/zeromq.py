@@ -120,6 +120,9 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         self.messages = 0
         """Messages received, good or bad: what a user compares with what was sent."""
 
+    def not_ready(self) -> str | None:
+        return None if self.ready else "socket not open yet"
+
     @property
     def binds(self) -> bool:
         return self.config.binds
