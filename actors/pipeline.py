@@ -60,13 +60,17 @@ class _Emitter:
         self._pipeline = pipeline
         self._name = name
         self.stopping = pipeline.stopping
+        self.emitted = 0
+        """Reports this puller handed to the router."""
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if batch:
             if self._pipeline.passed_through:
                 await self._pipeline.pass_through(expand(batch))
             await self._pipeline.router.mailbox.put(batch)
-            self._pipeline.ledger.entered += batch_size(batch)
+            size = batch_size(batch)
+            self._pipeline.ledger.entered += size
+            self.emitted += size
 
     def reject(self, payload: Any, reason: str) -> None:
         self._pipeline.ledger.rejected_input += 1

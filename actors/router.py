@@ -45,6 +45,8 @@ class Router(Actor):
             for kind in actor.formula.inputs:
                 self.by_kind.setdefault(kind, []).append(actor)
         self._in_flight: list[Report | Frame] = []
+        self.delivered = 0
+        """Deliveries to formulas (a report two formulas take counts twice)."""
 
     async def run(self) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
@@ -55,10 +57,12 @@ class Router(Actor):
                 for actor, pairs in parts.items():
                     for pair in pairs:  # a frame travels alone
                         self.ledger.routed += len(pair[1])  # type: ignore[arg-type]
+                        self.delivered += len(pair[1])  # type: ignore[arg-type]
                         await actor.mailbox.put([pair])
             else:
                 for actor, items in self._route(expand(batch)).items():
                     self.ledger.routed += len(items)
+                    self.delivered += len(items)
                     await actor.mailbox.put(items)
             self.ledger.sorted += size
             self._in_flight = []

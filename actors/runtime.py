@@ -77,6 +77,8 @@ class Mailbox(Generic[T]):
         self._producers = 1
         self._changed = asyncio.Condition()
         self.high_water = 0
+        self.received = 0
+        """Reports ever queued: what the actor behind it was handed."""
 
     def __len__(self) -> int:
         return self._size
@@ -98,6 +100,7 @@ class Mailbox(Generic[T]):
                 raise ActorClosed(f"{self.name} is closed")
             self._batches.append((batch, size, framed))
             self._size += size
+            self.received += size
             self.high_water = max(self.high_water, self._size)
             self._changed.notify_all()
 
@@ -170,6 +173,8 @@ class DeadLetters:
 
     def __init__(self, path: Path | None = None) -> None:
         self.by_reason: Counter[str] = Counter()
+        self.by_actor: Counter[str] = Counter()
+        """Dead letters per actor: a bounded count (reasons are free text)."""
         self.path = path
         self._file: TextIO | None = None
 
@@ -207,6 +212,7 @@ class DeadLetters:
         if key not in self.by_reason:
             logger.warning("dead letter from %s: %s", letter.actor, letter.reason)
         self.by_reason[key] += letter.count
+        self.by_actor[letter.actor] += letter.count
         if self.path is not None:
             if self._file is None:
                 self.open()
@@ -334,6 +340,8 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.restarts: Counter[str] = Counter()
         self.failures: dict[str, str] = {}
+        self.restarting: dict[str, str] = {}
+        """Actors waiting out their backoff before a restart, with the error that stopped them."""
         self.on_give_up: Callable[[str], None] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -370,11 +378,21 @@ class Supervisor:
                     return
                 logger.warning("actor %s failed: %r; restarting", actor.name, error, exc_info=error)
                 self.restarts[actor.name] += 1
+                self.restarting[actor.name] = repr(error)
                 await asyncio.sleep(backoff)
+                del self.restarting[actor.name]
                 backoff = min(backoff * 2, self.policy.max_backoff_s)
                 continue
             await actor.on_finished()
             return
+
+    def started(self) -> set[str]:
+        """Names of the actors started so far."""
+        return set(self._tasks)
+
+    def finished(self) -> set[str]:
+        """Names of the started actors whose loop has ended, for good or by failing."""
+        return {name for name, task in self._tasks.items() if task.done()}
 
     async def wait(self, names: Sequence[str] | None = None) -> None:
         """Wait for the named actors (all by default)."""
@@ -399,11 +417,13 @@ async def retry_with_backoff(
     give_up_after_s: float | None = None,
     initial_backoff_s: float = 0.1,
     max_backoff_s: float = 5.0,
+    on_retry: Callable[[BaseException], None] | None = None,
 ) -> T:
     """Call ``attempt`` until it succeeds, retrying retryable errors with exponential backoff.
 
     Retries stop after ``attempts`` calls or once ``give_up_after_s`` seconds have passed since
     the first call, whichever comes first; with neither, they go on until the call succeeds.
+    ``on_retry`` is told of each error that is about to be retried (for the service's metrics).
 
     Raises:
         The last error, once the budget is spent or an error is not retryable.
@@ -421,5 +441,7 @@ async def retry_with_backoff(
             if out_of_attempts or out_of_time or not retryable(error):
                 raise
             logger.warning("retrying in %.1f s after: %s (attempt %d)", backoff, error, number)
+            if on_retry is not None:
+                on_retry(error)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_s)

@@ -3,10 +3,16 @@
 PowerReport → measurement ``power_consumption``, tags ``sensor``, ``target`` and the report's
 metadata (nested tables flattened one level as ``parent_child``; ``.``, ``-`` and ``/`` in tag
 names replaced by ``_``, with a CRC32 suffix where two names would collide, as PowerAPI does),
-field ``power``. ``--tags`` keeps only the named (sanitised) metadata tags. Every metadata value
-is a tag, as in PowerAPI (so ``ratio`` is a tag there too), written as Python's ``str()`` of it,
-which is what PowerAPI's client does; ``None`` and empty values are left out, as there.
-A PowerReport's line is byte for byte the one ``influxdb-client`` makes of PowerAPI's point.
+field ``power``. ``--tags`` keeps only the named (sanitised) metadata tags. Tag values are
+Python's ``str()`` of the value, which is what PowerAPI's client writes; ``None`` and empty
+values are left out, as there.
+
+The metadata that change with every report or model, :data:`FIELD_KEYS` (``ratio``, the model
+hash ``formula``, the node formula's ``cpu``, ``dram`` and ``gpu`` watts), are fields rather
+than tags: InfluxDB keeps one series per distinct tag set, so a tag per float value grows the
+index without end. ``--tags`` naming one of them makes it a tag again. With ``powerapi_layout``
+every metadata key is a tag, as PowerAPI 2.10 writes it, and a PowerReport's line is byte for
+byte the one ``influxdb-client`` makes of PowerAPI's point.
 
 FormulaReport → measurement ``formula_report``, tags ``sensor`` and ``target``, its metadata as
 fields. Numbers are written as floats, integers included: a model's ``error`` or ``intercept``
@@ -61,6 +67,14 @@ PowerLayout = tuple[tuple[str, int], ...]
 """Tag prefixes (``,name=``) in line order, each with the index of its value in
 ``(sensor, target, *metadata.values())``."""
 
+FieldLayout = tuple[tuple[str, int], ...]
+"""Field names (escaped) in line order, each with the index of its value as in
+:data:`PowerLayout`; ``power`` has index -1."""
+
+FIELD_KEYS = frozenset({"ratio", "formula", "cpu", "dram", "gpu"})
+"""Metadata written as fields of a PowerReport's point unless ``--tags`` names them: values that
+change with every report (a ratio, watts) or every model (SmartWatts' hash)."""
+
 _LAYOUTS_KEPT = 4096
 """Most PowerReport layouts one :class:`LineEncoder` keeps; it starts afresh past that."""
 
@@ -96,7 +110,8 @@ def sanitized_names(names: Iterable[str]) -> dict[str, str]:
 
 
 def power_tags(report: Report, selected: Iterable[str] = ()) -> dict[str, Any]:
-    """``sensor``, ``target`` and the metadata tags (only ``selected`` ones when given).
+    """``sensor``, ``target`` and the metadata tags (only ``selected`` ones when given), every
+    metadata key a tag as PowerAPI 2.10 makes them.
 
     Values are left as they are (``str()`` is applied when the line is written); a metadata
     tag named ``sensor`` or ``target`` replaces the report's, as PowerAPI's ``|`` merge does.
@@ -110,6 +125,11 @@ def power_tags(report: Report, selected: Iterable[str] = ()) -> dict[str, Any]:
         if not wanted or new in wanted:
             tags[new] = value
     return tags
+
+
+def _is_field(name: str, wanted: set[str], powerapi_layout: bool) -> bool:
+    """Whether a (sanitised) metadata name is written as a field rather than a tag."""
+    return not powerapi_layout and name in FIELD_KEYS and name not in wanted
 
 
 def _tag_text(value: Any) -> str:
@@ -165,31 +185,51 @@ def point(
     return f"{measurement.translate(_MEASUREMENT_ESCAPES)}{tag_text} {','.join(rendered)} {millis}"
 
 
-def _power_layout(keys: tuple[str, ...], selected: tuple[str, ...]) -> PowerLayout:
-    """Where each tag of a PowerReport with these flat metadata keys goes in its line."""
+def _power_layout(
+    keys: tuple[str, ...], selected: tuple[str, ...], powerapi_layout: bool
+) -> tuple[PowerLayout, FieldLayout]:
+    """Where each tag and field of a PowerReport with these flat metadata keys goes in its
+    line (tags and fields each sorted by name, as influxdb-client sorts them)."""
     names = sanitized_names(keys)
     wanted = set(selected)
     index_of = {"sensor": 0, "target": 1}
+    field_of = {"power": -1}
     for position, key in enumerate(keys):
         name = names[key]
-        if not wanted or name in wanted:
+        if _is_field(name, wanted, powerapi_layout):
+            field_of[name] = position + 2
+        elif not wanted or name in wanted:
             index_of[name] = position + 2
-    return tuple(
+    tags = tuple(
         (f",{name.translate(_KEY_ESCAPES)}=", index)
         for name, index in sorted(index_of.items())
         if name != ""
     )
-
-
-def _general_power_line(report: PowerReport, selected: Iterable[str]) -> str:
-    line = point(
-        "power_consumption",
-        power_tags(report, selected),
-        {"power": report.power},
-        to_millis(report.timestamp),
+    fields = tuple(
+        (name.translate(_KEY_ESCAPES), index) for name, index in sorted(field_of.items())
     )
-    if line is None:
+    return tags, fields
+
+
+def _general_power_line(
+    report: PowerReport, selected: Iterable[str], powerapi_layout: bool = False
+) -> str:
+    """A PowerReport's line the long way (nested metadata, or a subclass)."""
+    tags = power_tags(report, selected)
+    fields: dict[str, Any] = {"power": report.power}
+    if not powerapi_layout:
+        wanted = set(selected)
+        flat = flatten_tags(report.metadata)
+        names = sanitized_names(flat)
+        for key, value in flat.items():
+            name = names[key]
+            if _is_field(name, wanted, powerapi_layout):
+                tags.pop(name, None)
+                fields[name] = value
+    if not math.isfinite(report.power):
         raise ValueError(f"power is {report.power}: InfluxDB cannot store it")
+    line = point("power_consumption", tags, fields, to_millis(report.timestamp))
+    assert line is not None  # power is a finite number: the point has a field
     return line
 
 
@@ -202,11 +242,12 @@ class LineEncoder:
     report. Metadata with a nested table takes the general path.
     """
 
-    __slots__ = ("_last_time", "_layouts", "selected")
+    __slots__ = ("_last_time", "_layouts", "powerapi_layout", "selected")
 
-    def __init__(self, selected_tags: Iterable[str] = ()) -> None:
+    def __init__(self, selected_tags: Iterable[str] = (), powerapi_layout: bool = False) -> None:
         self.selected = tuple(selected_tags)
-        self._layouts: dict[tuple[str, ...], PowerLayout] = {}
+        self.powerapi_layout = powerapi_layout
+        self._layouts: dict[tuple[str, ...], tuple[PowerLayout, FieldLayout]] = {}
         # One tick's reports share their timestamp object: its milliseconds, worked out once.
         # A tuple is replaced whole, so threads encoding at once never read one time with
         # another's milliseconds.
@@ -222,7 +263,7 @@ class LineEncoder:
         """
         if type(report) is PowerReport:
             return [self._power_line(report)]
-        return _other_lines(report, self.selected)
+        return _other_lines(report, self.selected, self.powerapi_layout)
 
     def _power_line(self, report: PowerReport) -> str:
         """A PowerReport's line, without building its tag table."""
@@ -230,13 +271,14 @@ class LineEncoder:
         values = (report.sensor, report.target, *metadata.values())
         for value in values:
             if value.__class__ is dict:
-                return _general_power_line(report, self.selected)
+                return _general_power_line(report, self.selected, self.powerapi_layout)
         keys = tuple(metadata)
-        layout = self._layouts.get(keys)
-        if layout is None:
+        found = self._layouts.get(keys)
+        if found is None:
             if len(self._layouts) >= _LAYOUTS_KEPT:
                 self._layouts.clear()
-            layout = self._layouts[keys] = _power_layout(keys, self.selected)
+            found = self._layouts[keys] = _power_layout(keys, self.selected, self.powerapi_layout)
+        layout, fields = found
         power = report.power
         if not math.isfinite(power):
             raise ValueError(f"power is {power}: InfluxDB cannot store it")
@@ -255,29 +297,56 @@ class LineEncoder:
         else:
             millis = to_millis(timestamp)
             self._last_time = (timestamp, millis)
-        parts.append(f" power={_float_text(float(power))} {millis}")
+        if len(fields) == 1:  # power alone
+            parts.append(f" power={_float_text(float(power))} {millis}")
+        else:
+            parts.append(f" {_fields_text(fields, values, power)} {millis}")
         return "".join(parts)
 
 
-def lines(report: Report, selected_tags: Iterable[str] = ()) -> list[str]:
+def _fields_text(fields: FieldLayout, values: tuple[Any, ...], power: float) -> str:
+    """``power`` and the metadata written as fields, those without a value left out."""
+    rendered = []
+    for name, index in fields:
+        if index < 0:
+            text: str | None = _float_text(float(power))
+        else:
+            value = values[index]
+            if value.__class__ is float and math.isfinite(value):  # a ratio: the usual case
+                text = _float_text(value)
+            elif value.__class__ is str:  # a model hash
+                text = '"' + value.translate(_STRING_ESCAPES) + '"'
+            else:
+                text = _field_value(value)
+        if text is not None:
+            rendered.append(f"{name}={text}")
+    return ",".join(rendered)
+
+
+def lines(
+    report: Report, selected_tags: Iterable[str] = (), powerapi_layout: bool = False
+) -> list[str]:
     """The report's points (most kinds have one; GPU and meter reports one per device or channel).
 
-    ``selected_tags`` applies to PowerReports only, as PowerAPI's ``--tags`` does. Writing many
+    ``selected_tags`` applies to PowerReports only, as PowerAPI's ``--tags`` does;
+    ``powerapi_layout`` makes every metadata key a tag, as PowerAPI 2.10 does. Writing many
     reports, a :class:`LineEncoder` (or :func:`requests`) works each PowerReport layout out once.
 
     Raises:
         ValueError: for a report kind with no point layout, or a PowerReport or FormulaReport
             with nothing InfluxDB can store (a NaN power, no usable metadata).
     """
-    return LineEncoder(selected_tags).lines(report)
+    return LineEncoder(selected_tags, powerapi_layout).lines(report)
 
 
-def _other_lines(report: Report, selected_tags: Iterable[str]) -> list[str]:
+def _other_lines(
+    report: Report, selected_tags: Iterable[str], powerapi_layout: bool = False
+) -> list[str]:
     """The points of a report that is not exactly a PowerReport."""
     millis = to_millis(report.timestamp)
     found: list[str | None]
     if isinstance(report, PowerReport):  # a subclass: no fast path
-        return [_general_power_line(report, selected_tags)]
+        return [_general_power_line(report, selected_tags, powerapi_layout)]
     if isinstance(report, FormulaReport):
         tags = {"sensor": report.sensor, "target": report.target}
         line = point("formula_report", tags, report.metadata, millis)
@@ -313,7 +382,10 @@ Request = tuple[list[Report], list[str]]
 
 
 def requests(
-    reports: Iterable[Report], selected_tags: Iterable[str], max_points: int
+    reports: Iterable[Report],
+    selected_tags: Iterable[str],
+    max_points: int,
+    powerapi_layout: bool = False,
 ) -> tuple[list[Request], list[tuple[Report, str]]]:
     """A batch's lines cut into requests of at most ``max_points`` lines, and the refused reports.
 
@@ -321,7 +393,7 @@ def requests(
     the reports it held; a report with more lines than ``max_points`` (a GPU report of a large
     node under a tiny limit) goes alone.
     """
-    encoder = LineEncoder(selected_tags)
+    encoder = LineEncoder(selected_tags, powerapi_layout)
     found: list[Request] = []
     refused: list[tuple[Report, str]] = []
     held: list[Report] = []

@@ -261,19 +261,20 @@ def _few_collections() -> Iterator[None]:
 
 def run_command(argv: Sequence[str]) -> int:
     """``wattflow run``: exit 0 when done, 2 for bad usage or configuration, 1 at run time."""
-    from wattflow.service.pipeline import Interrupted, assemble, check, serve
+    from wattflow.service.pipeline import Interrupted, assemble, check, serve, status_server
 
     try:
         config = load_run_config(argv)
         _configure_logging(config.verbose)
         pipeline = assemble(config)
         asyncio.run(check(pipeline))
+        status = status_server(config, pipeline)
     except WattflowError as error:  # configuration, or an input or output that cannot work
         return _fail(str(error), 2)
     loop = asyncio.new_event_loop()
     try:
         with _few_collections():
-            result = loop.run_until_complete(serve(pipeline))
+            result = loop.run_until_complete(serve(pipeline, status))
     except Interrupted as interrupted:
         _fail(str(interrupted), 1)
         # A thread may be stuck in the sink (that is why the operator insisted): leave without

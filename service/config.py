@@ -70,6 +70,19 @@ class ServiceConfig(BaseModel):
     dead_letters: Path | None = Field(
         default=None, description="JSON Lines file that keeps every dead letter."
     )
+    http_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /health, /ready and /metrics on this port (0: any free port, "
+        "logged); off when unset.",
+    )
+    http_addr: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="Address the --http-port endpoint listens on; 0.0.0.0 in a container, for "
+        "probes and scrapes from outside it.",
+    )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
 

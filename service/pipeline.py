@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.pipeline import Pipeline, PipelineResult
@@ -12,6 +12,9 @@ from wattflow.actors.pullers import pullers
 from wattflow.actors.pushers import pushers
 from wattflow.actors.runtime import DeadLetters
 from wattflow.service.config import ConfigError, ServiceConfig
+
+if TYPE_CHECKING:  # prometheus_client is imported only for --http-port
+    from wattflow.service.status_server import StatusServer
 
 
 def assemble(config: ServiceConfig) -> Pipeline:
@@ -53,17 +56,39 @@ async def check(pipeline: Pipeline) -> None:
         await pusher.pusher.check()
 
 
+def status_server(config: ServiceConfig, pipeline: Pipeline) -> StatusServer | None:
+    """Listen for ``/health``, ``/ready`` and ``/metrics`` when ``--http-port`` is given.
+
+    It listens before the pipeline starts, so probes get 503 ("starting") rather than no
+    answer, and a port in use stops the command with exit 2.
+
+    Raises:
+        WattflowError: when the address and port cannot be listened on.
+    """
+    if config.http_port is None:
+        return None
+    from wattflow.actors.status import PipelineStatus
+    from wattflow.service.status_server import StatusServer
+
+    server = StatusServer(PipelineStatus(pipeline), config.http_addr, config.http_port)
+    server.listen()
+    return server
+
+
 class Interrupted(Exception):
     """A second signal arrived while draining: the run stopped without finishing the drain."""
 
 
-async def serve(pipeline: Pipeline) -> PipelineResult:
+async def serve(pipeline: Pipeline, status: StatusServer | None = None) -> PipelineResult:
     """Run the pipeline; SIGTERM and SIGINT make it stop reading and drain.
 
     A second signal during the drain stops at once and raises :class:`Interrupted`, for the
     operator whose sink is gone and who would rather lose what is in flight than wait.
+    ``status`` answers from this pipeline while it runs, and is closed when it ends.
     """
     loop = asyncio.get_running_loop()
+    if status is not None:
+        status.attach(loop)
     main = asyncio.current_task()
     handled = []
 
@@ -92,3 +117,5 @@ async def serve(pipeline: Pipeline) -> PipelineResult:
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
+        if status is not None:
+            await asyncio.to_thread(status.close)

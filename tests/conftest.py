@@ -17,8 +17,8 @@ import pytest
 
 T = TypeVar("T")
 
-# Fixtures that start real servers (MongoDB, InfluxDB, VictoriaMetrics) on loopback.
-pytest_plugins = ["tests.servers", "tests.servers_influx"]
+# Fixtures that start real servers (MongoDB, InfluxDB, VictoriaMetrics, Prometheus) on loopback.
+pytest_plugins = ["tests.servers", "tests.servers_influx", "tests.servers_prometheus"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "powerapi-2.10.0"

@@ -136,9 +136,41 @@ def test_power_points_are_the_lines_powerapi_writes(
         )
         expected = powerapi_line(report, selected)
         # Twice: the first line works the layout out, the second reuses it.
-        assert lineprotocol.lines(report, selected) == [expected]
-        assert lineprotocol.lines(report, tuple(selected)) == [expected]
+        assert lineprotocol.lines(report, selected, powerapi_layout=True) == [expected]
+        assert lineprotocol.lines(report, tuple(selected), powerapi_layout=True) == [expected]
         assert expected.endswith(f" {MILLIS + 1}")
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_ratio_and_the_model_hash_are_fields_unless_tags_name_them(nested: bool) -> None:
+    """The fast path (flat metadata) and the general one (a nested table) write the same."""
+    extra: dict[str, Any] = {"k8s": {"pod": "web"}} if nested else {}
+    report = PowerReport(
+        timestamp=START,
+        sensor="node-1",
+        target="c1",
+        power=12.5,
+        metadata={"scope": "cpu", "socket": "0", "formula": "f00d", "ratio": 0.25, **extra},
+    )
+    pod = ",k8s_pod=web" if nested else ""
+    tags = f"power_consumption{pod},scope=cpu,sensor=node-1,socket=0,target=c1"
+    assert lineprotocol.lines(report) == [f'{tags} formula="f00d",power=12.5,ratio=0.25 {MILLIS}']
+    # --tags picks the tags; ratio and formula stay fields unless named
+    assert lineprotocol.lines(report, ["scope"]) == [
+        f'power_consumption,scope=cpu,sensor=node-1,target=c1 formula="f00d",power=12.5,'
+        f"ratio=0.25 {MILLIS}"
+    ]
+    assert lineprotocol.lines(report, ["scope", "ratio"]) == [
+        f'power_consumption,ratio=0.25,scope=cpu,sensor=node-1,target=c1 formula="f00d",'
+        f"power=12.5 {MILLIS}"
+    ]
+    # the node formula's watts per part are fields too; a missing value is left out
+    node = report.model_copy(
+        update={"metadata": {"scope": "node", "ratio": None, "cpu": 40.0, "gpu": 300.5}}
+    )
+    assert lineprotocol.lines(node) == [
+        f"power_consumption,scope=node,sensor=node-1,target=c1 cpu=40,gpu=300.5,power=12.5 {MILLIS}"
+    ]
 
 
 def test_tag_names_are_flattened_and_sanitised_as_powerapi_names_them() -> None:
@@ -257,6 +289,8 @@ def test_the_v1_output_creates_the_database_and_reads_back_with_influxql(
         "--output", "influxdb", "--name", "selected", "--uri", uri, "--db", "selected",
         "--tags", "scope,k8s_pod_name",
         "--output", "influxdb", "--model", "FormulaReport", "--uri", uri, "--db", "power",
+        "--output", "influxdb", "--name", "compat", "--uri", uri, "--db", "powerapi",
+        "--points-compat", "powerapi-2.10",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert ["power"] in show(uri, "SHOW DATABASES")
@@ -265,12 +299,24 @@ def test_the_v1_output_creates_the_database_and_reads_back_with_influxql(
     first = min(rows, key=lambda row: (str(row["time"]), str(row["target"])))
     assert first["time"] == MILLIS
     assert (first["sensor"], first["target"], first["power"]) == ("node-1", "c0", 0.0)
-    assert (first["scope"], first["socket"], first["ratio"]) == ("cpu", "0", "0.5")
+    assert (first["scope"], first["socket"], first["ratio"]) == ("cpu", "0", 0.5)
+    assert first["formula"] == "abc"
     tag_keys = {key for [key] in show(uri, "SHOW TAG KEYS FROM power_consumption")}
     assert tag_keys == {
-        "sensor", "target", "scope", "socket", "formula", "ratio", "k8s_pod_name",
+        "sensor", "target", "scope", "socket", "k8s_pod_name",
         f"a_b_{crc32(b'a-b'):x}", f"a_b_{crc32(b'a.b'):x}",
     }  # fmt: skip
+    fields = show(uri, "SHOW FIELD KEYS FROM power_consumption")
+    assert sorted(fields) == [["formula", "string"], ["power", "float"], ["ratio", "float"]]
+    # PowerAPI 2.10's layout, kept on request: every metadata key a tag, ratio as text
+    compat_tags = {key for [key] in show(uri, "SHOW TAG KEYS FROM power_consumption", "powerapi")}
+    assert compat_tags == tag_keys | {"formula", "ratio"}
+    [compat_first] = query(
+        uri,
+        "powerapi",
+        f"SELECT * FROM power_consumption WHERE target = 'c0' AND time = {MILLIS}ms",
+    )
+    assert (compat_first["ratio"], compat_first["power"]) == ("0.5", 0.0)
     [pod] = query(uri, "power", "SELECT * FROM power_consumption WHERE target = 'pod-1'")
     assert (pod["k8s_pod_name"], pod["power"]) == ("web", 3.5)
     selected = query(uri, "selected", "SELECT * FROM power_consumption")
@@ -586,3 +632,77 @@ def test_the_v2_output_waits_for_a_late_server_and_refuses_what_it_rejects(
     assert [report for report, _ in refused] == batch
     assert "server refused the write (404)" in refused[0][1]
     assert "t0ken" not in refused[0][1]
+
+
+def drifting_ratio(count: int) -> list[Report]:
+    """One container's reports as SmartWatts writes them: its ratio changes every tick and its
+    model (the hash) every ten."""
+    return [
+        PowerReport(
+            timestamp=START + timedelta(seconds=tick),
+            sensor="node-1",
+            target="c1",
+            power=10.0 + tick,
+            metadata={
+                "scope": "cpu",
+                "socket": "0",
+                "formula": f"model-{tick // 10}",
+                "ratio": 0.1 + tick / 1000,
+            },
+        )
+        for tick in range(count)
+    ]
+
+
+def test_one_container_is_one_influxdb_series_whatever_its_ratio(
+    influxdb_server: ServerProcess, tmp_path: Path
+) -> None:
+    source = write_jsonl(tmp_path / "power.jsonl", drifting_ratio(40))
+    uri = influx_uri(influxdb_server)
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        "--output", "influxdb", "--uri", uri, "--db", "power",
+        "--output", "influxdb", "--name", "compat", "--uri", uri, "--db", "powerapi",
+        "--points-compat", "powerapi-2.10",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(show(uri, "SHOW SERIES FROM power_consumption")) == 1
+    assert len(show(uri, "SHOW SERIES FROM power_consumption", "powerapi")) == 40
+    rows = query(uri, "power", "SELECT ratio, formula, power FROM power_consumption")
+    assert [row["ratio"] for row in rows] == pytest.approx([0.1 + t / 1000 for t in range(40)])
+    assert [row["formula"] for row in rows] == [f"model-{t // 10}" for t in range(40)]
+
+
+def test_victoria_metrics_keeps_one_series_per_container_too(
+    victoria_metrics_server: ServerProcess, tmp_path: Path
+) -> None:
+    source = write_jsonl(tmp_path / "power.jsonl", drifting_ratio(40))
+    uri = influx_uri(victoria_metrics_server)
+    common = ("--output", "influxdb2", "--uri", uri, "--org", "org", "--db", "power")
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        *common, *common, "--name", "chosen", "--tags", "scope,formula,ratio",
+        *common, "--name", "compat", "--points-compat", "powerapi-2.10",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    urllib3.request("GET", f"{uri}/internal/force_flush")
+
+    def exported(name: str) -> list[dict[str, Any]]:
+        response = urllib3.request(
+            "GET", f"{uri}/api/v1/export", fields={"match[]": f'{{__name__="{name}"}}'}
+        )
+        return [orjson.loads(line) for line in response.data.splitlines()]
+
+    power = exported("power_consumption_power")
+    # the default output: one series (ratio a field of its own); --tags naming ratio and
+    # formula, and PowerAPI 2.10's layout (socket too): 40 each
+    by_labels = Counter(("ratio" in s["metric"], "socket" in s["metric"]) for s in power)
+    assert by_labels == {(False, True): 1, (True, False): 40, (True, True): 40}
+    [plain] = [series for series in power if "ratio" not in series["metric"]]
+    assert set(plain["metric"]) == {"__name__", "sensor", "target", "scope", "socket"}
+    assert plain["values"] == [10.0 + t for t in range(40)]
+    [ratio] = exported("power_consumption_ratio")
+    assert ratio["values"] == pytest.approx([0.1 + t / 1000 for t in range(40)])
+    # a string field: VictoriaMetrics keeps a 0 in its place, still one series
+    [formula] = exported("power_consumption_formula")
+    assert formula["values"] == [0] * 40

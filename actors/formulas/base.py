@@ -226,6 +226,8 @@ class FormulaActor(Actor):
         self.on_done: Callable[[], Awaitable[None]] | None = None
         self._in_flight: list[tuple[Hashable, Report | Frame]] = []
         self._logged_failures: set[str] = set()
+        self.produced = 0
+        """Reports this formula emitted."""
 
     def instance(self, key: Hashable) -> Formula[Any]:
         """The instance for ``key``, created on first use."""
@@ -291,6 +293,7 @@ class FormulaActor(Actor):
         self.ledger.consumed += taken - len(out.rejected)
         self.ledger.absorbed += out.absorbed
         self.ledger.produced += out.produced
+        self.produced += out.produced
         return out.items()
 
     def _log_failures(self, failures: list[tuple[str, BaseException]]) -> None:

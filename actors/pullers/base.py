@@ -118,6 +118,14 @@ class Puller(ABC, Generic[C]):
     async def check(self) -> None:
         """Raise an error that says why the input cannot be read, before the pipeline starts."""
 
+    def not_ready(self) -> str | None:
+        """Why the input is not connected yet, or None once it is (``/ready``).
+
+        Called while ``pull`` runs. An input of files is ready as soon as it reads; one that
+        listens or has a server to reach says when it listens or has reached it.
+        """
+        return None
+
     @abstractmethod
     async def pull(self, emitter: Emitter) -> None:
         """Read the input and emit its reports."""

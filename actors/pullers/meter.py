@@ -166,6 +166,10 @@ class MeterPuller(Puller[MeterPullerConfig]):
     config_model = MeterPullerConfig
     bound_port: int | None = None
 
+    def not_ready(self) -> str | None:
+        listens = self.config.port is not None
+        return "not listening yet" if listens and self.bound_port is None else None
+
     async def check(self) -> None:
         for path in self.config.files:
             if not path.is_file() and not (self.stream or self.config.follow):

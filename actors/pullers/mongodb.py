@@ -177,6 +177,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         self._saved_at = 0.0
         self._down_since: float | None = None
         self._backoff = 0.1
+        self._reached = False
 
     async def probe(self) -> str:
         """Ping the server and say what it is."""
@@ -476,7 +477,13 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
             await asyncio.wait_for(emitter.stopping.wait(), self._backoff)
         self._backoff = min(self._backoff * 2, 5.0)
 
+    def not_ready(self) -> str | None:
+        if self._down_since is not None:
+            return f"server unavailable for {time.monotonic() - self._down_since:.0f} s"
+        return None if self._reached else "server not reached yet"
+
     def _back_up(self) -> None:
+        self._reached = True
         if self._down_since is not None:
             logger.warning(
                 "%s: server back after %.1f s", self.source, time.monotonic() - self._down_since

@@ -479,6 +479,7 @@ class NvmlPuller(Puller[NvmlPullerConfig]):
 
     def __init__(self, config: NvmlPullerConfig, *, stream: bool = True) -> None:
         super().__init__(config, stream=True)
+        self.sampling = False
         self.skipped_ticks = 0
         self.ticks = 0
 
@@ -492,9 +493,13 @@ class NvmlPuller(Puller[NvmlPullerConfig]):
 
         await asyncio.to_thread(probe)
 
+    def not_ready(self) -> str | None:
+        return None if self.sampling else "NVML not opened yet"
+
     async def pull(self, emitter: Emitter) -> None:
         sampler = await asyncio.to_thread(NvmlSampler, self.config)
         await asyncio.to_thread(sampler.open, _now_us())
+        self.sampling = True
         logger.info(
             "sampling GPUs %s every %d ms",
             ",".join(str(d.index) for d in sampler.devices),

@@ -73,6 +73,9 @@ class SocketPuller(Puller[SocketPullerConfig]):
         self.listening = asyncio.Event()
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
+    def not_ready(self) -> str | None:
+        return None if self.bound_port is not None else "not listening yet"
+
     async def pull(self, emitter: Emitter) -> None:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()

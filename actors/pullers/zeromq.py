@@ -123,6 +123,9 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         self._layouts: dict[str, Layout] = {}
         """Each sensor's groups, remembered from one batch of messages to the next."""
 
+    def not_ready(self) -> str | None:
+        return None if self.ready else "socket not open yet"
+
     @property
     def binds(self) -> bool:
         return self.config.binds

@@ -108,6 +108,29 @@ class PusherActor(Actor):
         self.dead_letters = dead_letters
         self._opened = False
         self._in_flight: list[Report | Frame] = []
+        self.retries = 0
+        """Writes tried again after an error that a retry may mend."""
+        self.outages = 0
+        """Times the sink became unreachable: a failed write after the last one that worked."""
+        self.unreachable: str | None = None
+        """Why the sink is unreachable, from the first failed write until one works again."""
+
+    def not_ready(self) -> str | None:
+        """Why the output cannot take reports yet, or None (``/ready``).
+
+        An output that connects on its first write counts as reachable until a write fails.
+        """
+        if not self._opened:
+            return "not open yet"
+        if self.unreachable is not None:
+            return f"unreachable: {self.unreachable}"
+        return None
+
+    def _retrying(self, error: BaseException) -> None:
+        self.retries += 1
+        if self.unreachable is None:
+            self.outages += 1
+        self.unreachable = str(error)
 
     async def run(self) -> None:
         if not self._opened:
@@ -120,10 +143,12 @@ class PusherActor(Actor):
                     lambda: self.pusher.write(batch),  # type: ignore[arg-type]
                     retryable=lambda error: getattr(error, "retryable", False),
                     give_up_after_s=self.pusher.config.retry_for_s,
+                    on_retry=self._retrying,
                 )
             except PushError as error:
                 self._reject(batch, str(error))
             else:
+                self.unreachable = None
                 for report, reason in refused:
                     self._reject([report], reason)
                 written = batch_size(batch) - len(refused)

@@ -69,8 +69,14 @@ class InfluxDBPusherConfig(PusherConfig):
     )
     tags: TagList = Field(
         default_factory=list,
-        description="Metadata tags to keep, comma-separated (all when empty).",
+        description="Metadata tags to keep, comma-separated (all when empty); naming ratio "
+        "or formula makes it a tag rather than a field.",
         json_schema_extra={"flags": ["-t", "--tags"]},
+    )
+    points_compat: Literal["powerapi-2.10"] | None = Field(
+        default=None,
+        description="powerapi-2.10: every metadata key a tag, ratio and formula included, as "
+        "PowerAPI 2.10 writes them (a new series per ratio value).",
     )
     batch_size: PositiveInt = Field(default=5000, description="Most points in one request.")
     server_timeout_s: float = Field(
@@ -105,6 +111,7 @@ class InfluxDBPusher(Pusher[InfluxDBPusherConfig]):
         super().__init__(config)
         self.where = f"output '{config.name}' (influxdb {redact_uri(config.uri)}, db {config.db})"
         self._tags = tuple(config.tags)
+        self._powerapi_layout = config.points_compat is not None
         self._http: urllib3.PoolManager | None = None
         self._headers: dict[str, str] = {}
 
@@ -145,7 +152,9 @@ class InfluxDBPusher(Pusher[InfluxDBPusherConfig]):
         return f"InfluxDB {headers.get('X-Influxdb-Version', '?')}"
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        found, unwritable = lineprotocol.requests(batch, self._tags, self.config.batch_size)
+        found, unwritable = lineprotocol.requests(
+            batch, self._tags, self.config.batch_size, self._powerapi_layout
+        )
         refused = [(report, f"{self.where}: {reason}") for report, reason in unwritable]
         for reports, request_lines in found:
             problem = await asyncio.to_thread(self._write, "\n".join(request_lines).encode())

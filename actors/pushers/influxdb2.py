@@ -75,8 +75,14 @@ class InfluxDB2PusherConfig(PusherConfig):
     token_file: Path | None = Field(default=None, description="File holding the API token.")
     tags: TagList = Field(
         default_factory=list,
-        description="Metadata tags to keep, comma-separated (all when empty).",
+        description="Metadata tags to keep, comma-separated (all when empty); naming ratio "
+        "or formula makes it a tag rather than a field.",
         json_schema_extra={"flags": ["-t", "--tags"]},
+    )
+    points_compat: Literal["powerapi-2.10"] | None = Field(
+        default=None,
+        description="powerapi-2.10: every metadata key a tag, ratio and formula included, as "
+        "PowerAPI 2.10 writes them (a new series per ratio value).",
     )
     batch_size: PositiveInt = Field(default=5000, description="Most points in one request.")
     server_timeout_s: float = Field(
@@ -116,6 +122,7 @@ class InfluxDB2Pusher(Pusher[InfluxDB2PusherConfig]):
         super().__init__(config)
         self.where = f"output '{config.name}' (influxdb2 {redact_uri(config.uri)}, {config.db})"
         self._tags = tuple(config.tags)
+        self._powerapi_layout = config.points_compat is not None
         self._client: InfluxDBClient | None = None
         self._writer: WriteApi | None = None
         self._bucket_checked = False
@@ -152,7 +159,9 @@ class InfluxDB2Pusher(Pusher[InfluxDB2PusherConfig]):
         return "answers /ping"
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        found, unwritable = lineprotocol.requests(batch, self._tags, self.config.batch_size)
+        found, unwritable = lineprotocol.requests(
+            batch, self._tags, self.config.batch_size, self._powerapi_layout
+        )
         refused = [(report, f"{self.where}: {reason}") for report, reason in unwritable]
         for reports, request_lines in found:
             problem = await asyncio.to_thread(self._write, request_lines)

@@ -1,0 +1,315 @@
+"""Prometheus output: power as gauges and energy as counters on an HTTP endpoint Prometheus scrapes.
+
+PowerAPI's pusher type name (``--output prometheus``) and flags (``-u/--addr``, 2.10's
+``--uri``, ``-p/--port``, ``-M/--metric-name``, ``-d/--metric-description``, ``-t/--tags``), with
+two metrics per series instead of PowerAPI's one:
+
+- ``wattflow_power_watts`` (gauge; ``--metric-name`` renames it): the power of the newest report;
+- ``wattflow_energy_joules_total`` (counter): the power integrated over time, each report's power
+  times the time since the series' previous report. The first report of a series only starts
+  it; a report older than the series' newest changes nothing (the newer report's interval
+  already covers its time); a gap longer than ``--series-expiry-s`` is not integrated over.
+
+Labels are bounded on purpose. PowerAPI 2.10 makes every metadata key a label, ``ratio`` (a
+float) included, so each report opens a new series that is never removed, and Prometheus'
+memory grows without end. Here a series is labelled only by ``sensor``, ``target`` and the
+metadata keys ``scope``, ``socket`` and ``device`` (``--tags`` picks among those three), and a
+series that has had no report for ``--series-expiry-s`` is removed from the endpoint, so
+containers that come and go do not pile up. ``--max-series`` bounds the rest: a report that would
+open a series beyond it is refused (a dead letter) rather than dropped unseen.
+
+When ``--tags`` leaves out a key, reports that differ only by it land in one series: their powers
+add up (two sockets of one target give its total), and a report sent twice for the same time
+replaces itself instead of counting twice.
+
+Samples carry no timestamp: Prometheus stamps them at scrape time, which keeps its staleness
+handling (a removed series ends at once in queries). The endpoint is ``prometheus_client``'s
+HTTP server in its own thread, over a registry of this output's own (no process metrics); the
+reports are folded in on the event loop under a lock the scrape takes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Self
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from pydantic import AliasChoices, Field, PositiveInt, field_validator, model_validator
+
+from wattflow.actors.errors import PushError
+from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.actors.pushers.csv import TagList
+from wattflow.formats.reports import PowerReport, Report
+
+logger = logging.getLogger(__name__)
+
+BOUNDED_LABELS = ("scope", "socket", "device")
+"""The metadata keys that may become labels: each has a handful of values per node."""
+
+POWER_METRIC = "wattflow_power_watts"
+ENERGY_METRIC = "wattflow_energy_joules"
+"""Exposed as ``wattflow_energy_joules_total`` (a counter's ``_total`` is added on exposure)."""
+
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+SWEEP_EVERY_S = 1.0
+"""Expired series are looked for at most this often while reports arrive (and at each scrape)."""
+
+
+class PrometheusPusherConfig(PusherConfig):
+    """Settings of the Prometheus output, PowerAPI's ``--output prometheus`` group."""
+
+    type: Literal["prometheus"] = "prometheus"
+    addr: str = Field(
+        default="127.0.0.1",
+        validation_alias=AliasChoices("addr", "uri"),
+        description="Address the metrics endpoint listens on; 0.0.0.0 for every interface "
+        "(needed in a container). PowerAPI 2.10 named it --uri.",
+        json_schema_extra={"flags": ["-u", "--addr"]},
+    )
+    port: int = Field(
+        default=8000,
+        ge=0,
+        le=65535,
+        description="Port of the metrics endpoint (0: any free port, logged).",
+        json_schema_extra={"flags": ["-p", "--port"]},
+    )
+    metric_name: str = Field(
+        default=POWER_METRIC,
+        description="Name of the power gauge.",
+        json_schema_extra={"flags": ["-M", "--metric-name"]},
+    )
+    metric_description: str = Field(
+        default="Power of the target, as the formula estimated it, in watts.",
+        min_length=1,
+        description="Help text of the power gauge.",
+        json_schema_extra={"flags": ["-d", "--metric-description"]},
+    )
+    tags: TagList = Field(
+        default_factory=lambda: list(BOUNDED_LABELS),
+        description="Metadata keys that label a series besides sensor and target, "
+        f"comma-separated; only {', '.join(BOUNDED_LABELS)}.",
+        json_schema_extra={"flags": ["-t", "--tags"]},
+    )
+    series_expiry_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A series with no report for this long is removed from the endpoint.",
+    )
+    max_series: PositiveInt = Field(
+        default=100_000,
+        description="Most series exposed at once; a report that would open another is refused.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _power_only(cls, value: str) -> str:
+        if value != PowerReport.kind:
+            raise ValueError(f"the prometheus output writes PowerReports only, not {value}")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _bounded(cls, value: list[str]) -> list[str]:
+        """Only bounded keys; none given means all of them, as PowerAPI's empty ``--tags``
+        means every key."""
+        if not value:
+            return list(BOUNDED_LABELS)
+        unbounded = [tag for tag in value if tag not in BOUNDED_LABELS]
+        if unbounded:
+            raise ValueError(
+                f"{', '.join(unbounded)}: not a label of the prometheus output, which labels "
+                f"series only by sensor, target and {', '.join(BOUNDED_LABELS)}: a key such as "
+                "ratio or formula takes a new value with every report or model, and each value "
+                "would be a new series kept for ever"
+            )
+        return list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _valid_name(self) -> Self:
+        if not _METRIC_NAME.match(self.metric_name) or self.metric_name.startswith("__"):
+            raise ValueError(f"--metric-name {self.metric_name!r} is not a Prometheus metric name")
+        if self.metric_name.removesuffix("_total") == ENERGY_METRIC:
+            raise ValueError(f"--metric-name {self.metric_name!r} is the energy counter's name")
+        return self
+
+    @classmethod
+    def example(cls) -> PrometheusPusherConfig:
+        """Power and energy on http://127.0.0.1:8000/metrics."""
+        return cls(type="prometheus")
+
+
+@dataclass(slots=True)
+class _Series:
+    """One exposed series: its latest power, its energy, and the reports of its latest time."""
+
+    power_w: float = 0.0
+    energy_j: float = 0.0
+    millis: int = -1
+    interval_s: float = 0.0
+    parts: dict[tuple[object, ...], float] = field(default_factory=dict)
+    """Power per report of the latest time, by the metadata the labels leave out."""
+    seen_at: float = 0.0
+    """``time.monotonic()`` of its latest report."""
+
+
+class PowerSeries(Collector):
+    """The output's series: folded from reports on the event loop, read by scrapes."""
+
+    def __init__(self, config: PrometheusPusherConfig) -> None:
+        self.config = config
+        self.labels = ("sensor", "target", *config.tags)
+        self._left_out = tuple(key for key in BOUNDED_LABELS if key not in config.tags)
+        self._series: dict[tuple[str, ...], _Series] = {}
+        self._lock = threading.Lock()
+        self._swept_at = time.monotonic()
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def add(self, reports: list[Report]) -> list[tuple[Report, str]]:
+        """Fold a batch in; return the reports refused and why."""
+        refused: list[tuple[Report, str]] = []
+        now = time.monotonic()
+        with self._lock:
+            for report in reports:
+                problem = self._add(report, now)
+                if problem is not None:
+                    refused.append((report, problem))
+            if now - self._swept_at >= SWEEP_EVERY_S:
+                self._sweep(now)
+        return refused
+
+    def _add(self, report: Report, now: float) -> str | None:
+        power = getattr(report, "power", None)
+        if not isinstance(power, int | float) or not math.isfinite(power):
+            return f"power {power!r} is not a finite number of watts"
+        metadata = report.metadata
+        key = (report.sensor, report.target, *(_text(metadata.get(k)) for k in self.config.tags))
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= self.config.max_series:
+                return f"--max-series {self.config.max_series} series are exposed already"
+            series = self._series[key] = _Series()
+        series.seen_at = now
+        millis = int(report.timestamp.timestamp() * 1000)
+        part = tuple(metadata.get(k) for k in self._left_out)
+        if millis == series.millis:  # another part of the same time, or the same one again
+            before = series.parts.get(part, 0.0)
+            series.parts[part] = power
+            series.power_w += power - before
+            series.energy_j += (power - before) * series.interval_s
+        elif millis > series.millis:
+            interval_s = (millis - series.millis) / 1000 if series.millis >= 0 else 0.0
+            if interval_s > self.config.series_expiry_s:
+                interval_s = 0.0
+            series.millis, series.interval_s, series.parts = millis, interval_s, {part: power}
+            series.power_w = power
+            series.energy_j += power * interval_s
+        return None
+
+    def _sweep(self, now: float) -> None:
+        """Remove the series that have had no report for ``series_expiry_s``."""
+        self._swept_at = now
+        oldest = now - self.config.series_expiry_s
+        expired = [key for key, series in self._series.items() if series.seen_at < oldest]
+        for key in expired:
+            del self._series[key]
+        if expired:
+            self.expired += len(expired)
+            logger.debug("output '%s': %d series expired", self.config.name, len(expired))
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauge and the counter, as a scrape reads them (called in the server's thread)."""
+        power = GaugeMetricFamily(
+            self.config.metric_name, self.config.metric_description, labels=self.labels
+        )
+        energy = CounterMetricFamily(
+            ENERGY_METRIC,
+            "Energy of the target since this output first saw it, in joules: each report's "
+            "power times the time since the previous one.",
+            labels=self.labels,
+        )
+        with self._lock:
+            self._sweep(time.monotonic())
+            for key, series in self._series.items():
+                power.add_metric(key, series.power_w)
+                energy.add_metric(key, series.energy_j)
+        yield power
+        yield energy
+
+
+def _text(value: object) -> str:
+    """A label value: absent is empty, which Prometheus reads as no label."""
+    return "" if value is None else str(value)
+
+
+@pushers.register("prometheus")
+class PrometheusPusher(Pusher[PrometheusPusherConfig]):
+    """Serves the series on ``http://ADDR:PORT/metrics`` from the moment it opens."""
+
+    config_model = PrometheusPusherConfig
+
+    def __init__(self, config: PrometheusPusherConfig) -> None:
+        super().__init__(config)
+        self.series = PowerSeries(config)
+        self.where = f"output '{config.name}' (prometheus {config.addr}:{config.port})"
+        self.port: int | None = None
+        """The port listened on, once open (``--port 0`` picks one)."""
+        self._server: WSGIServer | None = None
+
+    async def probe(self) -> str:
+        """Listen, as the service will: a port in use or an address not of this machine fails."""
+        await self.open()
+        return f"listening on {self.config.addr}:{self.port}"
+
+    async def check(self) -> None:
+        """Start listening now, so a port in use stops the service before it starts."""
+        await self.open()
+
+    async def open(self) -> None:
+        if self._server is not None:
+            return
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.series)
+        try:
+            server, thread = start_http_server(
+                self.config.port, self.config.addr, registry=registry
+            )
+        except OSError as error:
+            raise PushError(f"{self.where}: cannot listen: {error.strerror or error}") from None
+        self._server = server
+        del thread  # a daemon: it ends with shutdown()
+        self.port = server.server_address[1]
+        logger.info(
+            "output '%s': metrics on http://%s:%d/metrics",
+            self.config.name,
+            self.config.addr,
+            self.port,
+        )
+
+    async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        refused = self.series.add(batch)
+        return [(report, f"{self.where}: {reason}") for report, reason in refused]
+
+    async def close(self) -> None:
+        """Stop serving: the series go with the process, as a scrape target's do."""
+        server, self._server = self._server, None
+        if server is not None:
+            await asyncio.to_thread(_shut_down, server)
+
+
+def _shut_down(server: WSGIServer) -> None:
+    server.shutdown()
+    server.server_close()
