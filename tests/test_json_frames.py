@@ -22,7 +22,7 @@ from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.actors.pushers.jsonl import encode_json_lines
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Column, HWPCFrame, PowerFrame
+from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, expand
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames, encode_power_frame_lines
 from wattflow.formats.reports import HWPCReport, Report
 
@@ -186,3 +186,48 @@ def test_power_frames_are_written_as_their_reports_are(tmp_path: Path) -> None:
     assert orjson.loads(encode_power_frame_lines(outputs[-1]).splitlines()[5])["power"] is None
     empty = HWPCFrame([], [], 0)
     assert len(empty) == 0
+
+
+def test_smartwatts_goes_back_to_frames_after_a_batch_that_was_not_plain(tmp_path: Path) -> None:
+    """A batch with a line the frame cannot stand for goes report by report; the batches after
+    it go the frame way again, and the estimates are those of the report-by-report way."""
+    lines = stream(tmp_path, ticks=40, containers=6)
+    lines = _change(lines, 75, lambda d: d.update(metadata={"origin": "relay"}))
+    config = SmartWattsConfig(learn_min_samples_required=5)
+    SmartWattsFormula.prepare(config)
+
+    def run(batches: list[list[Any]]) -> tuple[dict[str, list[Any]], list[bool]]:
+        """Each kind's reports (the order between kinds is the outputs' own), and whether each
+        batch left no tick to the report-by-report way."""
+        formula = SmartWattsFormula(config, "node-1")
+        produced: dict[str, list[Any]] = {}
+        by_frames: list[bool] = []
+        for batch in [*batches, None]:
+            out = Output()
+            if batch is None:
+                formula.flush(out)
+            else:
+                formula.process(batch, out)
+                by_frames.append(not formula.ticks)
+            for report in expand(out.items()):
+                produced.setdefault(report.kind, []).append(report.model_dump())
+        return produced, by_frames
+
+    layouts: dict[str, Layout] = {}
+    framed: list[list[Any]] = []
+    for start in range(0, len(lines), 50):
+        frames = decode_hwpc_frames(lines[start : start + 50], layouts)
+        framed += (
+            [[frame] for frame in frames] if frames else [one_by_one(lines[start : start + 50])]
+        )
+    assert any(isinstance(batch[0], HWPCReport) for batch in framed), "one batch was not plain"
+    by_reports = [one_by_one(lines[start : start + 50]) for start in range(0, len(lines), 50)]
+    produced, by_frames = run(framed)
+    expected, _ = run(by_reports)
+    assert produced == expected
+    assert len(produced["PowerReport"]) > 200
+    plain_again = by_frames[
+        framed.index(next(b for b in framed if isinstance(b[0], HWPCReport))) + 2 :
+    ]
+    assert plain_again
+    assert all(plain_again), "the batches after it went the frame way"

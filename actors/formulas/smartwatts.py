@@ -819,9 +819,14 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 frame = held.joined(frame)
             except Exception:  # other groups or events: each frame goes its own way
                 self._by_reports(held, out)
-        if self.compat or self.ticks:
+        if self.compat:
             self._by_reports(frame, out)
             return
+        if self.ticks:
+            rest = self._back_from_reports(frame, out)
+            if rest is None:
+                return
+            frame = rest
         ripe: HWPCFrame | None = frame
         last = int(max(t.millis.max() for t in frame.tables if len(t)))
         if not final:
@@ -831,6 +836,30 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         self.latest = datetime_of(last)
         if ripe is not None and not self._estimate_frame(ripe, out):
             self._by_reports(ripe, out)
+
+    def _back_from_reports(self, frame: HWPCFrame, out: Output) -> HWPCFrame | None:
+        """The part of a frame that can go the frame way while the report-by-report way still
+        buffers ticks (after a batch that was not plain, say), or ``None`` when none can yet.
+
+        The frame's ticks up to the newest buffered one join those ticks the slow way; the
+        buffered ticks that the frame's newer ticks make ripe are processed; once none is left,
+        the newer ticks go the frame way, so one odd batch does not keep a sensor's stream on
+        the slow way for good.
+        """
+        newest = to_millis(max(self.ticks))
+        older, newer = frame.after(newest)
+        if older is not None:
+            self._by_reports(older, out)
+        if newer is None:
+            return None
+        last = int(max(t.millis.max() for t in newer.tables if len(t)))
+        horizon = last - self.config.tick_lateness_ms
+        for timestamp in sorted(t for t in self.ticks if to_millis(t) <= horizon):
+            self._handle_tick(timestamp, out)
+        if self.ticks:
+            self._by_reports(newer, out)
+            return None
+        return newer
 
     def _by_reports(self, frame: HWPCFrame, out: Output) -> None:
         """A frame's ticks the report-by-report way, waiting and buffering as it does."""
