@@ -1,0 +1,174 @@
+"""Grafana's dashboards in docker/grafana/dashboards, each panel's query run against a real
+server that wattflow filled from the demo's recordings. No Grafana server installs here, so
+the tests stand in for Grafana's part: its macros ($timeFilter, $__interval) and variables are
+replaced as Grafana replaces them, and the query goes to the database as Grafana sends it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import urllib3
+
+from .conftest import ROOT, wattflow
+from .servers import ServerProcess
+from .servers_influx import influx_uri
+
+DASHBOARDS = ROOT / "docker" / "grafana" / "dashboards"
+DATA = ROOT / "service" / "data"
+SENSOR = "demo-node"
+
+
+def dashboard(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((DASHBOARDS / name).read_text())
+    return loaded
+
+
+def targets(board: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            yield panel["title"], target
+
+
+def influxql(server: ServerProcess, query: str) -> dict[str, Any]:
+    """One InfluxQL statement's result, as Grafana's InfluxDB data source asks for it."""
+    response = urllib3.request(
+        "POST",
+        influx_uri(server) + "/query",
+        body=urlencode({"db": "power", "q": query, "epoch": "ms"}),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        timeout=30,
+    )
+    assert response.status == 200, response.data
+    result: dict[str, Any] = json.loads(response.data)["results"][0]
+    return result
+
+
+@pytest.fixture
+def filled_influxdb(influxdb_server: ServerProcess) -> ServerProcess:
+    """InfluxDB 1.x filled by wattflow from the demo's recordings: hwpc-sensor (SmartWatts and
+    RAPL), the NVML sampler (the GPU formula, one target per process) and a power meter (the
+    node formula), PowerReports and FormulaReports, as the compose stack writes them."""
+    uri = influx_uri(influxdb_server)
+    result = wattflow(
+        "run",
+        "--learn-min-samples-required",
+        "5",
+        "--gpu-targets",
+        "process",
+        "--input",
+        "jsonl",
+        "--files",
+        str(DATA / "demo-hwpc.jsonl"),
+        "--input",
+        "jsonl",
+        "--name",
+        "gpu",
+        "--model",
+        "GPUReport",
+        "--files",
+        str(DATA / "demo-gpu.jsonl"),
+        "--input",
+        "meter",
+        "--files",
+        str(DATA / "demo-meter.csv"),
+        "--sensor",
+        SENSOR,
+        "--output",
+        "influxdb",
+        "--uri",
+        uri,
+        "--db",
+        "power",
+        "--output",
+        "influxdb",
+        "--name",
+        "models",
+        "--model",
+        "FormulaReport",
+        "--uri",
+        uri,
+        "--db",
+        "power",
+    )
+    assert result.returncode == 0, result.stderr
+    return influxdb_server
+
+
+def as_grafana_sends_it(query: str, start_ms: int, end_ms: int) -> str:
+    """Grafana's replacements: the time range, the interval, the variables (one sensor, as
+    Grafana formats a variable for a regex, and top 3)."""
+    return (
+        query.replace("$timeFilter", f"time >= {start_ms}ms AND time <= {end_ms}ms")
+        .replace("$__interval", "5s")
+        .replace("$sensor", f"({SENSOR})")
+        .replace("$top", "3")
+    )
+
+
+def test_every_influxql_panel_shows_data_from_what_wattflow_wrote(
+    filled_influxdb: ServerProcess,
+) -> None:
+    board = dashboard("wattflow-influxdb.json")
+    span = influxql(filled_influxdb, 'SELECT first("power") FROM power_consumption')
+    start_ms = int(span["series"][0]["values"][0][0])
+    bounds = influxql(filled_influxdb, 'SELECT last("power") FROM power_consumption')
+    end_ms = int(bounds["series"][0]["values"][0][0])
+    assert end_ms > start_ms
+    empty = []
+    checked = 0
+    for title, target in targets(board):
+        result = influxql(filled_influxdb, as_grafana_sends_it(target["query"], start_ms, end_ms))
+        assert "error" not in result, f"{title} ({target['refId']}): {result['error']}"
+        values = [v for s in result.get("series", []) for row in s["values"] for v in row[1:]]
+        if not [v for v in values if v is not None]:
+            empty.append(f"{title} ({target['refId']})")
+        checked += 1
+    assert checked >= 12
+    assert not empty, f"panels with no data: {empty}"
+
+
+def test_the_sensor_variable_lists_the_sensors_wattflow_wrote(
+    filled_influxdb: ServerProcess,
+) -> None:
+    board = dashboard("wattflow-influxdb.json")
+    (sensor,) = [v for v in board["templating"]["list"] if v["name"] == "sensor"]
+    result = influxql(filled_influxdb, sensor["query"])
+    assert [row[1] for row in result["series"][0]["values"]] == [SENSOR]
+
+
+def test_the_container_panels_leave_out_rapl_global_and_the_gpu_devices(
+    filled_influxdb: ServerProcess,
+) -> None:
+    """Per-container panels show targets only: not RAPL's or the model's whole-socket reports,
+    nor the GPUs' own idle power, nor the node formula's."""
+    board = dashboard("wattflow-influxdb.json")
+    (energy,) = [t for title, t in targets(board) if title.startswith("Energy per container")]
+    result = influxql(filled_influxdb, as_grafana_sends_it(energy["query"], 0, 2**62 // 10**6))
+    shown = {series["tags"]["target"] for series in result["series"]}
+    assert {"web-frontend", "ml-training", "pid:4242"} <= shown
+    assert not shown & {"rapl", "global", "gpu0", "gpu1", "node", "rest"}
+
+
+@pytest.mark.parametrize("name", ["wattflow-influxdb.json"])
+def test_dashboards_take_their_data_source_from_a_variable(name: str) -> None:
+    """Portable dashboards: every panel and query names the data source through the
+    `datasource` variable, never a fixed name; ids and grid positions are set."""
+    board = dashboard(name)
+    assert board["uid"].startswith("wattflow-")
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert {"sensor", "top"} <= set(variables)
+    panels = board["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:
+        assert set(panel["gridPos"]) == {"h", "w", "x", "y"}
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
