@@ -226,13 +226,26 @@ def prometheus_query(server: ServerProcess, query: str) -> dict[str, Any]:
         fields={"query": query},
         timeout=30,
     )
+    assert response.headers.get("Content-Type", "").startswith("application/json"), (
+        response.status,
+        response.data[:500],
+    )
     answer: dict[str, Any] = json.loads(response.data)
     return answer
 
 
+def _ready(server: ServerProcess) -> bool:
+    """Prometheus answers 503 with plain text until its storage is open: wait for /-/ready."""
+    try:
+        url = f"http://127.0.0.1:{server.port}/-/ready"
+        return urllib3.request("GET", url, timeout=1, retries=False).status == 200
+    except urllib3.exceptions.HTTPError:
+        return False
+
+
 def start_prometheus(server: ServerProcess) -> None:
     server.start()
-    wait_until(lambda: prometheus_query(server, "1").get("status") == "success", 30, "prometheus")
+    wait_until(lambda: _ready(server), 30, "prometheus /-/ready")
 
 
 def test_every_promql_panel_parses_in_prometheus(tmp_path: Path) -> None:
