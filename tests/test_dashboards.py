@@ -253,8 +253,8 @@ def test_every_promql_panel_parses_in_prometheus(tmp_path: Path) -> None:
     (a syntax error is a 400 `bad_data`). Whether they show data is the next test's."""
     board = dashboard("wattflow-prometheus.json")
     server = prometheus_server(tmp_path / "prometheus")
-    start_prometheus(server)
     try:
+        start_prometheus(server)
         queries = [(title, target["expr"]) for title, target in targets(board)]
         (sensor,) = [v for v in board["templating"]["list"] if v["name"] == "sensor"]
         metric = sensor["definition"].removeprefix("label_values(").split(",")[0]
@@ -317,8 +317,8 @@ def test_every_promql_panel_shows_data_that_prometheus_scraped_from_wattflow(
     ]
     server = prometheus_server(tmp_path / "prometheus", scrape_port=port)
     with Service(tmp_path / "wattflow.log", *args) as service:
-        start_prometheus(server)
         try:
+            start_prometheus(server)
 
             def scraped_twice() -> bool:
                 service.alive()
