@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -306,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="wattflow", description="Watts per process, container and GPU, PowerAPI-compatible."
     )
+    parser.add_argument(
+        "--version", action="version", version=f"wattflow {metadata.version('wattflow')}"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Each command parses its own flags (`wattflow run --help`), so these only name them.
     commands.add_parser("run", add_help=False, help="the formula service; takes SmartWatts' flags")
@@ -339,16 +343,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def sensor_command(argv: Sequence[str]) -> int:
-    """``wattflow sensor nvml [its flags] --output TYPE …``: the sampler alone, no formula.
+    """``wattflow sensor nvml [its flags] --output TYPE …``: the sampler alone, no formula."""
+    try:
+        tokens = sensor_run_args(argv)
+    except ConfigError as error:
+        return _fail(str(error), 2)
+    return run_command(tokens)
+
+
+def sensor_run_args(argv: Sequence[str]) -> list[str]:
+    """The ``wattflow run`` command line that ``wattflow sensor ARGV`` stands for.
 
     It is ``wattflow run --input nvml`` with the formulas off and every output writing the
     sampler's reports (``--model GPUReport`` unless an output names another kind).
+
+    Raises:
+        ConfigError: no sensor named, or an unknown one.
     """
     if not argv or argv[0].startswith("-"):
-        return _fail("sensor: name the sensor to run, e.g. `wattflow sensor nvml --output …`", 2)
+        raise ConfigError("sensor: name the sensor to run, e.g. `wattflow sensor nvml --output …`")
     kind, rest = argv[0], list(argv[1:])
     if kind != "nvml":
-        return _fail(f"sensor: unknown sensor {kind!r}; known: nvml", 2)
+        raise ConfigError(f"sensor: unknown sensor {kind!r}; known: nvml")
     head, groups = _split_groups(rest)
     tokens = ["--input", kind, *head]
     for group, backend, flags in groups:
@@ -356,7 +372,7 @@ def sensor_command(argv: Sequence[str]) -> int:
         extra = [] if group != "output" or named else ["--model", "GPUReport"]
         tokens += [f"--{group}", backend, *extra, *flags]
     disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
-    return run_command([*tokens, *disable])
+    return [*tokens, *disable]
 
 
 def _runs(command: str, argv: Sequence[str]) -> int:

@@ -439,3 +439,12 @@ def test_an_output_of_the_inputs_kind_records_the_input_beside_the_formulas(
     originals = [json.loads(rapl_line(index)) for index in range(6)]
     assert [c["groups"] for c in copied] == [o["groups"] for o in originals]
     assert [c["timestamp"] for c in copied] == [o["timestamp"] for o in originals]
+
+
+def test_version_names_the_installed_distribution() -> None:
+    """``wattflow --version``: what an operator (or a container build) asks first."""
+    from importlib import metadata
+
+    result = wattflow("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"wattflow {metadata.version('wattflow')}"
