@@ -401,11 +401,6 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
                    TimeRemainingColumn())  # fmt: skip
         with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
-            exporter.export_timed(
-                runs,
-                store.timed_reports,
-                args.out,
-                lambda count: progress.advance(task, count),
-            )
+            exporter.export(runs, store, args.out, lambda count: progress.advance(task, count))
     console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
     return 0

@@ -1,8 +1,10 @@
 """What every exporter is: a name, and a function from selected runs to files.
 
-Exporters read runs through :data:`~wattflow.formats.runs.ReportStream` (one run's reports in
-time order, streamed from the store), so memory does not grow with a run's length, and report
-progress through ``advance`` (called once per report read) so the command can draw a bar.
+Exporters read runs through :class:`~wattflow.formats.runs.RunData`, each only the kinds and
+fields its format needs (the power rows, the timeline, or whole reports of a few kinds), a page
+at a time, so memory does not grow with a run's length. They report progress through
+``advance``, called with the number of reports just read; the reports of a run an exporter does
+not need are counted once that run is done, so the count reaches every report of the runs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from wattflow.formats.runs import ReportStream, Run, TimedReportStream
+from wattflow.formats.runs import Run, RunData
 
 Progress = Callable[[int], None]
 """Called with the number of reports just read."""
@@ -30,17 +32,10 @@ class Exporter(ABC):
         self.model = model
 
     @abstractmethod
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
+    def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         """Write ``runs`` to ``out``."""
 
-    def export_timed(
-        self, runs: Sequence[Run], reports: TimedReportStream, out: Path, advance: Progress
-    ) -> None:
-        """Write ``runs`` from reports that carry their processing times.
 
-        The command always calls this; only formats with a place for processing time (ROSS's
-        real time) override it, the others drop the times.
-        """
-        self.export(runs, lambda run: (report for report, _ in reports(run)), out, advance)
+def count_the_rest(data: RunData, run: Run, read: int, advance: Progress) -> None:
+    """Advance by the run's reports that were not read (a store may have taken more since)."""
+    advance(max(data.count(run) - read, 0))

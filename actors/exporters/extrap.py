@@ -16,7 +16,7 @@ from typing import ClassVar
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter, Progress
 from wattflow.formats import extrap
-from wattflow.formats.runs import ReportStream, Run
+from wattflow.formats.runs import Run, RunData
 
 
 class _ExtrapExporter(Exporter):
@@ -45,11 +45,9 @@ class _ExtrapExporter(Exporter):
     def write(self, measurements: extrap.Measurements, out: Path) -> None:
         type(self).writer(measurements, out)
 
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
+    def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         self.check(runs)
-        measurements = extrap.collect(runs, reports, advance)
+        measurements = extrap.collect(runs, data, advance)
         self.write(measurements, out)
 
 
