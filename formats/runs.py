@@ -54,6 +54,11 @@ class Run(BaseModel):
     start: datetime
     end: datetime
     events: list[EventReport] = Field(default_factory=list)
+    exports: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per export format, how the latest export of this run went: 'written', or "
+        "'failed: …' with the reason (set by `wattflow export` and `wattflow run --export`).",
+    )
 
     @property
     def duration_s(self) -> float:

@@ -59,9 +59,10 @@ from wattflow.formats.runs import (
     series_of,
 )
 
-LAYOUT = 2
+LAYOUT = 3
 """The store layout this code writes. 1 (or none said): every report one JSON document;
-2: PowerReports as rows of their own, the others as before. Older stores migrate when opened."""
+2: PowerReports as rows of their own, the others as before; 3: runs note how their exports
+went. Older stores migrate when opened."""
 
 POWER = "PowerReport"
 
@@ -206,6 +207,15 @@ class RunStore(RunData):
     @abstractmethod
     def _run_rows(self, experiment: str | None, benchmark: str | None) -> list[dict[str, Any]]:
         """Stored run descriptions, as saved."""
+
+    @abstractmethod
+    def note_export(self, run: str, format_name: str, outcome: str) -> None:
+        """Note how the latest export of a run in a format went (:attr:`Run.exports`), leaving
+        the rest of the run as it is.
+
+        Raises:
+            StoreError: when the store cannot be written.
+        """
 
     @abstractmethod
     def _power_pages(self, run: str, start: int, end: int) -> Iterator[PowerPage]:
@@ -374,8 +384,10 @@ class SqliteRunStore(RunStore):
         execute(
             "CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, experiment TEXT, "
             "benchmark TEXT, settings TEXT, repetition INTEGER, parameters TEXT, system TEXT, "
-            "start INTEGER, end INTEGER)"
+            "start INTEGER, end INTEGER, exports TEXT NOT NULL DEFAULT '{}')"
         )
+        if "exports" not in {row[1] for row in execute("PRAGMA table_info(runs)")}:
+            execute("ALTER TABLE runs ADD COLUMN exports TEXT NOT NULL DEFAULT '{}'")
         execute(
             "CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, "
             "kind TEXT, body BLOB, processed INTEGER, us INTEGER NOT NULL DEFAULT 0)"
@@ -465,7 +477,9 @@ class SqliteRunStore(RunStore):
             "excluded.start", 'excluded."end"')  # fmt: skip
         with self._writing():
             self.db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                "INSERT INTO runs (id, experiment, benchmark, settings, repetition, parameters, "
+                'system, start, "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) '
+                "ON CONFLICT (id) DO UPDATE "
                 "SET experiment = excluded.experiment, benchmark = excluded.benchmark, "
                 "settings = excluded.settings, repetition = excluded.repetition, "
                 "parameters = json_patch(parameters, excluded.parameters), "
@@ -512,20 +526,32 @@ class SqliteRunStore(RunStore):
 
     def _run_rows(self, experiment: str | None, benchmark: str | None) -> list[dict[str, Any]]:
         query = (
-            "SELECT * FROM runs WHERE (?1 IS NULL OR experiment = ?1) "
+            "SELECT id, experiment, benchmark, settings, repetition, parameters, system, start, "
+            '"end", exports FROM runs WHERE (?1 IS NULL OR experiment = ?1) '
             "AND (?2 IS NULL OR benchmark = ?2)"
         )
         rows = []
         for row in self.db.execute(query, (experiment, benchmark)):
-            identifier, e, b, s, n, parameters, system, start, end = row
+            identifier, e, b, s, n, parameters, system, start, end, exports = row
             rows.append(
                 {
                     "id": identifier, "experiment": e, "benchmark": b, "settings": s,
                     "repetition": n, "parameters": orjson.loads(parameters),
                     "system": orjson.loads(system), "start": to_utc(start), "end": to_utc(end),
+                    "exports": orjson.loads(exports),
                 }
             )  # fmt: skip
         return rows
+
+    def note_export(self, run: str, format_name: str, outcome: str) -> None:
+        try:
+            with self._writing():
+                self.db.execute(
+                    "UPDATE runs SET exports = json_set(exports, ?, ?) WHERE id = ?",
+                    (f'$."{format_name}"', outcome, run),
+                )
+        except sqlite3.Error as error:
+            raise StoreError(f"store {self.path}: {error}") from None
 
     def _power_pages(self, run: str, start: int, end: int) -> Iterator[PowerPage]:
         series = _SqliteSeries(self.db, run)
@@ -701,6 +727,16 @@ class MongoRunStore(RunStore):
         if benchmark is not None:
             query["benchmark"] = benchmark
         return [{**row, "id": row["_id"]} for row in self.db.runs.find(query)]
+
+    def note_export(self, run: str, format_name: str, outcome: str) -> None:
+        from pymongo.errors import PyMongoError
+
+        from wattflow.actors.connections import describe_driver_error
+
+        try:
+            self.db.runs.update_one({"_id": run}, {"$set": {f"exports.{format_name}": outcome}})
+        except PyMongoError as error:
+            raise StoreError(f"run store: {describe_driver_error(error)}") from None
 
     def _pages(
         self,

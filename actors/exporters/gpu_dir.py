@@ -24,6 +24,7 @@ class GpuDirExporter(Exporter):
     name: ClassVar[str] = "gpu-dir"
     description: ClassVar[str] = "GPU measurement directory (CSV files per repetition)"
     writes_directory: ClassVar[bool] = True
+    holds_runs: ClassVar[bool] = True
 
     def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         for run in runs:

@@ -9,23 +9,14 @@ escape the root. Two runs whose sanitised paths collide get ``~2``, ``~3``… ap
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from wattflow.actors.exporters import exporters
-from wattflow.actors.exporters.base import Exporter, Progress, count_the_rest
+from wattflow.actors.exporters.base import Exporter, Progress, count_the_rest, path_part
 from wattflow.formats.hpctoolkit import write_run
 from wattflow.formats.runs import Run, RunData
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]")
-
-
-def path_part(text: str) -> str:
-    """One directory name from free text, never empty, ``.`` or ``..``."""
-    cleaned = _UNSAFE.sub("_", text)
-    return cleaned if cleaned.strip(".") else cleaned.replace(".", "_") or "_"
 
 
 def database_directories(runs: Sequence[Run], out: Path) -> list[Path]:

@@ -41,6 +41,7 @@ class RossExporter(Exporter):
     name: ClassVar[str] = "ross"
     description: ClassVar[str] = "ROSS instrumentation binary (PE/KP/LP/model samples, events)"
     writes_directory: ClassVar[bool] = True
+    holds_runs: ClassVar[bool] = True
 
     def __init__(
         self, *, model: bool = False, interval_s: float = 1.0, events: bool = True
