@@ -25,9 +25,10 @@ Extra-P splits callpaths at ``->`` and its text reader folds runs of whitespace,
 made safe once, the same way for every format: whitespace runs become one space, ``->`` inside
 a target or phase name becomes ``=>``, and an empty name becomes ``_``.
 
-Memory: :func:`collect` folds each run's report stream with :func:`summarise` as it arrives and
-keeps only the summaries (one value per target, phase and domain), so it grows with runs times
-keys, never with reports. The writers then hold nothing but that table.
+Memory: :func:`collect` folds each run's power rows with :func:`summarise_power` as they arrive
+(no other report is read) and keeps only the summaries (one value per target, phase and
+domain), so it grows with runs times keys, never with reports. The writers then hold nothing
+but that table.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import IO, Any
 import orjson
 
 from wattflow.formats.errors import WattflowError
-from wattflow.formats.runs import DOMAINS, ReportStream, Run, RunSummary, summarise
+from wattflow.formats.runs import DOMAINS, Run, RunData, RunSummary, summarise_power
 
 METRICS: tuple[str, ...] = (
     "energy",
@@ -127,10 +128,11 @@ def parameter_names(runs: Sequence[Run]) -> tuple[str, ...]:
     return names
 
 
-def collect(
-    runs: Sequence[Run], reports: ReportStream, advance: Callable[[int], None]
-) -> Measurements:
-    """Read every run's reports once and lay the results out as Extra-P's points and values.
+def collect(runs: Sequence[Run], data: RunData, advance: Callable[[int], None]) -> Measurements:
+    """Read every run's power once and lay the results out as Extra-P's points and values.
+
+    ``advance`` is called with the number of reports read, and for each run at last with the
+    number of its reports of other kinds, which are not read at all.
 
     Raises:
         ExtrapError: see :func:`parameter_names`; also when the runs hold no power at all,
@@ -139,7 +141,8 @@ def collect(
     names = parameter_names(runs)
     summaries: list[tuple[Point, RunSummary]] = []
     for run in runs:
-        summary = summarise(run, reports(run), on_report=lambda: advance(1))
+        summary = summarise_power(run, data.power(run), advance)
+        advance(max(data.count(run) - summary.reports, 0))
         summaries.append((tuple(float(run.parameters[name]) for name in names), summary))
 
     # callpath → (target, phase); phase None is the whole run

@@ -56,11 +56,18 @@ from datetime import UTC, datetime
 from enum import IntEnum
 from itertools import pairwise
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 from xml.etree import ElementTree as ET
 
-from wattflow.formats.reports import PowerReport, Report
-from wattflow.formats.runs import DOMAINS, Run, phases_of
+from wattflow.formats.runs import (
+    DOMAINS,
+    PhaseClock,
+    PowerPage,
+    Run,
+    Series,
+    micro_phases,
+    phases_of,
+)
 
 VERSION = (4, 0)
 HEADER_SIZE = 128
@@ -221,31 +228,6 @@ def _crc(text: str) -> int:
     return zlib.crc32(text.encode("utf-8"))
 
 
-class _PhaseClock:
-    """The chain of phases open at a moment, for moments that mostly come in time order.
-
-    Reports arrive in time order, so a sweep keeps the work per report proportional to the
-    phases open, not to all the run's phases (a run may mark thousands of batches).
-    """
-
-    def __init__(self, phases: list[tuple[datetime, datetime, str]]) -> None:
-        self._phases = phases
-        self._next = 0
-        self._open: list[tuple[datetime, datetime, str]] = []
-        self._last: datetime | None = None
-
-    def chain(self, moment: datetime) -> tuple[str, ...]:
-        """Names of the phases open at ``moment`` (start ≤ moment ≤ end), outermost first."""
-        if self._last is not None and moment < self._last:
-            self._next, self._open = 0, []
-        self._last = moment
-        while self._next < len(self._phases) and self._phases[self._next][0] <= moment:
-            self._open.append(self._phases[self._next])
-            self._next += 1
-        self._open = [phase for phase in self._open if phase[1] >= moment]
-        return tuple(name for _, _, name in self._open)
-
-
 def chain_seconds(run: Run) -> dict[tuple[str, ...], float]:
     """Seconds of the run's window spent with exactly each chain of phases open."""
     phases = phases_of(run.events)
@@ -253,7 +235,7 @@ def chain_seconds(run: Run) -> dict[tuple[str, ...], float]:
         {run.start, run.end}
         | {min(max(moment, run.start), run.end) for s, e, _ in phases for moment in (s, e)}
     )
-    clock = _PhaseClock(phases)
+    clock = PhaseClock(phases)
     seconds: dict[tuple[str, ...], float] = {}
     for low, high in pairwise(bounds):
         chain = clock.chain(low + (high - low) / 2)
@@ -311,8 +293,26 @@ class _TraceSpool:
         out.write(self._buffers.get(profile, b""))
 
 
+@dataclass(slots=True, eq=False)
+class _SeriesState:
+    """One series of the run as a database sees it."""
+
+    sensor: str
+    target: str
+    domain: str
+    profile: Profile
+    previous: list[int | None]
+    """Shared by every series of one (target, domain, socket, device)."""
+    chain: tuple[str, ...] | None = None
+    """The phase chain :attr:`context` was found for."""
+    context: int = 0
+
+
+_UNSEEN: Any = object()
+
+
 class RunDatabase:
-    """Folds one run's reports into an HPCToolkit database, in one pass."""
+    """Folds one run's PowerReports into an HPCToolkit database, in one pass."""
 
     def __init__(self, run: Run, spool: Path, spool_bytes: int = SPOOL_BYTES) -> None:
         self.run = run
@@ -323,33 +323,61 @@ class RunDatabase:
         self._contexts_by_key: dict[tuple[str, str, tuple[str, ...]], Context] = {}
         self._logical: dict[tuple[IdKind, str], int] = {}
         self._kinds_seen: dict[IdKind, int] = {}
-        self._clock = _PhaseClock(phases_of(run.events))
-        self._previous: dict[tuple[str, str, str, str], datetime] = {}
+        self._clock = PhaseClock(micro_phases(run))
+        self._moment = -1
+        self._chain: tuple[str, ...] = ()
+        self._by_series: dict[int, _SeriesState | None] = {}
+        self._previous: dict[tuple[str, str, str, str], list[int | None]] = {}
+        """Per (target, domain, socket, device), whatever the sensor: its latest report's
+        time in Unix µs."""
         self._traces = _TraceSpool(spool, spool_bytes)
         self.min_ns: int | None = None
         self.max_ns: int | None = None
 
-    def add(self, report: Report) -> None:
-        """Take one report; reports come in time order, as the store hands them out."""
-        if not isinstance(report, PowerReport):
-            return
-        domain = str(report.metadata.get("scope", ""))
-        if domain not in DOMAINS or report.target in ("rapl", "global"):
-            return
-        device = str(report.metadata.get("device", ""))
-        profile = self._profile(report.sensor, report.target, device if domain == "gpu" else None)
-        context = self._context(report.sensor, report.target, self._clock.chain(report.timestamp))
-        self._sample(profile, nanoseconds(report.timestamp), context.id)
-        series = (report.target, domain, str(report.metadata.get("socket", "")), device)
-        last = self._previous.get(series)
-        self._previous[series] = report.timestamp
-        if last is None:
-            return
-        seconds = (report.timestamp - last).total_seconds()
-        if seconds <= 0:
-            return
-        energy = profile.energy_j.setdefault(context.id, {})
-        energy[domain] = energy.get(domain, 0.0) + report.power * seconds
+    def add(self, page: PowerPage) -> None:
+        """Take some of the run's power rows, the next ones in time order."""
+        for micros, number, power in page.rows:
+            state = self._by_series.get(number, _UNSEEN)
+            if state is _UNSEEN:
+                state = self._by_series[number] = self._series(page.series[number])
+            if state is None:
+                continue
+            if micros != self._moment:
+                self._moment = micros
+                chain = self._clock.chain(micros)
+                if chain != self._chain:
+                    self._chain = chain
+            if state.chain is not self._chain:
+                state.chain = self._chain
+                state.context = self._context(state.sensor, state.target, self._chain).id
+            last_sample = state.profile.last_sample
+            nanos = micros * 1000
+            # Most rows repeat their profile's last sample (its other domains and sockets).
+            if (
+                last_sample is None
+                or nanos > last_sample[0]
+                or (nanos == last_sample[0] and state.context != last_sample[1])
+            ):
+                self._sample(state.profile, nanos, state.context)
+            previous = state.previous
+            last = previous[0]
+            previous[0] = micros
+            if last is None or micros <= last:
+                continue
+            energy = state.profile.energy_j.setdefault(state.context, {})
+            seconds = (micros - last) / 1_000_000
+            energy[state.domain] = energy.get(state.domain, 0.0) + power * seconds
+
+    def _series(self, series: Series) -> _SeriesState | None:
+        """What one series of the run adds to: None for a scope that is not a domain, and
+        for the ``rapl`` and ``global`` targets (whole-socket figures)."""
+        domain = series.scope
+        if domain not in DOMAINS or series.target in ("rapl", "global"):
+            return None
+        device = series.device
+        profile = self._profile(series.sensor, series.target, device if domain == "gpu" else None)
+        previous = self._previous.setdefault((series.target, domain, series.socket, device), [None])
+        return _SeriesState(series.sensor, series.target, domain, profile, previous)
 
     def _sample(self, profile: Profile, timestamp_ns: int, context: int) -> None:
         last = profile.last_sample
@@ -490,19 +518,20 @@ def _add(table: dict[int, dict[int, float]], context: int, metric: int, value: f
 
 def write_run(
     run: Run,
-    reports: Iterable[Report],
+    power: Iterable[PowerPage],
     directory: Path,
-    on_report: Callable[[], None] | None = None,
+    advance: Callable[[int], None] | None = None,
     spool_bytes: int = SPOOL_BYTES,
 ) -> RunDatabase:
-    """Stream a run's reports (time order) into an HPCToolkit database in ``directory``."""
+    """Stream a run's power rows (:meth:`~wattflow.formats.runs.RunData.power`) into an
+    HPCToolkit database in ``directory``; ``advance`` gets the number of rows of each page."""
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".wattflow-trace-", dir=directory) as spool:
         database = RunDatabase(run, Path(spool), spool_bytes)
-        for report in reports:
-            if on_report is not None:
-                on_report()
-            database.add(report)
+        for page in power:
+            if advance is not None:
+                advance(len(page.rows))
+            database.add(page)
         database.write(directory)
     return database
 

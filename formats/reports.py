@@ -80,6 +80,17 @@ def to_millis(timestamp: datetime) -> int:
     return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
 
 
+def to_micros(timestamp: datetime) -> int:
+    """Unix microseconds of a UTC datetime, exactly: a datetime's own resolution."""
+    delta = timestamp - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(micros: int) -> datetime:
+    """The UTC datetime of :func:`to_micros`."""
+    return _EPOCH + timedelta(microseconds=micros)
+
+
 Timestamp = Annotated[datetime, BeforeValidator(to_utc)]
 """A timestamp held as a timezone-aware UTC datetime, whatever form it arrived in."""
 

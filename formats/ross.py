@@ -89,12 +89,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any, BinaryIO
 
 from wattflow.formats.errors import WattflowError
-from wattflow.formats.reports import PowerReport, Report
-from wattflow.formats.runs import DOMAINS, Run
+from wattflow.formats.reports import to_micros
+from wattflow.formats.runs import DOMAINS, NOT_POWER, Run, Series, TimelinePage
 
 METADATA = struct.Struct("<iidd")
 PE_SAMPLE = struct.Struct("<13I13f")
@@ -104,6 +104,11 @@ MODEL_METADATA = struct.Struct("<3IfiI")
 EVENT = struct.Struct("<2I3fI")
 MODEL_DATA = struct.Struct("<ddII")
 EVENT_DATA = struct.Struct("<d")
+# Records written as one struct each: the same bytes as their parts packed one after the
+# other, since no format here has padding.
+_EVENT_RECORD = struct.Struct(EVENT.format + EVENT_DATA.format[1:])
+_LP_RECORD = struct.Struct(METADATA.format + LP_SAMPLE.format[1:])
+_MODEL_RECORD = struct.Struct(METADATA.format + MODEL_METADATA.format[1:] + MODEL_DATA.format[1:])
 
 PE_TYPE, KP_TYPE, LP_TYPE, MODEL_TYPE = 0, 1, 2, 3
 VT_STATS = 3
@@ -130,7 +135,7 @@ def _ledger_count(ledger: dict[str, Any], key: str) -> int:
     return int(value)
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Lp:
     """One (scope, target): its counters and the state its power and energy come from."""
 
@@ -140,8 +145,12 @@ class _Lp:
     target: str
     reports: int = 0
     energy_j: float = 0.0
-    power_w: dict[tuple[str, str], float] = field(default_factory=dict)
-    last: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    series: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
+    """Per (socket, device): [its latest report's time in Unix µs or None, its power in W]."""
+
+    def power_w(self) -> float:
+        """The latest power of each series, summed."""
+        return float(sum(state[1] for state in self.series.values()))
 
 
 MAX_SAMPLES = 10_000_000
@@ -167,6 +176,8 @@ class RunRecorder:
     """Turns one run's reports, read in time order, into ROSS sample and event records.
 
     Only per-LP state is kept, so memory grows with the number of targets, not with the run.
+    Reports come as the run's timeline (:meth:`~wattflow.formats.runs.RunData.timeline`): a
+    PowerReport's series and power, and only the moment of every other report.
     """
 
     def __init__(
@@ -187,16 +198,17 @@ class RunRecorder:
         start = run.start
         self._start = start.replace(tzinfo=UTC) if start.tzinfo is None else start
         self.kps: dict[str, int] = {}
-        self._kp_reports: dict[int, int] = {}
         self.lps: dict[tuple[str, str], _Lp] = {}
         self._by_id: list[_Lp] = []
         self.processed = 0
-        self.sent = 0
         self.samples_taken = 0
         self._k = 1
         self._last_vt = 0.0
         self._last_rt = 0.0
         self._epoch = self._start.timestamp()
+        self._start_us = to_micros(self._start)
+        self._by_series: dict[int, tuple[_Lp, list[Any]]] = {}
+        """Per series id of the timeline: its LP and its state within the LP."""
         self.timed = 0
         """Reports read that carried a processing time."""
         self._last_sample: float | None = None
@@ -215,7 +227,6 @@ class RunRecorder:
             if kp is None:
                 kp = len(DOMAINS) + sum(1 for s in self.kps if s not in SCOPE_CODES)
             self.kps[scope] = kp
-            self._kp_reports[kp] = 0
         return kp
 
     def _lp(self, scope: str, target: str) -> _Lp:
@@ -226,41 +237,71 @@ class RunRecorder:
             self._by_id.append(lp)
         return lp
 
-    def add(self, report: Report, processed: float | None = None) -> None:
-        """Read one report, processed at Unix time ``processed`` where known: samples due
-        before it are written first."""
-        vt = (report.timestamp - self._start).total_seconds()
-        while self._next_point() < vt:
-            self._sample(self._next_point())
-            self._k += 1
-        self.processed += 1
-        self._last_vt = vt
-        if processed is None:
-            rt = vt
-        else:
-            rt = processed - self._epoch
-            self.timed += 1
-        # Reports of one batch are read in time order but stored together: real time never
-        # goes back.
-        self._last_rt = rt = max(rt, self._last_rt)
-        if not isinstance(report, PowerReport):
-            return
-        scope = str(report.metadata.get("scope", ""))
-        lp = self._lp(scope, report.target)
-        series = (str(report.metadata.get("socket", "")), str(report.metadata.get("device", "")))
-        last = lp.last.get(series)
-        if last is not None:
-            seconds = (report.timestamp - last).total_seconds()
-            if seconds > 0:
-                lp.energy_j += report.power * seconds
-        lp.last[series] = report.timestamp
-        lp.power_w[series] = report.power
-        lp.reports += 1
-        self._kp_reports[lp.kp] += 1
-        self.sent += 1
-        if self.events is not None:
-            self.events.write(EVENT.pack(lp.id, lp.id, vt, vt, rt, EVENT_DATA.size))
-            self.events.write(EVENT_DATA.pack(report.power))
+    @property
+    def sent(self) -> int:
+        """PowerReports read."""
+        return sum(lp.reports for lp in self._by_id)
+
+    def add(self, page: TimelinePage) -> None:
+        """Read some of the run's reports, the next ones in time order: samples due before
+        each are written first.
+
+        The loop keeps its counters in locals and hands them back before each sample, which
+        reads them: this runs once per report of the run.
+        """
+        start_us, epoch = self._start_us, self._epoch
+        by_series = self._by_series
+        processed_count, timed = self.processed, self.timed
+        last_vt, last_rt = self._last_vt, self._last_rt
+        next_point = self._next_point()
+        events: list[bytes] | None = [] if self.events is not None else None
+        pack = _EVENT_RECORD.pack
+        for micros, number, power, processed in page.rows:
+            vt = (micros - start_us) / 1_000_000
+            if next_point < vt:
+                self.processed, self.timed = processed_count, timed
+                self._last_vt, self._last_rt = last_vt, last_rt
+                while self._next_point() < vt:
+                    self._sample(self._next_point())
+                    self._k += 1
+                next_point = self._next_point()
+            processed_count += 1
+            last_vt = vt
+            if processed is None:
+                rt = vt
+            else:
+                rt = processed - epoch
+                timed += 1
+            # Reports of one batch are read in time order but stored together: real time never
+            # goes back.
+            if last_rt > rt:
+                rt = last_rt
+            last_rt = rt
+            if number == NOT_POWER:
+                continue
+            found = by_series.get(number)
+            if found is None:
+                found = by_series[number] = self._series(page.series[number])
+            lp, state = found
+            last = state[0]
+            if last is not None and micros > last:
+                lp.energy_j += power * ((micros - last) / 1_000_000)
+            state[0] = micros
+            state[1] = power
+            lp.reports += 1
+            if events is not None:
+                events.append(pack(lp.id, lp.id, vt, vt, rt, EVENT_DATA.size, power))
+        self.processed, self.timed = processed_count, timed
+        self._last_vt, self._last_rt = last_vt, last_rt
+        if events and self.events is not None:
+            self.events.write(b"".join(events))
+
+    def _series(self, series: Series) -> tuple[_Lp, list[Any]]:
+        """A series' LP, and its state there (shared by the series of one LP, socket and
+        device, whatever their sensor)."""
+        lp = self._lp(series.scope, series.target)
+        state = lp.series.setdefault((series.socket, series.device), [None, 0.0])
+        return lp, state
 
     def close(self) -> None:
         """Write the samples left up to the run's end, the last one at the end itself."""
@@ -275,7 +316,6 @@ class RunRecorder:
         self.samples_taken += 1
         self._last_sample = vt
         rt = self._last_rt
-        write = self.samples.write
         dropped = late = 0
         if final and self.ledger is not None:
             dropped = sum(
@@ -284,26 +324,37 @@ class RunRecorder:
             late = _ledger_count(self.ledger, "late")
         processed = _u32(self.processed)
         efficiency = _FULL * (1.0 - late / self.processed) if self.processed else _FULL
-        write(METADATA.pack(PE_TYPE, PE_SAMPLE.size, vt, rt))
-        write(
+        kp_reports = dict.fromkeys(self.kps.values(), 0)
+        for lp in self._by_id:
+            kp_reports[lp.kp] += lp.reports
+        records = [
+            METADATA.pack(PE_TYPE, PE_SAMPLE.size, vt, rt),
             PE_SAMPLE.pack(
                 PE_ID, processed, _u32(dropped), _u32(late), 0, 0, 0, 0,
-                _u32(self.sent), processed, _u32(self.samples_taken), 0, 0,
+                _u32(sum(kp_reports.values())), processed, _u32(self.samples_taken), 0, 0,
                 efficiency, *(0.0,) * 12,
-            )
-        )  # fmt: skip
-        for kp in sorted(self._kp_reports):
-            count = _u32(self._kp_reports[kp])
-            write(METADATA.pack(KP_TYPE, KP_SAMPLE.size, vt, rt))
-            write(KP_SAMPLE.pack(PE_ID, kp, count, 0, 0, 0, 0, count, count, 0.0, _FULL))
+            ),
+        ]  # fmt: skip
+        for kp in sorted(kp_reports):
+            count = _u32(kp_reports[kp])
+            records.append(METADATA.pack(KP_TYPE, KP_SAMPLE.size, vt, rt))
+            records.append(KP_SAMPLE.pack(PE_ID, kp, count, 0, 0, 0, 0, count, count, 0.0, _FULL))
+        lp_record, model_record = _LP_RECORD.pack, _MODEL_RECORD.pack
         for lp in self._by_id:
             count = _u32(lp.reports)
-            write(METADATA.pack(LP_TYPE, LP_SAMPLE.size, vt, rt))
-            write(LP_SAMPLE.pack(PE_ID, lp.kp, lp.id, count, 0, 0, count, count, _FULL))
+            records.append(
+                lp_record(LP_TYPE, LP_SAMPLE.size, vt, rt,
+                          PE_ID, lp.kp, lp.id, count, 0, 0, count, count, _FULL)
+            )  # fmt: skip
         for lp in self._by_id:
-            write(METADATA.pack(MODEL_TYPE, MODEL_METADATA.size, vt, rt))
-            write(MODEL_METADATA.pack(PE_ID, lp.kp, lp.id, vt, VT_STATS, MODEL_DATA.size))
-            write(MODEL_DATA.pack(sum(lp.power_w.values()), lp.energy_j, lp.kp, _u32(lp.reports)))
+            records.append(
+                model_record(
+                    MODEL_TYPE, MODEL_METADATA.size, vt, rt,
+                    PE_ID, lp.kp, lp.id, vt, VT_STATS, MODEL_DATA.size,
+                    lp.power_w(), lp.energy_j, lp.kp, _u32(lp.reports),
+                )
+            )  # fmt: skip
+        self.samples.write(b"".join(records))
 
     def _real_time_source(self) -> str:
         if self.timed == 0:

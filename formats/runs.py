@@ -3,8 +3,8 @@
 A run is one measured execution of a benchmark: its experiment, benchmark, settings (clock or
 power limits, as text), repetition, free parameters (numbers, for Extra-P's models), system
 info, time window and event markers. Its reports are the ones whose timestamps fall in the
-window; the store hands them out in time order, one at a time, so an exporter's memory does not
-grow with the run's length.
+window; the store hands them out in time order, a page at a time, so an exporter's memory does
+not grow with the run's length.
 
 :func:`summarise` folds a run's PowerReports into energy per (target, phase, domain): a report's
 power holds from the previous report of the same series (target, scope, socket or device) to
@@ -12,19 +12,26 @@ its own timestamp. Phases come from the run's events: ``train_begin``/``train_en
 close phase ``train``, ``epoch_begin``/``epoch_end`` phase ``epoch``, and so on; a report
 belongs to the innermost phase open at its timestamp, or to no phase (``""``). A phase's time
 is counted the same way, so its mean power is its own energy over its own time.
+
+Exporters read a run through :class:`RunData`, each only the kinds and fields it needs: the
+power series as compact rows (:meth:`RunData.power`: time, series, watts), the order of every
+report with its processing time (:meth:`RunData.timeline`, for ROSS), or whole reports of some
+kinds (:meth:`RunData.reports`, for the GPU directory). The run store answers each from its own
+table; :class:`ReportLists` answers them from reports held in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import pairwise
-from typing import Any
+from itertools import islice, pairwise
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from wattflow.formats.reports import EventReport, GPUReport, PowerReport, Report
+from wattflow.formats.reports import EventReport, GPUReport, PowerReport, Report, to_micros
 
 DOMAINS = ("cpu", "dram", "gpu", "node")
 """Energy domains exporters report, from PowerReports' ``scope``."""
@@ -47,6 +54,11 @@ class Run(BaseModel):
     start: datetime
     end: datetime
     events: list[EventReport] = Field(default_factory=list)
+    exports: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per export format, how the latest export of this run went: 'written', or "
+        "'failed: …' with the reason (set by `wattflow export` and `wattflow run --export`).",
+    )
 
     @property
     def duration_s(self) -> float:
@@ -118,14 +130,148 @@ def merge_system(stored: Mapping[str, Any], given: Mapping[str, Any]) -> dict[st
     return {**stored, **{key: value for key, value in given.items() if value is not None}}
 
 
-ReportStream = Callable[[Run], Iterator[Report]]
-"""A run's reports inside its window, in time order, streamed from the store."""
+PAGE = 5000
+"""Rows handed over at once."""
 
-TimedReportStream = Callable[[Run], Iterator[tuple[Report, float | None]]]
-"""The same, each with the Unix time in seconds at which the service finished processing it:
-when the run's recorder took it from the pipeline. ``None`` where the store does not know, as
-for imported files, whose processing happened elsewhere.
-"""
+
+class Series(NamedTuple):
+    """What a PowerReport's power is the power of: its sensor and target, and its metadata's
+    ``scope``, ``socket`` and ``device`` as text (``""`` where absent)."""
+
+    sensor: str
+    target: str
+    scope: str
+    socket: str
+    device: str
+
+
+def series_of(report: PowerReport) -> Series:
+    metadata = report.metadata
+    return Series(
+        report.sensor,
+        report.target,
+        str(metadata.get("scope", "")),
+        str(metadata.get("socket", "")),
+        str(metadata.get("device", "")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PowerPage:
+    """Some of a run's PowerReports, in time order, as the exporters fold them."""
+
+    rows: Sequence[tuple[int, int, float]]
+    """(time in Unix µs, series id, power in W)."""
+    series: Mapping[int, Series]
+    """What each series id the rows hold stands for (it may hold more)."""
+
+
+NOT_POWER = -1
+"""The series id of a timeline row that is not a PowerReport."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePage:
+    """Some of a run's reports of every kind, in time order: PowerReports as in
+    :class:`PowerPage`, the others only as a moment."""
+
+    rows: Sequence[tuple[int, int, float, float | None]]
+    """(time in Unix µs, series id or :data:`NOT_POWER`, power in W or 0.0, the Unix time in
+    seconds at which the service finished processing the report, or ``None`` where the store
+    does not know: imported files were processed elsewhere)."""
+    series: Mapping[int, Series]
+
+
+class RunData(ABC):
+    """A run's reports, read by kind: what the exporters read runs through.
+
+    Every method hands out the reports inside the run's window, in time order (the order they
+    were stored in within one timestamp), a page at a time, so that memory does not grow with
+    a run's length.
+    """
+
+    @abstractmethod
+    def power(self, run: Run) -> Iterator[PowerPage]:
+        """The run's PowerReports as rows."""
+
+    @abstractmethod
+    def timeline(self, run: Run) -> Iterator[TimelinePage]:
+        """Every report of the run, each a row: PowerReports with their series and power."""
+
+    @abstractmethod
+    def reports(self, run: Run, kinds: Sequence[str] | None = None) -> Iterator[Report]:
+        """The run's reports of ``kinds`` (every kind by default) as reports."""
+
+    @abstractmethod
+    def count(self, run: Run) -> int:
+        """The number of reports in the run's window, of every kind."""
+
+
+def power_pages(reports: Iterable[Report]) -> Iterator[PowerPage]:
+    """PowerPages of the PowerReports among ``reports`` (time order)."""
+    ids: dict[Series, int] = {}
+    series: dict[int, Series] = {}
+    stream = (report for report in reports if isinstance(report, PowerReport))
+    while page := list(islice(stream, PAGE)):
+        rows = []
+        for report in page:
+            key = series_of(report)
+            number = ids.get(key)
+            if number is None:
+                number = ids[key] = len(ids)
+                series[number] = key
+            rows.append((to_micros(report.timestamp), number, report.power))
+        yield PowerPage(rows, series)
+
+
+class ReportLists(RunData):
+    """Runs' reports handed over by a function, each run's reports read once and held.
+
+    For reports that are not in a store (tests, a program's own list). ``reports(run)`` gives
+    the run's reports in time order, each a report or a (report, processing time in Unix
+    seconds or ``None``) pair; it is called once per run, when that run is first read.
+    """
+
+    def __init__(
+        self, reports: Callable[[Run], Iterable[Report | tuple[Report, float | None]]]
+    ) -> None:
+        self._source = reports
+        self._held: dict[str, list[tuple[Report, float | None]]] = {}
+
+    def _of(self, run: Run) -> list[tuple[Report, float | None]]:
+        held = self._held.get(run.id)
+        if held is None:
+            held = self._held[run.id] = [
+                item if isinstance(item, tuple) else (item, None) for item in self._source(run)
+            ]
+        return held
+
+    def power(self, run: Run) -> Iterator[PowerPage]:
+        return power_pages(report for report, _ in self._of(run))
+
+    def timeline(self, run: Run) -> Iterator[TimelinePage]:
+        held = self._of(run)
+        ids: dict[Series, int] = {}
+        series: dict[int, Series] = {}
+        for first in range(0, len(held), PAGE):
+            rows: list[tuple[int, int, float, float | None]] = []
+            for report, processed in held[first : first + PAGE]:
+                if isinstance(report, PowerReport):
+                    key = series_of(report)
+                    number = ids.get(key)
+                    if number is None:
+                        number = ids[key] = len(ids)
+                        series[number] = key
+                    rows.append((to_micros(report.timestamp), number, report.power, processed))
+                else:
+                    rows.append((to_micros(report.timestamp), NOT_POWER, 0.0, processed))
+            yield TimelinePage(rows, series)
+
+    def reports(self, run: Run, kinds: Sequence[str] | None = None) -> Iterator[Report]:
+        return (r for r, _ in self._of(run) if kinds is None or r.kind in kinds)
+
+    def count(self, run: Run) -> int:
+        return len(self._of(run))
 
 
 def phases_of(events: Iterable[EventReport]) -> list[tuple[datetime, datetime, str]]:
@@ -155,6 +301,41 @@ def phase_at(phases: list[tuple[datetime, datetime, str]], moment: datetime) -> 
     return current
 
 
+Moment = TypeVar("Moment", datetime, int)
+
+
+class PhaseClock(Generic[Moment]):
+    """The chain of phases open at a moment, for moments that mostly come in time order.
+
+    Reports arrive in time order, so a sweep keeps the work per moment proportional to the
+    phases open, not to all the run's phases (a run may mark thousands of batches). Moments
+    are datetimes, or Unix µs with phases given in :func:`micro_phases`.
+    """
+
+    def __init__(self, phases: list[tuple[Moment, Moment, str]]) -> None:
+        self._phases: list[tuple[Moment, Moment, str]] = phases
+        self._next = 0
+        self._open: list[tuple[Moment, Moment, str]] = []
+        self._last: Moment | None = None
+
+    def chain(self, moment: Moment) -> tuple[str, ...]:
+        """Names of the phases open at ``moment`` (start ≤ moment ≤ end), outermost first,
+        in :func:`phases_of`'s order: the last is :func:`phase_at`'s innermost phase."""
+        if self._last is not None and moment < self._last:
+            self._next, self._open = 0, []
+        self._last = moment
+        while self._next < len(self._phases) and self._phases[self._next][0] <= moment:
+            self._open.append(self._phases[self._next])
+            self._next += 1
+        self._open = [phase for phase in self._open if phase[1] >= moment]
+        return tuple(name for _, _, name in self._open)
+
+
+def micro_phases(run: Run) -> list[tuple[int, int, str]]:
+    """:func:`phases_of` the run's events, in Unix µs."""
+    return [(to_micros(start), to_micros(end), name) for start, end, name in phases_of(run.events)]
+
+
 @dataclass
 class RunSummary:
     """What a run's reports add up to."""
@@ -167,6 +348,10 @@ class RunSummary:
     covered_s: float = 0.0
     """Time inside at least one phase (nested phases counted once)."""
     reports: int = 0
+    """Reports read: every report :func:`summarise` was given, the power rows
+    :func:`summarise_power` was."""
+    _index: dict[str, list[tuple[str, str, str]]] | None = field(default=None, repr=False)
+    _indexed: int = field(default=0, repr=False)
 
     def targets(self) -> list[str]:
         """Targets with energy, sorted."""
@@ -184,13 +369,24 @@ class RunSummary:
         ``node`` target it is the meter); otherwise the sum of its domains. Adding ``node`` to
         the others would count them twice.
         """
-        if domain is None and any(name == target and d == "node" for name, _, d in self.energy_j):
+        keys = self._by_target().get(target, ())
+        if domain is None and any(d == "node" for _, _, d in keys):
             domain = "node"
         return sum(
-            joules
-            for (name, p, d), joules in self.energy_j.items()
-            if name == target and (domain is None or d == domain) and (phase is None or p == phase)
+            self.energy_j[key]
+            for key in keys
+            if (domain is None or key[2] == domain) and (phase is None or key[1] == phase)
         )
+
+    def _by_target(self) -> dict[str, list[tuple[str, str, str]]]:
+        """The keys of :attr:`energy_j` by target, in its order (sums add in that order), so
+        that a summary of many targets is not scanned whole for each."""
+        if self._index is None or self._indexed != len(self.energy_j):
+            self._index = {}
+            for key in self.energy_j:
+                self._index.setdefault(key[0], []).append(key)
+            self._indexed = len(self.energy_j)
+        return self._index
 
     def duration_s(self, phase: str | None = None) -> float:
         """The run's length, or the time spent in ``phase`` and no phase nested in it (outside
@@ -209,10 +405,19 @@ class RunSummary:
         return self.energy(target, domain, phase) / seconds if seconds > 0 else 0.0
 
 
-def summarise(
-    run: Run, reports: Iterable[Report], on_report: Callable[[], None] | None = None
-) -> RunSummary:
+def summarise(run: Run, reports: Iterable[Report]) -> RunSummary:
     """Fold a run's reports (time order) into energy per target, phase and domain."""
+    held = list(reports)
+    summary = summarise_power(run, power_pages(held))
+    summary.reports = len(held)
+    return summary
+
+
+def summarise_power(
+    run: Run, pages: Iterable[PowerPage], advance: Callable[[int], None] | None = None
+) -> RunSummary:
+    """:func:`summarise` from the run's power rows (:meth:`RunData.power`); ``advance`` is
+    called with the number of rows of each page as it is read."""
     summary = RunSummary(run)
     phases = phases_of(run.events)
     # A phase's time, like its energy, is what its nested phases leave it: each stretch between
@@ -232,29 +437,47 @@ def summarise(
         elif end > reach:
             summary.covered_s += (end - reach).total_seconds()
             reach = end
-    previous: dict[tuple[str, str, str, str], datetime] = {}
-    for report in reports:
-        summary.reports += 1
-        if on_report is not None:
-            on_report()
-        if not isinstance(report, PowerReport):
-            continue
-        domain = str(report.metadata.get("scope", ""))
-        if domain not in DOMAINS or report.target in ("rapl", "global"):
-            continue
-        series = (
-            report.target,
-            domain,
-            str(report.metadata.get("socket", "")),
-            str(report.metadata.get("device", "")),
-        )
-        last = previous.get(series)
-        previous[series] = report.timestamp
-        if last is None:
-            continue
-        seconds = (report.timestamp - last).total_seconds()
-        if seconds <= 0:
-            continue
-        key = (report.target, phase_at(phases, report.timestamp), domain)
-        summary.energy_j[key] = summary.energy_j.get(key, 0.0) + report.power * seconds
+    clock = PhaseClock(micro_phases(run))
+    energy = summary.energy_j
+    # Per series id: [previous report's time, target, domain], shared by the ids of one
+    # (target, domain, socket, device) whatever their sensor; None for a series left out.
+    slots: dict[int, list[Any] | None] = {}
+    shared: dict[tuple[str, str, str, str], list[Any]] = {}
+    moment, phase = -1, ""
+    for page in pages:
+        if advance is not None:
+            advance(len(page.rows))
+        summary.reports += len(page.rows)
+        for micros, number, power in page.rows:
+            slot = slots.get(number, _UNSEEN)
+            if slot is _UNSEEN:
+                slot = slots[number] = _energy_slot(page.series[number], shared)
+            if slot is None:
+                continue
+            last = slot[0]
+            slot[0] = micros
+            if last is None or micros <= last:
+                continue
+            if micros != moment:
+                chain = clock.chain(micros)
+                moment, phase = micros, chain[-1] if chain else ""
+            key = (slot[1], phase, slot[2])
+            energy[key] = energy.get(key, 0.0) + power * ((micros - last) / 1_000_000)
     return summary
+
+
+_UNSEEN: Any = object()
+
+
+def _energy_slot(
+    series: Series, shared: dict[tuple[str, str, str, str], list[Any]]
+) -> list[Any] | None:
+    """A series' state in :func:`summarise_power`: only cpu, dram, gpu and node count, and
+    neither the ``rapl`` nor the ``global`` target (whole-socket figures)."""
+    if series.scope not in DOMAINS or series.target in ("rapl", "global"):
+        return None
+    key = (series.target, series.scope, series.socket, series.device)
+    slot = shared.get(key)
+    if slot is None:
+        slot = shared[key] = [None, series.target, series.scope]
+    return slot

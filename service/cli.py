@@ -9,7 +9,6 @@ that documents, validates and names a setting.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import os
@@ -18,22 +17,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from wattflow.actors.pipeline import Pipeline
-from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Puller
-from wattflow.actors.pushers import pushers
-from wattflow.actors.pushers.base import Pusher
-from wattflow.actors.registry import Registry
-from wattflow.actors.runtime import QueueConfig
 from wattflow.formats.errors import WattflowError
-from wattflow.service import config as service_config
-from wattflow.service.config import ConfigError, ServiceConfig, normalise
+
+if TYPE_CHECKING:
+    from wattflow.actors.pipeline import Pipeline
+    from wattflow.actors.pullers.base import Puller
+    from wattflow.actors.pushers.base import Pusher
+    from wattflow.actors.registry import Registry
+    from wattflow.service.config import ServiceConfig
+
+# The service's modules (actors, formulas, configuration) are imported where they are used:
+# `wattflow runs` and `wattflow export` start without them, which is most of their start-up.
 
 logger = logging.getLogger("wattflow")
 
@@ -44,6 +44,8 @@ class _Parser(argparse.ArgumentParser):
     """An argparse parser whose errors become one-line :class:`ConfigError`s."""
 
     def error(self, message: str) -> NoReturn:
+        from wattflow.service.config import ConfigError
+
         raise ConfigError(message)
 
 
@@ -62,6 +64,8 @@ def flag_names(name: str, field: FieldInfo, prefix: str = "") -> list[str]:
 
 def old_flag_names(name: str, field: FieldInfo, prefix: str = "") -> list[str]:
     """The flags of a renamed setting's old names (``--tick-lateness`` for ``tick_lateness_ms``)."""
+    from wattflow.service import config as service_config
+
     return [_flag(prefix + old) for old in service_config.old_names(name, field)]
 
 
@@ -96,6 +100,10 @@ def _add_model_flags(
 
 
 def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
+    from wattflow.actors.pullers import pullers
+    from wattflow.actors.pushers import pushers
+    from wattflow.service.config import ConfigError
+
     registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
     registry = pullers if group == "input" else pushers
     try:
@@ -109,6 +117,12 @@ def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
 
 
 def _global_parser() -> argparse.ArgumentParser:
+    from wattflow.actors.pullers import pullers
+    from wattflow.actors.pushers import pushers
+    from wattflow.actors.runtime import QueueConfig
+    from wattflow.service import config as service_config
+    from wattflow.service.config import ServiceConfig
+
     parser = _Parser(
         prog="wattflow run",
         description="Run the formula service. Inputs and outputs are given as groups: "
@@ -141,6 +155,8 @@ def _global_parser() -> argparse.ArgumentParser:
 
 def _split_groups(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
     """Split argv into global tokens and ``(group, type, tokens)`` backend groups."""
+    from wattflow.service.config import ConfigError
+
     head: list[str] = []
     groups: list[tuple[str, str, list[str]]] = []
     tokens = list(argv)
@@ -171,6 +187,8 @@ def parse_run_args(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
     Raises:
         ConfigError: on an unknown flag or backend.
     """
+    from wattflow.service.config import normalise
+
     head, groups = _split_groups(argv)
     layer: dict[str, Any] = {}
     names: dict[str, set[str]] = {"input": set(), "output": set()}
@@ -196,14 +214,15 @@ def parse_run_args(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
     return layer, config_file
 
 
-def load_run_config(
-    argv: Sequence[str], environ: dict[str, str] | None = None
-) -> service_config.ServiceConfig:
+def load_run_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServiceConfig:
     """Layer the config file, the environment and the flags, and validate them.
 
     Raises:
         ConfigError: naming the setting at fault.
     """
+    from wattflow.service import config as service_config
+    from wattflow.service.config import normalise
+
     flags, config_file = parse_run_args(argv)
     file_layer = service_config.load_file(config_file) if config_file else {}
     environ = dict(os.environ) if environ is None else environ
@@ -262,6 +281,8 @@ def _few_collections() -> Iterator[None]:
 
 def run_command(argv: Sequence[str]) -> int:
     """``wattflow run``: exit 0 when done, 2 for bad usage or configuration, 1 at run time."""
+    import asyncio
+
     from wattflow.service.pipeline import Interrupted, assemble, check, serve, status_server
 
     try:
@@ -371,6 +392,8 @@ def sensor_run_args(argv: Sequence[str]) -> list[str]:
         named = any(flag in ("-m", "--model") or flag.startswith("--model=") for flag in flags)
         extra = [] if group != "output" or named else ["--model", "GPUReport"]
         tokens += [f"--{group}", backend, *extra, *flags]
+    from wattflow.service import config as service_config
+
     disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
     return [*tokens, *disable]
 

@@ -17,9 +17,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
+from wattflow.actors.backend import CommaList
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import FormulaConfig
 from wattflow.actors.pullers import pullers
@@ -67,6 +76,35 @@ class ServiceConfig(BaseModel):
         description="Run store for --run: sqlite:///path or mongodb://host/db (default: runs.db "
         "in the user's data directory).",
     )
+    export: CommaList = Field(
+        default_factory=list,
+        description="Export the --run in these formats (comma-separated: gpu-dir, "
+        "extrap-text, extrap-json, extrap-jsonl, extrap-talpas, extrap, ross, hpctoolkit) as "
+        "soon as it ends (its experiment_end event, or the service's stop), into --export-dir.",
+    )
+    export_dir: Path | None = Field(
+        default=None,
+        description="Directory --export writes into: a folder per format (see the exports page).",
+    )
+
+    @field_validator("export")
+    @classmethod
+    def _known_formats(cls, names: list[str]) -> list[str]:
+        from wattflow.actors.exporters import exporters
+
+        for name in names:
+            if name not in exporters.names():
+                raise ValueError(
+                    f"{name!r} is no export format; give {', '.join(exporters.names())}"
+                )
+        return names
+
+    @model_validator(mode="after")
+    def _export_needs_a_run(self) -> ServiceConfig:
+        if self.export and (self.run is None or self.export_dir is None):
+            raise ValueError("--export exports the --run: give --run E/B/S/N and --export-dir DIR")
+        return self
+
     dead_letters: Path | None = Field(
         default=None, description="JSON Lines file that keeps every dead letter."
     )

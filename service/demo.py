@@ -238,7 +238,7 @@ def export(store: RunStore, runs: list[Run], name: str, out: Path) -> None:
     exporter = exporters.get(name)()
     if not exporter.writes_directory:
         out.parent.mkdir(parents=True, exist_ok=True)
-    exporter.export_timed(runs, store.timed_reports, out, lambda _: None)
+    exporter.export(runs, store, out, lambda _: None)
 
 
 def print_line(console: Console, text: str) -> None:

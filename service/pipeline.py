@@ -34,7 +34,13 @@ def assemble(config: ServiceConfig) -> Pipeline:
     if config.run is not None:
         from wattflow.service.recording import RunRecorder, RunRecorderConfig
 
-        recorder = RunRecorderConfig(name="run_store", run=config.run, store=config.store)
+        recorder = RunRecorderConfig(
+            name="run_store",
+            run=config.run,
+            store=config.store,
+            export=config.export,
+            export_dir=config.export_dir,
+        )
         pusher_objects.append(RunRecorder(recorder))
     formula_list = [(formulas.get(name), c) for name, c in config.formulas.items()]
     return Pipeline(

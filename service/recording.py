@@ -3,7 +3,8 @@
 The service records a run by adding one more output, which stores every report the pipeline
 carries except hwpc-sensor's raw counters (the formulas' PowerReports, and the GPU, meter and
 event reports), and stretches the run's window as they come. A run created here gets the
-system info of the machine recording it, the node itself.
+system info of the machine recording it, the node itself. With ``--export``, it exports the
+run when the run ends (:mod:`wattflow.service.run_exports`).
 
 The service and a program may record the same run at once, in either order: each holds its own
 copy of the run, so each only widens the stored window and never drops what the other stored
@@ -33,12 +34,23 @@ import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats.reports import EventName, EventReport, Report, to_millis
 from wattflow.formats.runs import Run
-from wattflow.service.runs import RunStore, StoreError, open_store, parse_run_id, run_id
+from wattflow.service.run_exports import RunExports
+from wattflow.service.runs import (
+    RunStore,
+    StoreError,
+    default_store_uri,
+    open_store,
+    parse_run_id,
+    run_id,
+)
 from wattflow.service.runs_cli import event_data, system_info
 
 NOT_RECORDED = frozenset({"HWPCReport"})
@@ -51,6 +63,9 @@ class RunRecorderConfig(PusherConfig):
     type: Literal["run-store"] = "run-store"
     run: str
     store: str | None = None
+    export: list[str] = Field(default_factory=list)
+    """Formats to export the run in when it ends."""
+    export_dir: Path | None = None
 
 
 class RunRecorder(Pusher[RunRecorderConfig]):
@@ -64,6 +79,16 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         self.store: RunStore | None = None
         self.run: Run | None = None
         self._provisional = False
+        self.exports: RunExports | None = None
+        if config.export:
+            if config.export_dir is None:
+                raise ValueError("export needs export_dir")
+            self.exports = RunExports(
+                config.run, config.store or default_store_uri(), config.export, config.export_dir
+            )
+        self._unexported = 0
+        """Reports stored since the latest export was asked for."""
+        self._asked = False
 
     def accepts(self, kind: str) -> bool:
         return kind not in NOT_RECORDED
@@ -112,6 +137,12 @@ class RunRecorder(Pusher[RunRecorderConfig]):
                 update={"start": min(first, self.run.start), "end": max(last, self.run.end)}
             )
             await asyncio.to_thread(self.store.save_run, self.run, widen=True)
+        self._unexported += len(batch)
+        if self.exports is not None and any(
+            isinstance(report, EventReport) and report.event == "experiment_end" for report in batch
+        ):
+            self.exports.request()  # the run ended: export it as it now is
+            self._unexported, self._asked = 0, True
         return []
 
     def _settle(self, first: datetime, last: datetime) -> None:
@@ -133,6 +164,9 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
             self.store = None
+        if self.exports is not None:
+            # The service stops: the run ends here unless it ended already with nothing since.
+            await self.exports.close(export=self._unexported > 0 or not self._asked)
 
 
 class Recording:

@@ -6,6 +6,15 @@ run and time, and read back in time order in pages, so an export of an hour-long
 holds the hour in memory. EventReports are stored with the reports and make up the run's
 events.
 
+Reports are stored by kind, so that each exporter reads only what its format needs
+(:class:`~wattflow.formats.runs.RunData`). PowerReports, nearly all of a run, are rows of
+typed fields: time, series (a small number standing for sensor, target, scope, socket and
+device, named once per run), power, metadata and processing time; exports that fold power read
+the first three and nothing else. Every other kind (GPU and meter readings, events, counters)
+is kept as its JSON document. One sequence numbers both, so reports of one millisecond keep the
+order they were stored in across kinds. A store of the first layout (every report a JSON
+document) is migrated the first time this code opens it: its PowerReports move to rows, once.
+
 ``sqlite:///path/to/runs.db`` (or a bare path) selects SQLite; ``mongodb://host/db`` selects
 MongoDB. With neither, the store is ``runs.db`` in the user's data directory
 (``$XDG_DATA_HOME/wattflow``, by default ``~/.local/share/wattflow``).
@@ -13,11 +22,14 @@ MongoDB. With neither, the store is ``runs.db`` in the user's data directory
 
 from __future__ import annotations
 
+import heapq
 import os
 import sqlite3
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from abc import abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +41,30 @@ from wattflow.formats.reports import (
     EventReport,
     PowerReport,
     Report,
+    from_micros,
     report_kind,
+    to_micros,
     to_millis,
     to_utc,
     trusted_report,
 )
-from wattflow.formats.runs import Run
+from wattflow.formats.runs import (
+    NOT_POWER,
+    PAGE,
+    PowerPage,
+    Run,
+    RunData,
+    Series,
+    TimelinePage,
+    series_of,
+)
 
-PAGE = 5000
-"""Reports read from the store at once."""
+LAYOUT = 3
+"""The store layout this code writes. 1 (or none said): every report one JSON document;
+2: PowerReports as rows of their own, the others as before; 3: runs note how their exports
+went. Older stores migrate when opened."""
+
+POWER = "PowerReport"
 
 
 class StoreError(WattflowError):
@@ -102,10 +129,12 @@ _last_time: list[Any] = [None, None]
 
 
 def _decode(kind: str, body: bytes | str | dict[str, Any]) -> Report:
+    """A report from its JSON document (every kind but PowerReport; PowerReports too in a
+    store of the first layout, being migrated)."""
     document = body if isinstance(body, dict) else orjson.loads(body)
-    if kind == "PowerReport":
-        # The store holds what wattflow wrote itself: PowerReports, by far the most numerous,
-        # skip validation. A tick's reports share a timestamp, so its parse is kept.
+    if kind == POWER:
+        # The store holds what wattflow wrote itself: PowerReports skip validation. A tick's
+        # reports share a timestamp, so its parse is kept.
         text = document["timestamp"]
         if text != _last_time[0]:
             _last_time[0], _last_time[1] = text, to_utc(text)
@@ -122,8 +151,35 @@ def _decode(kind: str, body: bytes | str | dict[str, Any]) -> Report:
     return powerapi.decode_document(report_kind(kind), document, "run store", None)
 
 
-class RunStore(ABC):
-    """Runs and their reports."""
+def _decode_power(body: bytes | str | dict[str, Any]) -> PowerReport:
+    """A PowerReport from its JSON document, as the first layout stored it."""
+    report = _decode(POWER, body)
+    assert isinstance(report, PowerReport)
+    return report
+
+
+def _power_report(micros: int, series: Series, power: float, metadata: Any) -> PowerReport:
+    """A stored PowerReport as it was given (its metadata holds scope, socket and device)."""
+    return trusted_report(
+        PowerReport,
+        {
+            "timestamp": from_micros(micros),
+            "sensor": series.sensor,
+            "target": series.target,
+            "metadata": metadata or {},
+            "power": power,
+        },
+    )
+
+
+Row = tuple[int, int, Report, int | None]
+"""(time ms, sequence, report, processing time µs or None): what the merged reads sort."""
+
+
+class RunStore(RunData):
+    """Runs and their reports: PowerReports as rows of their series, time and power, every
+    other kind as its JSON document, both numbered by one sequence (see the module's
+    docstring)."""
 
     @abstractmethod
     def save_run(self, run: Run, *, widen: bool = False) -> None:
@@ -153,15 +209,36 @@ class RunStore(ABC):
         """Stored run descriptions, as saved."""
 
     @abstractmethod
-    def _report_page(
-        self, run: str, after: tuple[int, int], until: int, kinds: list[str] | None
-    ) -> list[tuple[int, int, str, Any, int | None]]:
-        """Up to PAGE (time ms, sequence, kind, body, processed µs) after ``after``, up to
-        ``until``."""
+    def note_export(self, run: str, format_name: str, outcome: str) -> None:
+        """Note how the latest export of a run in a format went (:attr:`Run.exports`), leaving
+        the rest of the run as it is.
+
+        Raises:
+            StoreError: when the store cannot be written.
+        """
 
     @abstractmethod
-    def count(self, run: Run) -> int:
-        """Reports inside the run's window."""
+    def _power_pages(self, run: str, start: int, end: int) -> Iterator[PowerPage]:
+        """The run's power rows from ``start`` to ``end`` (Unix ms, both included)."""
+
+    @abstractmethod
+    def _timeline_pages(self, run: str, start: int, end: int) -> Iterator[TimelinePage]:
+        """Every report of the run from ``start`` to ``end`` as a timeline row."""
+
+    @abstractmethod
+    def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
+        """The run's PowerReports, whole, in time order."""
+
+    @abstractmethod
+    def _other_reports(
+        self, run: str, start: int, end: int, kinds: Sequence[str] | None
+    ) -> Iterator[Row]:
+        """The run's reports of ``kinds`` (every kind but PowerReport when None), in time
+        order."""
+
+    @abstractmethod
+    def _count(self, run: str, start: int, end: int) -> int:
+        """Reports of every kind from ``start`` to ``end``."""
 
     @abstractmethod
     def close(self) -> None:
@@ -171,13 +248,10 @@ class RunStore(ABC):
         """The runs, optionally of one experiment or benchmark, in id order, with events."""
         found = []
         for row in self._run_rows(experiment, benchmark):
-            events = [
-                r
-                for r in self._reports(
-                    row["id"], to_millis(row["start"]), to_millis(row["end"]), ["EventReport"]
-                )
-                if isinstance(r, EventReport)
-            ]
+            rows = self._other_reports(
+                row["id"], to_millis(row["start"]), to_millis(row["end"]), ["EventReport"]
+            )
+            events = [report for _, _, report, _ in rows if isinstance(report, EventReport)]
             found.append(Run.model_validate({**row, "events": events}))
         return sorted(found, key=lambda run: run.id)
 
@@ -189,34 +263,35 @@ class RunStore(ABC):
                 return run
         raise StoreError(f"no run {identifier!r} in the store")
 
-    def reports(self, run: Run, kinds: list[str] | None = None) -> Iterator[Report]:
+    def power(self, run: Run) -> Iterator[PowerPage]:
+        return self._power_pages(run.id, to_millis(run.start), to_millis(run.end))
+
+    def timeline(self, run: Run) -> Iterator[TimelinePage]:
+        return self._timeline_pages(run.id, to_millis(run.start), to_millis(run.end))
+
+    def reports(self, run: Run, kinds: Sequence[str] | None = None) -> Iterator[Report]:
         """The run's reports inside its window, in time order (and insertion order within)."""
-        return self._reports(run.id, to_millis(run.start), to_millis(run.end), kinds)
+        return (report for _, _, report, _ in self._merged(run, kinds))
 
     def timed_reports(self, run: Run) -> Iterator[tuple[Report, float | None]]:
         """The run's reports as :meth:`reports` gives them, each with its processing time
         (Unix seconds), or ``None`` where it was not recorded live."""
-        for kind, body, processed in self._rows(
-            run.id, to_millis(run.start), to_millis(run.end), None
-        ):
-            yield _decode(kind, body), None if processed is None else processed / 1e6
+        for _, _, report, processed in self._merged(run, None):
+            yield report, None if processed is None else processed / 1e6
 
-    def _reports(self, run: str, start: int, end: int, kinds: list[str] | None) -> Iterator[Report]:
-        for kind, body, _ in self._rows(run, start, end, kinds):
-            yield _decode(kind, body)
+    def count(self, run: Run) -> int:
+        """Reports inside the run's window."""
+        return self._count(run.id, to_millis(run.start), to_millis(run.end))
 
-    def _rows(
-        self, run: str, start: int, end: int, kinds: list[str] | None
-    ) -> Iterator[tuple[str, Any, int | None]]:
-        """(kind, body, processed µs) of the run's stored reports in time order, page by page."""
-        after = (start - 1, 2**62)
-        while True:
-            page = self._report_page(run, after, end, kinds)
-            for millis, sequence, kind, body, processed in page:
-                yield kind, body, processed
-                after = (millis, sequence)
-            if len(page) < PAGE:
-                return
+    def _merged(self, run: Run, kinds: Sequence[str] | None) -> Iterator[Row]:
+        start, end = to_millis(run.start), to_millis(run.end)
+        streams: list[Iterator[Row]] = []
+        if kinds is None or POWER in kinds:
+            streams.append(self._power_reports(run.id, start, end))
+        others = None if kinds is None else [kind for kind in kinds if kind != POWER]
+        if others is None or others:
+            streams.append(self._other_reports(run.id, start, end, others))
+        return heapq.merge(*streams, key=lambda row: (row[0], row[1]))
 
     def __enter__(self) -> RunStore:
         return self
@@ -225,33 +300,173 @@ class RunStore(ABC):
         self.close()
 
 
+class _Encoded:
+    """Report times in Unix µs, converted once per tick."""
+
+    def __init__(self) -> None:
+        self._moment: datetime | None = None
+        self._micros = 0
+
+    def micros(self, report: Report) -> int:
+        """The report's time in Unix µs; a tick's reports share their timestamp object."""
+        if report.timestamp is not self._moment:
+            self._moment, self._micros = report.timestamp, to_micros(report.timestamp)
+        return self._micros
+
+
+class _SqliteSeries(dict[int, Series]):
+    """A run's series by id, read again when a page names one added since."""
+
+    def __init__(self, db: sqlite3.Connection, run: str) -> None:
+        super().__init__()
+        self.db = db
+        self.run = run
+        self._load()
+
+    def _load(self) -> None:
+        rows = self.db.execute(
+            "SELECT id, sensor, target, scope, socket, device FROM series WHERE run = ?",
+            (self.run,),
+        )
+        self.update((number, Series(*fields)) for number, *fields in rows)
+
+    def __missing__(self, number: int) -> Series:
+        self._load()
+        if number not in self:
+            raise KeyError(number)
+        return self[number]
+
+
 class SqliteRunStore(RunStore):
-    """One SQLite file: a table of runs and a table of reports indexed by (run, time)."""
+    """One SQLite file: tables of runs, series, PowerReports and other reports.
+
+    ``power_reports`` rows are (sequence, run, time in ms and its µs beyond, series, power,
+    metadata as JSON, processing time); ``series`` names each series once per run; ``reports``
+    holds every other kind as its JSON document. Both report tables are indexed by (run, time,
+    sequence). ``PRAGMA user_version`` is the layout: 0 for the first one (every report a JSON
+    document), migrated on open.
+    """
 
     def __init__(self, path: Path) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # Used from worker threads (the service's recorder), one call at a time.
-            self.db = sqlite3.connect(path, check_same_thread=False)
+            # Used from worker threads (the service's recorder), one call at a time. Writes
+            # take the lock when they begin (BEGIN IMMEDIATE): see _writing.
+            self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode = WAL")
         except (OSError, sqlite3.Error) as error:
             raise StoreError(f"store {path}: {error}") from None
         self.path = path
-        self.db.executescript(
-            """
-            PRAGMA journal_mode = WAL;
-            CREATE TABLE IF NOT EXISTS runs (
-                id TEXT PRIMARY KEY, experiment TEXT, benchmark TEXT, settings TEXT,
-                repetition INTEGER, parameters TEXT, system TEXT, start INTEGER, end INTEGER);
-            CREATE TABLE IF NOT EXISTS reports (
-                seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, kind TEXT, body BLOB,
-                processed INTEGER);
-            CREATE INDEX IF NOT EXISTS reports_by_time ON reports (run, ts, seq);
-            """
+        self._series_ids: dict[tuple[str, Series], int] = {}
+        if self._layout() < LAYOUT:
+            with self._writing():
+                if self._layout() < LAYOUT:  # another process may have migrated meanwhile
+                    self._create_or_migrate()
+
+    def _layout(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction, the database locked from its start, so that reading the
+        sequence and writing the rows it numbers cannot interleave with another writer."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            self._series_ids.clear()  # ids it created are gone
+            raise
+        self.db.execute("COMMIT")
+
+    def _create_or_migrate(self) -> None:
+        execute = self.db.execute
+        execute(
+            "CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, experiment TEXT, "
+            "benchmark TEXT, settings TEXT, repetition INTEGER, parameters TEXT, system TEXT, "
+            "start INTEGER, end INTEGER, exports TEXT NOT NULL DEFAULT '{}')"
         )
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(reports)")}
+        if "exports" not in {row[1] for row in execute("PRAGMA table_info(runs)")}:
+            execute("ALTER TABLE runs ADD COLUMN exports TEXT NOT NULL DEFAULT '{}'")
+        execute(
+            "CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY, run TEXT, ts INTEGER, "
+            "kind TEXT, body BLOB, processed INTEGER, us INTEGER NOT NULL DEFAULT 0)"
+        )
+        columns = {row[1] for row in execute("PRAGMA table_info(reports)")}
         if "processed" not in columns:  # a store written before processing times were kept
-            with self.db:
-                self.db.execute("ALTER TABLE reports ADD COLUMN processed INTEGER")
+            execute("ALTER TABLE reports ADD COLUMN processed INTEGER")
+        if "us" not in columns:
+            execute("ALTER TABLE reports ADD COLUMN us INTEGER NOT NULL DEFAULT 0")
+        execute("CREATE INDEX IF NOT EXISTS reports_by_time ON reports (run, ts, seq)")
+        execute(
+            "CREATE TABLE IF NOT EXISTS series (id INTEGER PRIMARY KEY, run TEXT, sensor TEXT, "
+            "target TEXT, scope TEXT, socket TEXT, device TEXT, "
+            "UNIQUE (run, sensor, target, scope, socket, device))"
+        )
+        execute(
+            "CREATE TABLE IF NOT EXISTS power_reports (seq INTEGER PRIMARY KEY, run TEXT, "
+            "ts INTEGER, us INTEGER, series INTEGER, power REAL, metadata BLOB, "
+            "processed INTEGER)"
+        )
+        execute("CREATE INDEX IF NOT EXISTS power_by_time ON power_reports (run, ts, seq)")
+        execute("CREATE TABLE IF NOT EXISTS sequence (last INTEGER NOT NULL)")
+        if execute("SELECT COUNT(*) FROM sequence").fetchone()[0] == 0:
+            execute("INSERT INTO sequence SELECT COALESCE(MAX(seq), 0) FROM reports")
+        # The first layout's PowerReports, JSON documents among the others, become rows.
+        moved = execute(
+            "SELECT seq, run, ts, body, processed FROM reports WHERE kind = ? ORDER BY seq",
+            (POWER,),
+        )
+        while page := moved.fetchmany(PAGE):
+            self._insert_power(
+                (run, seq, _decode_power(body), processed) for seq, run, _, body, processed in page
+            )
+        execute("DELETE FROM reports WHERE kind = ?", (POWER,))
+        # Times finer than the millisecond: only an ISO text longer than 23 characters has them.
+        timestamp = "json_extract(body, '$.timestamp')"
+        finer = execute(
+            f"SELECT seq, {timestamp} FROM reports WHERE typeof({timestamp}) = 'text' "
+            f"AND length({timestamp}) > 23"
+        ).fetchall()
+        for seq, text in finer:
+            execute(
+                "UPDATE reports SET us = ? WHERE seq = ?", (to_micros(to_utc(text)) % 1000, seq)
+            )
+        execute(f"PRAGMA user_version = {LAYOUT}")
+
+    def _series_id(self, run: str, series: Series) -> int:
+        """The series' id in the run, created if new (inside a write transaction)."""
+        found = self._series_ids.get((run, series))
+        if found is None:
+            self.db.execute(
+                "INSERT OR IGNORE INTO series (run, sensor, target, scope, socket, device) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run, *series),
+            )
+            (found,) = self.db.execute(
+                "SELECT id FROM series WHERE run = ? AND sensor = ? AND target = ? AND "
+                "scope = ? AND socket = ? AND device = ?",
+                (run, *series),
+            ).fetchone()
+            self._series_ids[(run, series)] = found
+        return int(found)
+
+    def _insert_power(self, reports: Iterable[tuple[str, int, PowerReport, int | None]]) -> None:
+        """(run, sequence, report, processing µs) as rows, inside a write transaction."""
+        encoded = _Encoded()
+        dumps = orjson.dumps
+        rows = []
+        for run, seq, report, processed in reports:
+            micros = encoded.micros(report)
+            number = self._series_id(run, series_of(report))
+            metadata = dumps(report.metadata, option=orjson.OPT_NON_STR_KEYS)
+            rows.append((seq, run, micros // 1000, micros % 1000, number, report.power, metadata,
+                         processed))  # fmt: skip
+        self.db.executemany(
+            "INSERT INTO power_reports (seq, run, ts, us, series, power, metadata, processed) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
 
     def save_run(self, run: Run, *, widen: bool = False) -> None:
         # One upsert: the merge happens inside SQLite, so that another process's write between
@@ -260,9 +475,11 @@ class SqliteRunStore(RunStore):
         system = {key: value for key, value in run.system.items() if value is not None}
         start, end = ("MIN(start, excluded.start)", 'MAX("end", excluded."end")') if widen else (
             "excluded.start", 'excluded."end"')  # fmt: skip
-        with self.db:
+        with self._writing():
             self.db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                "INSERT INTO runs (id, experiment, benchmark, settings, repetition, parameters, "
+                'system, start, "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) '
+                "ON CONFLICT (id) DO UPDATE "
                 "SET experiment = excluded.experiment, benchmark = excluded.benchmark, "
                 "settings = excluded.settings, repetition = excluded.repetition, "
                 "parameters = json_patch(parameters, excluded.parameters), "
@@ -279,65 +496,137 @@ class SqliteRunStore(RunStore):
     ) -> int:
         micros = None if processed is None else _micros(processed)
         reports = list(reports)
-        bodies = powerapi.encode_json_documents(reports)  # a tick's timestamp formatted once
-        rows = (
-            (run, to_millis(r.timestamp), r.kind, body, micros)
-            for r, body in zip(reports, bodies, strict=True)
-        )
-        with self.db:
-            cursor = self.db.executemany(
-                "INSERT INTO reports (run, ts, kind, body, processed) VALUES (?, ?, ?, ?, ?)",
+        if not reports:
+            return 0
+        with self._writing():
+            (last,) = self.db.execute(
+                "UPDATE sequence SET last = last + ? RETURNING last", (len(reports),)
+            ).fetchone()
+            numbered = list(enumerate(reports, start=last - len(reports) + 1))
+            self._insert_power(
+                (run, seq, report, micros)
+                for seq, report in numbered
+                if isinstance(report, PowerReport)
+            )
+            others = [
+                (seq, report) for seq, report in numbered if not isinstance(report, PowerReport)
+            ]
+            bodies = powerapi.encode_json_documents(report for _, report in others)
+            encoded = _Encoded()
+            rows = []
+            for (seq, report), body in zip(others, bodies, strict=True):
+                moment = encoded.micros(report)
+                rows.append((seq, run, moment // 1000, report.kind, body, micros, moment % 1000))
+            self.db.executemany(
+                "INSERT INTO reports (seq, run, ts, kind, body, processed, us) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
-        return cursor.rowcount
+        return len(reports)
 
     def _run_rows(self, experiment: str | None, benchmark: str | None) -> list[dict[str, Any]]:
         query = (
-            "SELECT * FROM runs WHERE (?1 IS NULL OR experiment = ?1) "
+            "SELECT id, experiment, benchmark, settings, repetition, parameters, system, start, "
+            '"end", exports FROM runs WHERE (?1 IS NULL OR experiment = ?1) '
             "AND (?2 IS NULL OR benchmark = ?2)"
         )
         rows = []
         for row in self.db.execute(query, (experiment, benchmark)):
-            identifier, e, b, s, n, parameters, system, start, end = row
+            identifier, e, b, s, n, parameters, system, start, end, exports = row
             rows.append(
                 {
                     "id": identifier, "experiment": e, "benchmark": b, "settings": s,
                     "repetition": n, "parameters": orjson.loads(parameters),
                     "system": orjson.loads(system), "start": to_utc(start), "end": to_utc(end),
+                    "exports": orjson.loads(exports),
                 }
             )  # fmt: skip
         return rows
 
-    def _report_page(
-        self, run: str, after: tuple[int, int], until: int, kinds: list[str] | None
-    ) -> list[tuple[int, int, str, Any, int | None]]:
+    def note_export(self, run: str, format_name: str, outcome: str) -> None:
+        try:
+            with self._writing():
+                self.db.execute(
+                    "UPDATE runs SET exports = json_set(exports, ?, ?) WHERE id = ?",
+                    (f'$."{format_name}"', outcome, run),
+                )
+        except sqlite3.Error as error:
+            raise StoreError(f"store {self.path}: {error}") from None
+
+    def _power_pages(self, run: str, start: int, end: int) -> Iterator[PowerPage]:
+        series = _SqliteSeries(self.db, run)
+        cursor = self.db.execute(
+            "SELECT ts * 1000 + us, series, power FROM power_reports "
+            "WHERE run = ? AND ts BETWEEN ? AND ? ORDER BY ts, seq",
+            (run, start, end),
+        )
+        while rows := cursor.fetchmany(PAGE):
+            yield PowerPage(rows, series)
+
+    def _timeline_pages(self, run: str, start: int, end: int) -> Iterator[TimelinePage]:
+        series = _SqliteSeries(self.db, run)
+        # One statement: SQLite merges the two tables' index orders.
+        cursor = self.db.execute(
+            "SELECT ts, seq, ts * 1000 + us, series, power, processed / 1e6 FROM power_reports "
+            "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 UNION ALL "
+            f"SELECT ts, seq, ts * 1000 + us, {NOT_POWER}, 0.0, processed / 1e6 FROM reports "
+            "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 ORDER BY 1, 2",
+            (run, start, end),
+        )
+        while rows := cursor.fetchmany(PAGE):
+            yield TimelinePage([row[2:] for row in rows], series)
+
+    def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
+        series = _SqliteSeries(self.db, run)
+        cursor = self.db.execute(
+            "SELECT ts, seq, ts * 1000 + us, series, power, metadata, processed "
+            "FROM power_reports WHERE run = ? AND ts BETWEEN ? AND ? ORDER BY ts, seq",
+            (run, start, end),
+        )
+        while rows := cursor.fetchmany(PAGE):
+            for millis, seq, micros, number, power, metadata, processed in rows:
+                report = _power_report(micros, series[number], power, orjson.loads(metadata))
+                yield millis, seq, report, processed
+
+    def _other_reports(
+        self, run: str, start: int, end: int, kinds: Sequence[str] | None
+    ) -> Iterator[Row]:
         kind_filter = ""
-        arguments: list[Any] = [run, after[0], after[0], after[1], until]
+        arguments: list[Any] = [run, start, end]
         if kinds:
             kind_filter = f" AND kind IN ({','.join('?' * len(kinds))})"
             arguments += kinds
-        return list(
-            self.db.execute(
-                "SELECT ts, seq, kind, body, processed FROM reports WHERE run = ? AND "
-                "(ts > ? OR (ts = ? AND seq > ?)) AND ts <= ?" + kind_filter
-                + f" ORDER BY ts, seq LIMIT {PAGE}",
-                arguments,
-            )
-        )  # fmt: skip
+        cursor = self.db.execute(
+            "SELECT ts, seq, kind, body, processed FROM reports "
+            "WHERE run = ? AND ts BETWEEN ? AND ?" + kind_filter + " ORDER BY ts, seq",
+            arguments,
+        )
+        while rows := cursor.fetchmany(PAGE):
+            for millis, seq, kind, body, processed in rows:
+                yield millis, seq, _decode(kind, body), processed
 
-    def count(self, run: Run) -> int:
-        row = self.db.execute(
-            "SELECT COUNT(*) FROM reports WHERE run = ? AND ts BETWEEN ? AND ?",
-            (run.id, to_millis(run.start), to_millis(run.end)),
-        ).fetchone()
-        return int(row[0])
+    def _count(self, run: str, start: int, end: int) -> int:
+        counted = 0
+        for table in ("power_reports", "reports"):
+            row = self.db.execute(
+                f"SELECT COUNT(*) FROM {table} WHERE run = ? AND ts BETWEEN ? AND ?",
+                (run, start, end),
+            ).fetchone()
+            counted += int(row[0])
+        return counted
 
     def close(self) -> None:
         self.db.close()
 
 
 class MongoRunStore(RunStore):
-    """Collections ``runs`` and ``run_reports`` in the database the URI names (``wattflow``)."""
+    """Collections ``runs``, ``run_power`` (PowerReports: run, time in ms and its µs beyond,
+    sequence, series fields, power, metadata, processing time) and ``run_reports`` (every other
+    kind as its document) in the database the URI names (``wattflow``).
+
+    Document ``layout`` of collection ``store`` holds the layout; a database without it is of
+    the first layout (PowerReports among the other documents), migrated on open.
+    """
 
     def __init__(self, uri: str) -> None:
         from pymongo import ASCENDING, MongoClient
@@ -350,12 +639,37 @@ class MongoRunStore(RunStore):
             database = parse_uri(uri).get("database") or "wattflow"
             self.client: Any = MongoClient(uri, tz_aware=True, serverSelectionTimeoutMS=5000)
             self.db = self.client[database]
-            self.db.run_reports.create_index(
-                [("run", ASCENDING), ("ts", ASCENDING), ("seq", ASCENDING)]
-            )
+            by_time = [("run", ASCENDING), ("ts", ASCENDING), ("seq", ASCENDING)]
+            self.db.run_reports.create_index(by_time)
+            self.db.run_power.create_index(by_time)
+            self._migrate()
         except (PyMongoError, ValueError) as error:
             raise StoreError(f"store {redact_uri(uri)}: {describe_driver_error(error)}") from None
         self._sequence = int(datetime.now().timestamp() * 1e6)
+
+    def _migrate(self) -> None:
+        """Move the first layout's PowerReports to ``run_power``, a page at a time. Each keeps
+        its ``_id``, so two processes migrating at once cannot copy one twice."""
+        from pymongo.errors import BulkWriteError
+
+        layout = self.db.store.find_one({"_id": "layout"})
+        if layout is not None and layout.get("version", 0) >= LAYOUT:
+            return
+        while page := list(self.db.run_reports.find({"kind": POWER}).limit(PAGE)):
+            documents = []
+            for document in page:
+                report = _decode_power(document["report"])
+                documents.append(
+                    {"_id": document["_id"], **_power_document(
+                        document["run"], document["seq"], report, document.get("processed"))}
+                )  # fmt: skip
+            try:
+                self.db.run_power.insert_many(documents, ordered=False)
+            except BulkWriteError as error:
+                if any(e.get("code") != 11000 for e in error.details.get("writeErrors", [])):
+                    raise
+            self.db.run_reports.delete_many({"_id": {"$in": [d["_id"] for d in page]}})
+        self.db.store.update_one({"_id": "layout"}, {"$set": {"version": LAYOUT}}, upsert=True)
 
     def save_run(self, run: Run, *, widen: bool = False) -> None:
         # One update with an aggregation pipeline, so that the merge is atomic on the server.
@@ -376,25 +690,34 @@ class MongoRunStore(RunStore):
     def add_reports(
         self, run: str, reports: Iterable[Report], processed: datetime | None = None
     ) -> int:
-        batch: list[dict[str, Any]] = []
+        batches: dict[str, list[dict[str, Any]]] = {"run_power": [], "run_reports": []}
         total = 0
         micros = None if processed is None else _micros(processed)
+        encoded = _Encoded()
         for report in reports:
             self._sequence += 1
-            document: dict[str, Any] = {
-                "run": run, "ts": to_millis(report.timestamp), "seq": self._sequence,
-                "kind": report.kind, "report": powerapi.to_json_dict(report),
-            }  # fmt: skip
-            if micros is not None:
-                document["processed"] = micros
+            if isinstance(report, PowerReport):
+                name = "run_power"
+                document = _power_document(run, self._sequence, report, micros, encoded)
+            else:
+                name = "run_reports"
+                moment = encoded.micros(report)
+                document = {
+                    "run": run, "ts": moment // 1000, "us": moment % 1000, "seq": self._sequence,
+                    "kind": report.kind, "report": powerapi.to_json_dict(report),
+                }  # fmt: skip
+                if micros is not None:
+                    document["processed"] = micros
+            batch = batches[name]
             batch.append(document)
             if len(batch) == PAGE:
-                self.db.run_reports.insert_many(batch)
+                self.db[name].insert_many(batch)
                 total += len(batch)
-                batch = []
-        if batch:
-            self.db.run_reports.insert_many(batch)
-            total += len(batch)
+                batch.clear()
+        for name, batch in batches.items():
+            if batch:
+                self.db[name].insert_many(batch)
+                total += len(batch)
         return total
 
     def _run_rows(self, experiment: str | None, benchmark: str | None) -> list[dict[str, Any]]:
@@ -405,24 +728,141 @@ class MongoRunStore(RunStore):
             query["benchmark"] = benchmark
         return [{**row, "id": row["_id"]} for row in self.db.runs.find(query)]
 
-    def _report_page(
-        self, run: str, after: tuple[int, int], until: int, kinds: list[str] | None
-    ) -> list[tuple[int, int, str, Any, int | None]]:
-        query: dict[str, Any] = {
-            "run": run,
-            "ts": {"$lte": until},
-            "$or": [{"ts": {"$gt": after[0]}}, {"ts": after[0], "seq": {"$gt": after[1]}}],
-        }
-        if kinds:
-            query["kind"] = {"$in": kinds}
-        cursor = self.db.run_reports.find(query).sort([("ts", 1), ("seq", 1)]).limit(PAGE)
-        return [(d["ts"], d["seq"], d["kind"], d["report"], d.get("processed")) for d in cursor]
+    def note_export(self, run: str, format_name: str, outcome: str) -> None:
+        from pymongo.errors import PyMongoError
 
-    def count(self, run: Run) -> int:
+        from wattflow.actors.connections import describe_driver_error
+
+        try:
+            self.db.runs.update_one({"_id": run}, {"$set": {f"exports.{format_name}": outcome}})
+        except PyMongoError as error:
+            raise StoreError(f"run store: {describe_driver_error(error)}") from None
+
+    def _pages(
+        self,
+        collection: str,
+        run: str,
+        window: tuple[int, int],
+        kinds: Sequence[str] | None = None,
+        fields: Sequence[str] | None = None,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The collection's documents of the run in time order, PAGE at a time, each page
+        asked for after the last one's (time, sequence)."""
+        after = (window[0] - 1, 2**62)
+        projection = (
+            None if fields is None else {"_id": 0, "ts": 1, "seq": 1, **dict.fromkeys(fields, 1)}
+        )
+        while True:
+            query: dict[str, Any] = {
+                "run": run,
+                "ts": {"$lte": window[1]},
+                "$or": [{"ts": {"$gt": after[0]}}, {"ts": after[0], "seq": {"$gt": after[1]}}],
+            }
+            if kinds:
+                query["kind"] = {"$in": list(kinds)}
+            cursor = self.db[collection].find(query, projection)
+            page = list(cursor.sort([("ts", 1), ("seq", 1)]).limit(PAGE))
+            if page:
+                yield page
+                after = (page[-1]["ts"], page[-1]["seq"])
+            if len(page) < PAGE:
+                return
+
+    _SERIES_FIELDS = ("sensor", "target", "scope", "socket", "device")
+
+    def _power_pages(self, run: str, start: int, end: int) -> Iterator[PowerPage]:
+        ids: dict[Series, int] = {}
+        series: dict[int, Series] = {}
+        fields = (*self._SERIES_FIELDS, "us", "power")
+        for page in self._pages("run_power", run, (start, end), fields=fields):
+            rows = []
+            for d in page:
+                key = Series(d["sensor"], d["target"], d["scope"], d["socket"], d["device"])
+                number = ids.get(key)
+                if number is None:
+                    number = ids[key] = len(ids)
+                    series[number] = key
+                rows.append((d["ts"] * 1000 + d["us"], number, d["power"]))
+            yield PowerPage(rows, series)
+
+    def _timeline_pages(self, run: str, start: int, end: int) -> Iterator[TimelinePage]:
+        ids: dict[Series, int] = {}
+        series: dict[int, Series] = {}
+
+        def power() -> Iterator[tuple[int, int, tuple[int, int, float, float | None]]]:
+            fields = (*self._SERIES_FIELDS, "us", "power", "processed")
+            for page in self._pages("run_power", run, (start, end), fields=fields):
+                for d in page:
+                    key = Series(d["sensor"], d["target"], d["scope"], d["socket"], d["device"])
+                    number = ids.get(key)
+                    if number is None:
+                        number = ids[key] = len(ids)
+                        series[number] = key
+                    processed = d.get("processed")
+                    yield d["ts"], d["seq"], (
+                        d["ts"] * 1000 + d["us"], number, d["power"],
+                        None if processed is None else processed / 1e6,
+                    )  # fmt: skip
+
+        def others() -> Iterator[tuple[int, int, tuple[int, int, float, float | None]]]:
+            fields = ("us", "processed", "report.timestamp")
+            for page in self._pages("run_reports", run, (start, end), fields=fields):
+                for d in page:
+                    micros = d["ts"] * 1000 + _sub_millisecond(d)
+                    processed = d.get("processed")
+                    yield d["ts"], d["seq"], (
+                        micros, NOT_POWER, 0.0, None if processed is None else processed / 1e6
+                    )  # fmt: skip
+
+        merged = heapq.merge(power(), others(), key=lambda row: (row[0], row[1]))
+        while rows := [row for _, _, row in islice(merged, PAGE)]:
+            yield TimelinePage(rows, series)
+
+    def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
+        for page in self._pages("run_power", run, (start, end)):
+            for d in page:
+                key = Series(d["sensor"], d["target"], d["scope"], d["socket"], d["device"])
+                report = _power_report(d["ts"] * 1000 + d["us"], key, d["power"], d["metadata"])
+                yield d["ts"], d["seq"], report, d.get("processed")
+
+    def _other_reports(
+        self, run: str, start: int, end: int, kinds: Sequence[str] | None
+    ) -> Iterator[Row]:
+        for page in self._pages("run_reports", run, (start, end), kinds):
+            for d in page:
+                yield d["ts"], d["seq"], _decode(d["kind"], d["report"]), d.get("processed")
+
+    def _count(self, run: str, start: int, end: int) -> int:
         # Written as $and: SecantusDB 0.7 miscounts a single range condition on an indexed field.
-        query = [{"run": run.id}, {"ts": {"$gte": to_millis(run.start)}},
-                 {"ts": {"$lte": to_millis(run.end)}}]  # fmt: skip
-        return int(self.db.run_reports.count_documents({"$and": query}))
+        query = [{"run": run}, {"ts": {"$gte": start}}, {"ts": {"$lte": end}}]
+        return sum(
+            int(self.db[name].count_documents({"$and": query}))
+            for name in ("run_power", "run_reports")
+        )
 
     def close(self) -> None:
         self.client.close()
+
+
+def _power_document(
+    run: str, seq: int, report: PowerReport, processed: int | None, encoded: _Encoded | None = None
+) -> dict[str, Any]:
+    """A PowerReport as a ``run_power`` document."""
+    micros = to_micros(report.timestamp) if encoded is None else encoded.micros(report)
+    sensor, target, scope, socket, device = series_of(report)
+    document: dict[str, Any] = {
+        "run": run, "ts": micros // 1000, "us": micros % 1000, "seq": seq, "sensor": sensor,
+        "target": target, "scope": scope, "socket": socket, "device": device,
+        "power": float(report.power), "metadata": report.metadata,
+    }  # fmt: skip
+    if processed is not None:
+        document["processed"] = processed
+    return document
+
+
+def _sub_millisecond(document: dict[str, Any]) -> int:
+    """The µs beyond the millisecond of a ``run_reports`` document; the first layout did not
+    store them, its report's timestamp has them."""
+    if "us" in document:
+        return int(document["us"])
+    return to_micros(to_utc(document["report"]["timestamp"])) % 1000

@@ -29,7 +29,7 @@ from wattflow.formats.runs import (
     number_text,
     parameter_settings,
 )
-from wattflow.service.runs import RunStore, StoreError, open_store, run_id
+from wattflow.service.runs import RunStore, StoreError, open_store, parse_run_id, run_id
 
 EVENT_NAMES = list(get_args(EventName))
 
@@ -310,7 +310,7 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
                     f"a file twice stores its reports twice)"
                 )
         elif args.action == "list":
-            header = ("run", "parameters", "start (UTC)", "duration s", "reports")
+            header = ("run", "parameters", "start (UTC)", "duration s", "reports", "exports")
             rows = [
                 (
                     run.id,
@@ -318,6 +318,10 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
                     run.start.strftime("%Y-%m-%d %H:%M:%S"),
                     f"{run.duration_s:.1f}",
                     str(store.count(run)),
+                    ", ".join(
+                        name if outcome == "written" else f"{name} ({outcome})"
+                        for name, outcome in sorted(run.exports.items())
+                    ),
                 )
                 for run in store.runs(args.experiment, args.benchmark)
             ]
@@ -350,6 +354,8 @@ def show(store: RunStore, run: Run, console: Console) -> None:
         data = "" if event.data is None else event.data
         console.print(f"  {event.timestamp.isoformat()}  {event.event}  {data}")
     console.print(f"system: {orjson.dumps(run.system).decode()}")
+    for name, outcome in sorted(run.exports.items()):
+        console.print(f"export {name}: {outcome}")
 
 
 def mark(store: RunStore, event: str, data: object, identifier: str | None) -> Run:
@@ -381,19 +387,30 @@ def mark(store: RunStore, event: str, data: object, identifier: str | None) -> R
 
 
 def export_command(argv: Sequence[str], console: Console | None = None) -> int:
-    """``wattflow export FORMAT --store URI [--experiment E] [--benchmark B] --out PATH``."""
+    """``wattflow export FORMAT --store URI [--experiment E] [--benchmark B] [--run E/B/S/N]
+    --out PATH``.
+
+    Each exported run notes that it was written in this format (:attr:`Run.exports`); a store
+    that cannot take the note only costs a warning.
+    """
     console = console or Console(stderr=True)
     parser = _Parser(prog="wattflow export")
     parser.add_argument("format", choices=exporters.names())
     parser.add_argument("--store", default=None)
     parser.add_argument("--experiment")
     parser.add_argument("--benchmark")
+    parser.add_argument("--run", action="append", default=[], metavar="E/B/S/N",
+                        help="only this run (repeat for several)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
     args = parser.parse_args(argv)
     exporter = exporters.get(args.format)(model=args.model)
     with open_store(args.store, create=False) as store:
         runs = store.runs(args.experiment, args.benchmark)
+        if args.run:
+            for identifier in args.run:
+                parse_run_id(identifier)  # a mistyped id says how to write one
+            runs = [run for run in runs if run.id in args.run]
         if not runs:
             raise StoreError("no run matches: see `wattflow runs list`")
         total = sum(store.count(run) for run in runs)
@@ -401,11 +418,12 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
                    TimeRemainingColumn())  # fmt: skip
         with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
-            exporter.export_timed(
-                runs,
-                store.timed_reports,
-                args.out,
-                lambda count: progress.advance(task, count),
-            )
+            exporter.export(runs, store, args.out, lambda count: progress.advance(task, count))
+        for run in runs:
+            try:
+                store.note_export(run.id, args.format, "written")
+            except StoreError as error:
+                console.print(f"wrote the export, but could not note it in the store: {error}")
+                break
     console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter
 from wattflow.formats import extrap
 from wattflow.formats.reports import EventName, EventReport, PowerReport, Report
-from wattflow.formats.runs import ReportStream, Run
+from wattflow.formats.runs import ReportLists, Run
 
 START = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
 METRICS = (
@@ -66,7 +66,8 @@ def event(start: datetime, t: float, name: EventName) -> EventReport:
 
 
 class Recorded:
-    """Runs with their reports, and a ReportStream that counts what it hands out."""
+    """Runs with their reports, and a stream of each run's reports that counts what it
+    hands out."""
 
     def __init__(self) -> None:
         self.runs: list[Run] = []
@@ -77,7 +78,7 @@ class Recorded:
         self.runs.append(run)
         self.reports[run.id] = sorted(reports, key=lambda report: report.timestamp)
 
-    def stream(self) -> ReportStream:
+    def stream(self) -> Callable[[Run], Iterator[Report]]:
         def reports(run: Run) -> Iterator[Report]:
             for report in self.reports[run.id]:
                 self.read += 1
@@ -227,7 +228,7 @@ def export(
 ) -> tuple[Exporter, list[int]]:
     advanced: list[int] = []
     exporter = exporters.get(name)(model=model)
-    exporter.export(recorded.runs, recorded.stream(), out, advanced.append)
+    exporter.export(recorded.runs, ReportLists(recorded.stream()), out, advanced.append)
     return exporter, advanced
 
 

@@ -17,7 +17,7 @@ from extrap.fileio.file_reader.text_file_reader import TextFileReader  # type: i
 from wattflow.actors.exporters import exporters
 from wattflow.formats import powerapi
 from wattflow.formats.reports import EventReport, PowerReport, Report
-from wattflow.formats.runs import Run
+from wattflow.formats.runs import ReportLists, Run
 
 from .conftest import wattflow
 
@@ -78,7 +78,7 @@ def export(name: str, path: Path, *, model: bool = False) -> Path:
     runs, reports = scaling_runs()
     advanced: list[int] = []
     exporter = exporters.get(name)(model=model)
-    exporter.export(runs, lambda run: iter(reports[run.id]), path, advanced.append)
+    exporter.export(runs, ReportLists(lambda run: reports[run.id]), path, advanced.append)
     assert sum(advanced) == sum(len(r) for r in reports.values()), "every report was counted"
     return path
 

@@ -22,7 +22,7 @@ import pytest
 from wattflow.actors.exporters import exporters
 from wattflow.formats.hpctoolkit import write_run
 from wattflow.formats.reports import EventName, EventReport, PowerReport, Report
-from wattflow.formats.runs import Run, summarise
+from wattflow.formats.runs import ReportLists, Run, power_pages, summarise
 
 START = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
 DOCKER = "/system.slice/docker-abc.scope"
@@ -311,8 +311,8 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     read: list[int] = []
     exporter = exporters.get("hpctoolkit")()
     assert exporter.writes_directory
-    exporter.export([run], lambda r: iter(reports_of(r)), out, read.append)
-    assert read == [1] * len(reports_of(run))
+    exporter.export([run], ReportLists(reports_of), out, read.append)
+    assert sum(read) == len(reports_of(run))
     return out
 
 
@@ -427,8 +427,8 @@ def test_trace_db_lines_follow_the_reports_in_order(database: Path) -> None:
 
 def test_spilled_trace_lines_read_back_the_same(tmp_path: Path) -> None:
     run = make_run()
-    write_run(run, iter(reports_of(run)), tmp_path / "held")
-    write_run(run, iter(reports_of(run)), tmp_path / "spilled", spool_bytes=24)
+    write_run(run, power_pages(reports_of(run)), tmp_path / "held")
+    write_run(run, power_pages(reports_of(run)), tmp_path / "spilled", spool_bytes=24)
     for name in ("trace.db", "profile.db", "cct.db", "experiment.xml"):
         assert (tmp_path / "held" / name).read_bytes() == (tmp_path / "spilled" / name).read_bytes()
     assert sorted(p.name for p in (tmp_path / "spilled").iterdir())[0] == "cct.db"
@@ -443,8 +443,8 @@ def test_several_runs_get_one_sanitised_directory_each(tmp_path: Path) -> None:
     def reports(run: Run) -> Iterator[Report]:
         return iter(stream[run.id])
 
-    exporters.get("hpctoolkit")().export(runs, reports, tmp_path / "out", read.append)
-    assert len(read) == sum(len(s) for s in stream.values())
+    exporters.get("hpctoolkit")().export(runs, ReportLists(reports), tmp_path / "out", read.append)
+    assert sum(read) == sum(len(s) for s in stream.values())
     for run, settings in zip(runs, ("250W_x", "250W_x", "__"), strict=True):
         directory = tmp_path / "out" / "exp" / "bench" / settings / str(run.repetition)
         lines = read_trace_db((directory / "trace.db").read_bytes())
@@ -456,7 +456,7 @@ def test_several_runs_get_one_sanitised_directory_each(tmp_path: Path) -> None:
 
 def test_a_run_without_power_is_an_empty_database(tmp_path: Path) -> None:
     run = make_run()
-    write_run(run, iter(run.events), tmp_path)
+    write_run(run, power_pages(run.events), tmp_path)
     profiles = read_profile_db((tmp_path / "profile.db").read_bytes())
     assert profiles.tuples == [((0, 0, 0),)]
     assert profiles.values == [{}]
@@ -479,7 +479,7 @@ def test_late_samples_are_dropped_and_zero_energy_is_not_listed(tmp_path: Path) 
                     metadata={"scope": "cpu"})
         for t in (9.5, 10.0)
     ]  # fmt: skip
-    write_run(run, iter(late + idle), tmp_path)
+    write_run(run, power_pages(late + idle), tmp_path)
     profiles = read_profile_db((tmp_path / "profile.db").read_bytes())
     assert profiles.values[2] == {}, "a profile without energy lists no context"
     experiment = read_experiment(tmp_path / "experiment.xml")

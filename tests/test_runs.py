@@ -25,9 +25,9 @@ from wattflow.formats.reports import (
     PowerReport,
     Report,
 )
-from wattflow.formats.runs import Run, summarise
+from wattflow.formats.runs import PAGE, Run, summarise
 from wattflow.service.recording import RunRecorder, RunRecorderConfig, TrainingCallback, record
-from wattflow.service.runs import PAGE, open_store
+from wattflow.service.runs import open_store
 from wattflow.service.runs_cli import mark
 
 from .conftest import FIXTURES, wattflow

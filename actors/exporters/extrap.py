@@ -16,7 +16,7 @@ from typing import ClassVar
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter, Progress
 from wattflow.formats import extrap
-from wattflow.formats.runs import ReportStream, Run
+from wattflow.formats.runs import Run, RunData
 
 
 class _ExtrapExporter(Exporter):
@@ -45,11 +45,9 @@ class _ExtrapExporter(Exporter):
     def write(self, measurements: extrap.Measurements, out: Path) -> None:
         type(self).writer(measurements, out)
 
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
+    def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         self.check(runs)
-        measurements = extrap.collect(runs, reports, advance)
+        measurements = extrap.collect(runs, data, advance)
         self.write(measurements, out)
 
 
@@ -57,6 +55,7 @@ class _ExtrapExporter(Exporter):
 class ExtrapTextExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-text"
     description: ClassVar[str] = "Extra-P text input (at most 4 parameters; extrap --text)"
+    suffix: ClassVar[str] = ".txt"
     writer = extrap.write_text
 
     def check(self, runs: Sequence[Run]) -> None:
@@ -67,6 +66,7 @@ class ExtrapTextExporter(_ExtrapExporter):
 class ExtrapJsonExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-json"
     description: ClassVar[str] = "Extra-P JSON input, the newer format (extrap --json)"
+    suffix: ClassVar[str] = ".json"
     writer = extrap.write_json
 
 
@@ -74,6 +74,7 @@ class ExtrapJsonExporter(_ExtrapExporter):
 class ExtrapJsonLinesExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-jsonl"
     description: ClassVar[str] = "Extra-P JSON Lines input (extrap --json)"
+    suffix: ClassVar[str] = ".jsonl"
     writer = extrap.write_jsonl
 
 
@@ -81,6 +82,7 @@ class ExtrapJsonLinesExporter(_ExtrapExporter):
 class ExtrapTalpasExporter(_ExtrapExporter):
     name: ClassVar[str] = "extrap-talpas"
     description: ClassVar[str] = "Extra-P TaLPas input (extrap --talpas)"
+    suffix: ClassVar[str] = ".talpas"
     writer = extrap.write_talpas
 
 
@@ -90,6 +92,7 @@ class ExtrapExperimentExporter(_ExtrapExporter):
 
     name: ClassVar[str] = "extrap"
     description: ClassVar[str] = "Extra-P experiment (.extra-p); --model adds fitted models"
+    suffix: ClassVar[str] = ".extra-p"
     supports_model: ClassVar[bool] = True
 
     def check(self, runs: Sequence[Run]) -> None:

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import ClassVar
 
 from wattflow.actors.exporters import exporters
-from wattflow.actors.exporters.base import Exporter, Progress
+from wattflow.actors.exporters.base import Exporter, Progress, count_the_rest
 from wattflow.formats.gpu_dir import RepetitionWriter
 from wattflow.formats.reports import EventName, EventReport
-from wattflow.formats.runs import ReportStream, Run
+from wattflow.formats.runs import PAGE, Run, RunData
 
 KINDS = ("GPUReport", "MeterReport", "EventReport")
+"""The kinds the directory holds; PowerReports are not read."""
 
 
 @exporters.register("gpu-dir")
@@ -23,19 +24,23 @@ class GpuDirExporter(Exporter):
     name: ClassVar[str] = "gpu-dir"
     description: ClassVar[str] = "GPU measurement directory (CSV files per repetition)"
     writes_directory: ClassVar[bool] = True
+    holds_runs: ClassVar[bool] = True
 
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
+    def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         for run in runs:
             directory = out / run.experiment / run.benchmark / run.settings / str(run.repetition)
             writer = RepetitionWriter(directory)
             events: dict[EventName, bool] = {"experiment_begin": False, "experiment_end": False}
-            for report in reports(run):
-                advance(1)
+            read = 0
+            for report in data.reports(run, KINDS):
+                read += 1
+                if read % PAGE == 0:
+                    advance(PAGE)
                 writer.add(report)
                 if isinstance(report, EventReport) and report.event in events:
                     events[report.event] = True
+            advance(read % PAGE)
+            count_the_rest(data, run, read, advance)
             # The loader needs the experiment's begin and end: the window stands in for them.
             if not events["experiment_begin"] or not events["experiment_end"]:
                 edges: tuple[tuple[EventName, datetime], ...] = (

@@ -9,23 +9,14 @@ escape the root. Two runs whose sanitised paths collide get ``~2``, ``~3``… ap
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from wattflow.actors.exporters import exporters
-from wattflow.actors.exporters.base import Exporter, Progress
+from wattflow.actors.exporters.base import Exporter, Progress, count_the_rest, path_part
 from wattflow.formats.hpctoolkit import write_run
-from wattflow.formats.runs import ReportStream, Run
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]")
-
-
-def path_part(text: str) -> str:
-    """One directory name from free text, never empty, ``.`` or ``..``."""
-    cleaned = _UNSAFE.sub("_", text)
-    return cleaned if cleaned.strip(".") else cleaned.replace(".", "_") or "_"
+from wattflow.formats.runs import Run, RunData
 
 
 def database_directories(runs: Sequence[Run], out: Path) -> list[Path]:
@@ -54,8 +45,14 @@ class HpctoolkitExporter(Exporter):
     description: ClassVar[str] = "HPCToolkit database per run (experiment.xml 4.0, *.db)"
     writes_directory: ClassVar[bool] = True
 
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
+    def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         for run, directory in zip(runs, database_directories(runs, out), strict=True):
-            write_run(run, reports(run), directory, lambda: advance(1))
+            read = 0
+
+            def counted(rows: int) -> None:
+                nonlocal read
+                read += rows
+                advance(rows)
+
+            write_run(run, data.power(run), directory, counted)
+            count_the_rest(data, run, read, advance)

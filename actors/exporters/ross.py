@@ -21,9 +21,9 @@ from typing import ClassVar
 import orjson
 
 from wattflow.actors.exporters import exporters
-from wattflow.actors.exporters.base import Exporter, Progress
+from wattflow.actors.exporters.base import Exporter, Progress, count_the_rest
 from wattflow.formats.ross import RunRecorder, check_window
-from wattflow.formats.runs import ReportStream, Run, TimedReportStream
+from wattflow.formats.runs import Run, RunData
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -41,6 +41,7 @@ class RossExporter(Exporter):
     name: ClassVar[str] = "ross"
     description: ClassVar[str] = "ROSS instrumentation binary (PE/KP/LP/model samples, events)"
     writes_directory: ClassVar[bool] = True
+    holds_runs: ClassVar[bool] = True
 
     def __init__(
         self, *, model: bool = False, interval_s: float = 1.0, events: bool = True
@@ -51,14 +52,7 @@ class RossExporter(Exporter):
         self.interval_s = interval_s
         self.events = events
 
-    def export(
-        self, runs: Sequence[Run], reports: ReportStream, out: Path, advance: Progress
-    ) -> None:
-        self.export_timed(runs, lambda run: ((r, None) for r in reports(run)), out, advance)
-
-    def export_timed(
-        self, runs: Sequence[Run], reports: TimedReportStream, out: Path, advance: Progress
-    ) -> None:
+    def export(self, runs: Sequence[Run], data: RunData, out: Path, advance: Progress) -> None:
         for run in runs:  # before any file is written
             check_window(run, self.interval_s)
         out.mkdir(parents=True, exist_ok=True)
@@ -78,10 +72,11 @@ class RossExporter(Exporter):
                     else None
                 )
                 recorder = RunRecorder(run, samples, events, interval_s=self.interval_s)
-                for report, processed in reports(run):
-                    advance(1)
-                    recorder.add(report, processed)
+                for page in data.timeline(run):
+                    advance(len(page.rows))
+                    recorder.add(page)
                 recorder.close()
+            count_the_rest(data, run, recorder.processed, advance)
             description = recorder.description()
             description["files"] = {
                 "samples": f"{stem}.bin",
