@@ -85,10 +85,18 @@ def smartwatts_python(venv: Path) -> Path:
     """
     python = venv / "bin" / "python"
     if not python.exists():
-        base = shutil.which("python3.12") or PYTHON_312
-        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+        subprocess.run([python_312(), "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", SMARTWATTS], check=True)
     return python
+
+
+def python_312() -> str:
+    """``python3.12`` on the PATH if it runs (a pyenv shim with no 3.12 selected does not),
+    else pyenv's 3.12.1."""
+    found = shutil.which("python3.12")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    return PYTHON_312
 
 
 def wattflow_python(venv: Path) -> Path:
