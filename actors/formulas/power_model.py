@@ -1,17 +1,15 @@
-"""SmartWatts' per-frequency-layer power models: sample and error windows, fitting and prediction.
+"""SmartWatts' power models: sample and error windows, fitting and prediction.
 
-A layer's model maps a socket's hardware counters to its RAPL power while the package runs near
-one frequency. It is learned from a window of (counters, RAPL power) samples and relearned when the
-window of recent errors says it drifted. Two ways to fit it:
+A model maps a socket's hardware counters to its RAPL power. Two kinds:
 
-- ``compat`` mode fits what SmartWatts 2.4.1 fits, scikit-learn's ``ElasticNet(positive=True)``
-  on the raw counters, with an intercept only once the sample window is full, so that its numbers
-  can be reproduced;
-- the default mode solves the non-negative least-squares problem directly on counters scaled to
-  unit range, with the intercept (the socket's idle power) as one more non-negative unknown from
-  the first fit on. The raw counters span ten orders of magnitude, and coordinate descent on them
-  stops far from the optimum; scaled NNLS finds it, and costs tens of microseconds, so relearning
-  never slows the stream.
+- in ``compat`` mode, SmartWatts 2.4.1's: one :class:`PowerModel` per frequency layer (the
+  package running near one frequency), learned from a window of (counters, RAPL power) samples
+  with scikit-learn's ``ElasticNet(positive=True)`` on the raw counters, with an intercept only
+  once the window is full, and relearned when the window of recent errors says it drifted, so
+  that its numbers can be reproduced;
+- in the default mode, one :class:`FrequencyModel` per socket and scope for every frequency,
+  with terms in the frequency, fitted by non-negative least squares on tick-to-tick differences
+  with everything learned kept (its docstring says why).
 
 scikit-learn or SciPy is imported when the service starts (see :func:`load_regression`).
 """
@@ -48,7 +46,8 @@ class Relearning:
 
 
 class PowerModel:
-    """One frequency layer's model and the windows it is learned from."""
+    """One frequency layer's model and the windows it is learned from, as SmartWatts 2.4.1 has
+    them (compat mode); :class:`FrequencyModel` builds the default mode's on its windows."""
 
     __slots__ = (
         "coef",
@@ -190,10 +189,7 @@ class PowerModel:
             return False
         x = np.asarray(self.samples, dtype=np.float64)
         y = np.asarray(self.powers, dtype=np.float64)
-        if self.compat:
-            coef, intercept = _fit_elastic_net(x, y, fit_intercept=len(y) == self.window)
-        else:
-            coef, intercept = _fit_scaled_nnls(x, y)
+        coef, intercept = _fit_elastic_net(x, y, fit_intercept=len(y) == self.window)
         return self.accept(coef, intercept, max_intercept_w)
 
     def accept(self, coef: FloatArray, intercept: float, max_intercept_w: float) -> bool:
@@ -241,14 +237,24 @@ class FrequencyModel(PowerModel):
     and what earlier phases said is still there. The solution is non-negative least squares on
     those equations, scaled to unit diagonal, with a small ridge towards the previous model, so
     that a direction the data do not determine stays where it was instead of drifting. It is
-    solved again every ``min_samples`` samples until a window of samples is in, then once a
-    window. The intercept (idle power) is the mean of what
-    the window of samples leaves unexplained. When the error window says the model drifted (a
-    new kind of workload: the same counters cost other energy), what was learned before counts
-    :data:`DRIFT_DISCOUNT` as much, so that new differences take over.
+    solved again every ``min_samples`` samples until a window of samples is in; then once the
+    samples since the last fit number a window or a quarter of those before, whichever is more
+    (at most ten windows): the more it holds, the less one window more changes it. The
+    intercept (idle power) is the mean of what the window of samples leaves unexplained. When
+    the error window says the model drifted (a new kind of workload: the same counters cost
+    other energy), what was learned before counts :data:`DRIFT_DISCOUNT` as much, so that new
+    differences take over.
     """
 
-    __slots__ = ("base_mhz", "count", "information", "moment", "pending", "previous")
+    __slots__ = (
+        "base_mhz",
+        "count",
+        "information",
+        "moment",
+        "pending",
+        "pending_powers",
+        "previous",
+    )
 
     def __init__(
         self, base_mhz: int, *, min_samples: int, history_window: int, error_window: int
@@ -267,26 +273,24 @@ class FrequencyModel(PowerModel):
         """``X'y`` of the same."""
         self.count = 0.0
         """How many differences they hold, discounted as they are."""
-        self.pending: list[tuple[list[float], float]] = []
-        """The differences since the last fit, not yet in the normal equations."""
+        self.pending: list[list[float]] = []
+        """The samples since the last fit, whose differences are not yet in the equations."""
+        self.pending_powers: list[float] = []
         self.previous: tuple[list[float], float] | None = None
-        """The last sample, which the next one is taken from."""
+        """The last sample already in the equations: the next one's difference is from it."""
 
     def use_events(self, events: tuple[str, ...]) -> None:
         if events != self.events:
             super().use_events(events)
             self.information = self.moment = self.previous = None
             self.pending = []
+            self.pending_powers = []
             self.count = 0.0
 
     def store(self, power_w: float, features: list[float]) -> None:
         super().store(power_w, features)
-        previous = self.previous
-        if previous is not None:
-            before, power_before_w = previous
-            change = [now - then for now, then in zip(features, before, strict=True)]
-            self.pending.append((change, power_w - power_before_w))
-        self.previous = (features, power_w)
+        self.pending.append(features)
+        self.pending_powers.append(power_w)
 
     def track(
         self,
@@ -298,12 +302,15 @@ class FrequencyModel(PowerModel):
         stored: bool,
     ) -> float:
         error_w = super().track(power_w, features, predicted_w, relearning, stored=stored)
-        # Refine with what came since the last fit: every min_samples samples at first, then
-        # once a sample window, when one more window changes the solution less.
-        refine_every = self.min_samples if self.count < self.window else self.window
-        if len(self.pending) >= refine_every:
+        if len(self.pending) >= self._refine_every():
             self.learn(relearning.max_intercept_w)
         return error_w
+
+    def _refine_every(self) -> int:
+        """How many new samples make the model solved again (see the class's docstring)."""
+        if self.count < self.window:
+            return self.min_samples
+        return max(self.window, min(int(self.count) // 4, 10 * self.window))
 
     def relearn(self, max_intercept_w: float) -> None:
         if self.information is not None and self.moment is not None:
@@ -322,11 +329,17 @@ class FrequencyModel(PowerModel):
         return self.accept(coef, max(float(unexplained.mean()), 0.0), max_intercept_w)
 
     def _gather(self) -> bool:
-        """Add the pending differences to the normal equations; whether there are any."""
+        """Add the pending samples' differences to the normal equations; whether they hold
+        any difference."""
         if self.pending:
-            changes = np.asarray([change for change, _ in self.pending], dtype=np.float64)
-            powers = np.asarray([power for _, power in self.pending], dtype=np.float64)
-            self.pending = []
+            samples, powers_w = self.pending, self.pending_powers
+            if self.previous is not None:
+                samples = [self.previous[0], *samples]
+                powers_w = [self.previous[1], *powers_w]
+            self.previous = (self.pending[-1], self.pending_powers[-1])
+            self.pending, self.pending_powers = [], []
+            changes = np.diff(np.asarray(samples, dtype=np.float64), axis=0)
+            powers = np.diff(np.asarray(powers_w, dtype=np.float64))
             self.count += len(powers)
             information = changes.T @ changes
             moment = changes.T @ powers
@@ -409,19 +422,6 @@ def _fit_elastic_net(
         warnings.simplefilter("ignore")  # SmartWatts silences convergence warnings too
         model.fit(x, y)
     return np.asarray(model.coef_, dtype=np.float64), float(model.intercept_)
-
-
-def _fit_scaled_nnls(x: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
-    """Non-negative least squares with a non-negative intercept, on unit-range columns."""
-    from scipy.optimize import nnls
-
-    scale = np.abs(x).max(axis=0)
-    scale[scale == 0.0] = 1.0
-    design = np.empty((x.shape[0], x.shape[1] + 1))
-    design[:, :-1] = x / scale
-    design[:, -1] = 1.0
-    solution, _ = nnls(design, y)
-    return solution[:-1] / scale, float(solution[-1])
 
 
 def load_regression(compat: bool) -> None:

@@ -1195,7 +1195,8 @@ class _FrameEstimates:
                     columns.tick[estimate][mine], columns.socket_at[estimate][mine]
                 ]
                 features = frequency_features(features, frequency, self.formula.base_frequency)
-            coef = np.array([self.coefs[code] for code in columns.coef_code[estimate][mine]])
+            used, at = np.unique(columns.coef_code[estimate][mine], return_inverse=True)
+            coef = np.array([self.coefs[code] for code in used.tolist()])[at.reshape(-1)]
             dynamic[mine] = dynamic_power(features, coef)
         dynamic_global = columns.global_dynamic_w[estimate]
         shared = (dynamic_global > 0.0) & (dynamic > 0.0)
