@@ -263,6 +263,418 @@ def simulate(
         )
 
 
+PHENOMENA = ("dvfs", "phases", "heterogeneous", "jitter", "multiplex")
+"""What real nodes do that :func:`simulate` leaves out, each of which :func:`simulate_node` can
+switch on alone or with the others (see its docstring for the physics of each)."""
+
+
+@dataclass(frozen=True)
+class Phenomena:
+    """Which of :data:`PHENOMENA` a simulated node shows."""
+
+    dvfs: bool = False
+    phases: bool = False
+    heterogeneous: bool = False
+    jitter: bool = False
+    multiplex: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Phenomena:
+        """``all``, ``none``, or names from :data:`PHENOMENA` separated by commas."""
+        names = {name.strip() for name in text.split(",") if name.strip()}
+        if names == {"all"}:
+            names = set(PHENOMENA)
+        names.discard("none")
+        unknown = names - set(PHENOMENA)
+        if unknown:
+            raise ValueError(f"unknown phenomena {sorted(unknown)}: choose from {PHENOMENA}")
+        return cls(**{name: True for name in names})
+
+    @property
+    def label(self) -> str:
+        """The names switched on, as :meth:`parse` reads them."""
+        on = [name for name in PHENOMENA if getattr(self, name)]
+        return "all" if len(on) == len(PHENOMENA) else ",".join(on) or "none"
+
+
+@dataclass(frozen=True)
+class Silicon:
+    """The energy physics of :func:`simulate_node`'s cpus; the default is a small server part."""
+
+    p_states_mhz: tuple[float, ...] = (1200.0, 1500.0, 1800.0, 2100.0, 2400.0, 2700.0, 3000.0)
+    volts_at_min: float = 0.75
+    """Core voltage at the lowest P-state; it rises linearly to ``volts_at_max``."""
+    volts_at_max: float = 1.20
+    nj_per_cycle: float = 0.9
+    """Switching energy of an unhalted cycle (clock tree, pipeline even when stalled), in nJ at
+    the base frequency's voltage; it scales with V²."""
+    nj_per_instruction: float = 0.7
+    """Switching energy of a retired instruction beyond its cycle, in nJ at base voltage (V²)."""
+    nj_per_llc_miss: float = 12.0
+    """Package energy of an LLC miss (uncore, memory controller), independent of core V/f."""
+    dram_nj_per_llc_miss: float = 60.0
+    """DRAM energy of an LLC miss (a line read or written back)."""
+    leakage_share: float = 0.5
+    """The share of idle package power that is leakage, proportional to V; the rest is fixed."""
+    switch_noise: float = 0.03
+    """Relative spread of the instructions a workload retires per cycle from tick to tick."""
+    ambient_celsius: float = 30.0
+    kelvin_per_watt: float = 0.8
+    """How far above ambient the package settles per W it draws."""
+    thermal_ticks: float = 30.0
+    """How many ticks the package takes to get 63 % of the way to its new temperature."""
+    leakage_doubling_kelvin: float = 25.0
+    """Leakage doubles for every this many kelvin; it is ``leakage_share`` of idle at 50 °C."""
+    background_w: float = 0.8
+    """Mean power, per socket, of what no core counter of a watched target sees (I/O and uncore
+    traffic, interrupts, the voltage regulators' losses): RAPL measures it, no report counts it.
+    It wanders by about ``background_step_w`` a tick."""
+    background_step_w: float = 0.1
+
+    def volts(self, mhz: Floats | float, lowest: float, highest: float) -> Floats:
+        """The core voltage at ``mhz``: linear between the lowest and highest P-state."""
+        span = max(highest - lowest, 1.0)
+        share = (np.asarray(mhz, dtype=np.float64) - lowest) / span
+        return np.asarray(self.volts_at_min + (self.volts_at_max - self.volts_at_min) * share)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A kind of code a container runs: how it uses a cycle, and how much of the node it wants."""
+
+    kind: str
+    ipc: float
+    """Instructions per cycle at the base frequency."""
+    misses_per_kilo_instruction: float
+    memory_bound: float
+    """How much of its time is memory stalls, whose length in ns does not shrink with the clock:
+    its IPC at frequency f is ``ipc / (1 + memory_bound · (f / base − 1))``."""
+    demand: float
+    """Busy cpus it wants at the nominal load (scaled so that the node is about 60 % busy)."""
+
+
+WORKLOADS = {
+    "compute": Workload("compute", 2.4, 0.3, 0.05, 1.0),
+    "memory": Workload("memory", 0.5, 25.0, 0.8, 0.8),
+    "mixed": Workload("mixed", 1.3, 5.0, 0.4, 0.6),
+    "idle": Workload("idle", 0.8, 2.0, 0.3, 0.03),
+}
+KINDS_IN_TURN = ("compute", "memory", "mixed", "memory", "compute", "mixed", "idle", "mixed")
+"""The kinds the containers of :func:`node_containers` run, in turn."""
+
+
+def node_containers(count: int, *, heterogeneous: bool) -> tuple[tuple[str, Workload], ...]:
+    """``count`` containers named after their kind; without ``heterogeneous`` every one runs
+    the ``mixed`` code (each still wants its kind's share of the node)."""
+    found = []
+    for number in range(count):
+        kind = KINDS_IN_TURN[number % len(KINDS_IN_TURN)]
+        workload = WORKLOADS[kind]
+        if not heterogeneous:
+            mixed = WORKLOADS["mixed"]
+            workload = Workload(
+                kind, mixed.ipc, mixed.misses_per_kilo_instruction, mixed.memory_bound,
+                workload.demand,
+            )  # fmt: skip
+        found.append((f"{kind}-{number}", workload))
+    return tuple(found)
+
+
+@dataclass
+class NodeTicks:
+    """The per-tick state of a simulated node, drawn tick after tick before any counter."""
+
+    interval_s: Floats  # (t,) the real length of each tick's interval
+    millis: Ints  # (t,) when the sensor read it
+    busy: Floats  # (t, k, c) share of the interval the container kept the cpu unhalted
+    before_mhz: Floats  # (t, s) the P-state at the start of the interval
+    after_mhz: Floats  # (t, s) the P-state at its end
+    switch_at: Floats  # (t, s) share of the interval spent at ``before_mhz``
+
+
+def _levels(ticks: int, k: int, phases: bool, rng: np.random.Generator) -> Floats:
+    """Each container's load level per tick (1 = its nominal demand).
+
+    Without phases, every container's load wanders on its own (a persistent random walk, about
+    ±15 % from tick to tick). With phases, the node moves from phase to phase every 20–60 ticks:
+    a phase sets a common level for everyone (from 25 % to 100 %) and each container's own factor
+    (0.7–1.3), and within it loads move by only about 3 %, so that the counters of a phase are
+    nearly proportional to one another.
+    """
+    if not phases:
+        walk = np.zeros((ticks, k))
+        steps = rng.normal(0.0, 0.15, (ticks, k))
+        for t in range(1, ticks):
+            walk[t] = 0.8 * walk[t - 1] + steps[t]
+        return np.asarray(np.exp(walk))
+    levels = np.empty((ticks, k))
+    t = 0
+    while t < ticks:
+        length = int(rng.integers(20, 61))
+        common = rng.uniform(0.25, 1.0)
+        own = rng.uniform(0.7, 1.3, k)
+        stop = min(ticks, t + length)
+        levels[t:stop] = common * own * np.exp(rng.normal(0.0, 0.03, (stop - t, k)))
+        t = stop
+    return levels
+
+
+def _governor(
+    utilisation: Floats, silicon: Silicon, rng: np.random.Generator
+) -> tuple[Floats, Floats, Floats]:
+    """P-states per tick and socket, chosen by an ondemand-like governor from utilisation.
+
+    It aims for the lowest P-state whose capacity keeps the socket under 85 % busy, goes up at
+    once and down only when the load has fallen 10 % under the threshold (hysteresis). A change
+    happens at a random moment of the interval, so that tick's APERF/MPERF reads a frequency
+    between two P-states, and its energy is spent partly at each.
+    """
+    states = np.asarray(silicon.p_states_mhz)
+    top = len(states) - 1
+    ticks, sockets = utilisation.shape
+    wanted = np.clip(np.ceil(utilisation / 0.85 * top), 0, top).astype(np.int64)
+    lower = np.clip(np.ceil(utilisation * 1.1 / 0.85 * top), 0, top).astype(np.int64)
+    state = np.empty((ticks, sockets), dtype=np.int64)
+    current = wanted[0].copy()
+    for t in range(ticks):
+        up = wanted[t] > current
+        down = lower[t] < current
+        current = np.where(up, wanted[t], np.where(down, lower[t], current))
+        state[t] = current
+    after = states[state]
+    before = np.concatenate([after[:1], after[:-1]])
+    switch_at = np.where(before != after, rng.uniform(0.0, 1.0, (ticks, sockets)), 1.0)
+    return before, after, switch_at
+
+
+def node_ticks(
+    machine: Machine,
+    workloads: Sequence[Workload],
+    ticks: int,
+    phenomena: Phenomena,
+    *,
+    seed: int,
+    start_ms: int,
+    period_s: float,
+    silicon: Silicon,
+) -> NodeTicks:
+    """Draw loads, placements, P-states and intervals for every tick."""
+    streams = [np.random.default_rng([seed, n]) for n in range(4)]
+    cpus, k = machine.cpus, len(workloads)
+    demand = np.array([w.demand for w in workloads])
+    if k:
+        demand *= 0.6 * cpus / demand.sum()
+    homes = (np.arange(k) * 3) % cpus
+    offset = np.abs(np.arange(cpus)[None, :] - homes[:, None])
+    distance = np.minimum(offset, cpus - offset)
+    weight = np.maximum(0.0, 1.0 - 0.35 * distance)
+    weight /= weight.sum(axis=1, keepdims=True)  # (k, c): the container's spread over cpus
+    levels = _levels(ticks, k, phenomena.phases, streams[0])
+    busy = demand[None, :, None] * weight[None] * levels[:, :, None]
+    busy *= np.exp(streams[1].normal(0.0, 0.02, busy.shape))
+    total = busy.sum(axis=1, keepdims=True)  # a cpu is busy at most 98 % of the time
+    busy *= np.minimum(1.0, 0.98 / np.maximum(total, 1e-12))
+    utilisation = busy.sum(axis=1).reshape(ticks, machine.sockets, -1).mean(axis=2)
+    if phenomena.dvfs:
+        before, after, switch_at = _governor(utilisation, silicon, streams[2])
+    else:
+        before = after = np.full((ticks, machine.sockets), machine.base_freq_mhz)
+        switch_at = np.ones((ticks, machine.sockets))
+    if phenomena.jitter:
+        interval_s = period_s * np.clip(1.0 + streams[3].normal(0.0, 0.03, ticks), 0.85, 1.15)
+    else:
+        interval_s = np.full(ticks, period_s)
+    millis = start_ms + np.round(np.cumsum(interval_s) * 1000).astype(np.int64)
+    return NodeTicks(interval_s, millis, busy, before, after, switch_at)
+
+
+class Unexplained:
+    """The package power no counter explains, tick after tick: fixed idle power, leakage that
+    heats up with the package, and the background of what no watched target runs."""
+
+    def __init__(self, machine: Machine, silicon: Silicon, rng: np.random.Generator) -> None:
+        self.fixed_w = machine.idle_pkg_w * (1.0 - silicon.leakage_share)
+        self.silicon = silicon
+        self.rng = rng
+        self.celsius = np.full(machine.sockets, 50.0)
+        self.background_w = np.full(machine.sockets, silicon.background_w)
+
+    def add(self, dynamic_w: Floats, leakage_w: Floats) -> Floats:
+        """Per (t, s): the package power RAPL measures, given the targets' power and the
+        leakage at 50 °C over each tick."""
+        silicon = self.silicon
+        total = np.empty_like(dynamic_w)
+        for t in range(len(dynamic_w)):
+            heat = 2.0 ** ((self.celsius - 50.0) / silicon.leakage_doubling_kelvin)
+            drift = self.rng.normal(0.0, silicon.background_step_w, len(self.background_w))
+            self.background_w = np.maximum(
+                0.0, self.background_w + 0.2 * (silicon.background_w - self.background_w) + drift
+            )
+            total[t] = self.fixed_w + leakage_w[t] * heat + self.background_w + dynamic_w[t]
+            settled = silicon.ambient_celsius + silicon.kelvin_per_watt * total[t]
+            self.celsius += (settled - self.celsius) / silicon.thermal_ticks
+        return total
+
+
+def simulate_node(
+    machine: Machine,
+    containers: Sequence[tuple[str, Workload]],
+    ticks: int,
+    phenomena: Phenomena,
+    *,
+    seed: int = 42,
+    start: datetime = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC),
+    period_s: float = 1.0,
+    silicon: Silicon = Silicon(),
+) -> Iterator[Block]:
+    """Simulate a node with what production nodes do, a block of ticks at a time.
+
+    The physics, per tick, container and cpu:
+
+    - **Cycles.** The container keeps the cpu unhalted a share ``b`` of the interval ``Δt``:
+      ``b · Δt · f`` core cycles (``CPU_CLK_THREAD_UNHALTED:THREAD_P``) and ``b · Δt · f_base``
+      reference cycles (``…:REF_P``), at the package frequency ``f``.
+    - **Instructions and misses.** Its code retires ``ipc(f)`` instructions per cycle, where
+      memory stalls (fixed in ns) make IPC fall as ``f`` rises, and misses the LLC
+      ``misses_per_kilo_instruction`` times per thousand (see :class:`Workload`; ±3 % and ±5 %
+      from tick to tick).
+    - **Energy.** Switching energy per cycle and per instruction scales with V², and the voltage
+      rises linearly with the P-state, so energy per cycle grows about with f² (power with f³).
+      An LLC miss costs a fixed package energy (uncore) and a fixed DRAM energy.
+    - **What no counter explains.** Idle package power is part fixed, part leakage, which is
+      proportional to V and doubles every 25 K; the package warms towards a temperature that
+      follows its power with a 30-tick lag. What no core counter of a watched target sees (I/O,
+      uncore traffic, interrupts) draws about 0.8 W per socket, wandering by about 0.1 W from
+      tick to tick. RAPL measures all of it
+      plus the targets' power, so a regression sees noise and an idle power that drifts with
+      the load.
+
+    What each of :class:`Phenomena` adds:
+
+    - ``dvfs``: the package frequency moves between P-states as the load changes
+      (:func:`_governor`), with the energy of a switching tick spent at both frequencies;
+      without it the node runs at its base frequency.
+    - ``phases``: loads move together from phase to phase and barely within one (:func:`_levels`);
+      without it each container's load wanders on its own.
+    - ``heterogeneous``: compute-bound (high IPC, few misses), memory-bound (low IPC, many
+      misses), mixed and idle containers share the sockets, so their power per cycle differs;
+      without it they all run the same code.
+    - ``jitter``: each interval is the period ±3 % (the sensor's timer is late or early), and the
+      counters, the energy and the timestamps follow the real interval.
+    - ``multiplex``: on a quarter of the ticks perf multiplexes half the per-cpu readings:
+      ``time_running`` is 50–90 % of ``time_enabled`` and the counts cover only that time. The
+      activity in that window is not quite the interval's average (±3 %), so scaling the counts
+      by enabled/running gives an estimate, not the truth.
+
+    The ground truth is each container's own energy over each interval, per socket.
+    """
+    workloads = [workload for _, workload in containers]
+    start_ms = round(start.timestamp() * 1000)
+    state = node_ticks(
+        machine, workloads, ticks, phenomena,
+        seed=seed, start_ms=start_ms, period_s=period_s, silicon=silicon,
+    )  # fmt: skip
+    rng = np.random.default_rng([seed, 10])
+    cpus, k = machine.cpus, len(workloads)
+    base = machine.base_freq_mhz
+    socket_of = np.arange(cpus) // machine.cpus_per_socket
+    lowest, highest = min(silicon.p_states_mhz), max(silicon.p_states_mhz)
+    base_volts = float(silicon.volts(base, lowest, highest))
+    ipc0 = np.array([w.ipc for w in workloads])[None, :, None]
+    memory_bound = np.array([w.memory_bound for w in workloads])[None, :, None]
+    mpki = np.array([w.misses_per_kilo_instruction for w in workloads])[None, :, None]
+    unexplained = Unexplained(machine, silicon, np.random.default_rng([seed, 11]))
+    step = max(1, ROWS_PER_BLOCK // max(1, k * cpus))
+    for first in range(0, ticks, step):
+        span = slice(first, min(ticks, first + step))
+        n = span.stop - span.start
+        interval = state.interval_s[span]
+        busy = state.busy[span]
+        seconds = busy * interval[:, None, None]  # (t, k, c) unhalted seconds
+        share_before = state.switch_at[span][:, socket_of][:, None, :]  # (t, 1, c)
+        cycles = np.zeros((n, k, cpus))
+        instructions = np.zeros((n, k, cpus))
+        core_joules = np.zeros((n, k, cpus))
+        leakage_w = np.zeros((n, machine.sockets))
+        retire = np.exp(rng.normal(0.0, silicon.switch_noise, (n, k, cpus)))
+        for mhz, share in (
+            (state.before_mhz[span], share_before),
+            (state.after_mhz[span], 1.0 - share_before),
+        ):
+            at = mhz[:, socket_of][:, None, :]  # (t, 1, c)
+            part = seconds * share * at * 1e6
+            ipc = ipc0 / (1.0 + memory_bound * (at / base - 1.0)) * retire
+            volts_sq = (silicon.volts(at, lowest, highest) / base_volts) ** 2
+            cycles += part
+            instructions += part * ipc
+            nj = part * silicon.nj_per_cycle + part * ipc * silicon.nj_per_instruction
+            core_joules += nj * volts_sq * 1e-9
+            socket_share = share[:, 0, :: machine.cpus_per_socket]  # (t, s)
+            leakage = silicon.volts(mhz, lowest, highest) / base_volts
+            leakage_w += socket_share * machine.idle_pkg_w * silicon.leakage_share * leakage
+        llc = instructions * mpki / 1000 * np.exp(rng.normal(0.0, 0.05, (n, k, cpus)))
+        ref = seconds * base * 1e6
+        present = cycles >= 1
+        pkg_joules = np.where(present, core_joules + llc * silicon.nj_per_llc_miss * 1e-9, 0.0)
+        dram_joules = np.where(present, llc * silicon.dram_nj_per_llc_miss * 1e-9, 0.0)
+        per_socket = (n, k, machine.sockets, machine.cpus_per_socket)
+        dynamic_cpu = pkg_joules.reshape(per_socket).sum(axis=3) / interval[:, None, None]
+        dynamic_dram = dram_joules.reshape(per_socket).sum(axis=3) / interval[:, None, None]
+        socket_cpu = unexplained.add(dynamic_cpu.sum(axis=1), leakage_w)
+        socket_dram = machine.idle_dram_w + dynamic_dram.sum(axis=1)
+
+        ns = np.round(interval * 1e9).astype(np.int64)[:, None, None]
+        true_counts = np.stack([ref, cycles, instructions, llc], axis=-1)
+        true_counts[~present] = 0.0
+        running = np.broadcast_to(ns, (n, k, cpus)).copy()
+        seen = np.ones((n, k, cpus))
+        if phenomena.multiplex:
+            ticked = rng.random(n) < 0.25
+            chosen = ticked[:, None, None] & (rng.random((n, k, cpus)) < 0.5)
+            ratio = rng.uniform(0.5, 0.9, (n, k, cpus))
+            running = np.where(chosen, (ns * ratio).astype(np.int64), running)
+            window = np.exp(rng.normal(0.0, 0.03, (n, k, cpus)))
+            seen = np.where(chosen, running / ns * window, 1.0)
+        core = np.empty((n, k, cpus, 6), dtype=np.int64)
+        core[..., :4] = (true_counts * seen[..., None]).astype(np.int64)
+        core[..., 4] = ns
+        core[..., 5] = running
+        system_core = np.empty((n, cpus, 6), dtype=np.int64)
+        system_core[..., :4] = true_counts.astype(np.int64).sum(axis=1)
+        system_core[..., 4:] = ns
+
+        load = busy.sum(axis=1).clip(0.0, 1.0)  # (t, c)
+        average_mhz = (
+            state.before_mhz[span] * state.switch_at[span]
+            + state.after_mhz[span] * (1.0 - state.switch_at[span])
+        )[:, socket_of]
+        mperf = np.maximum(1, (load * base * 1e6 * interval[:, None]).astype(np.int64))
+        msr = np.empty((n, cpus, 5), dtype=np.int64)
+        msr[..., 0] = (mperf * average_mhz / base).astype(np.int64)
+        msr[..., 1] = mperf
+        msr[..., 2] = (base * 1e6 * interval[:, None]).astype(np.int64)
+        msr[..., 3:] = ns
+        rapl = np.empty((n, machine.sockets, 4), dtype=np.int64)
+        rapl[..., 0] = (socket_dram * interval[:, None] * RAPL_UNIT).astype(np.int64)
+        rapl[..., 1] = (socket_cpu * interval[:, None] * RAPL_UNIT).astype(np.int64)
+        rapl[..., 2:] = ns
+        yield Block(
+            machine=machine,
+            targets=tuple(name for name, _ in containers),
+            millis=state.millis[span],
+            core=core,
+            present=present,
+            system_core=system_core,
+            system_present=present.any(axis=1),
+            msr=msr,
+            rapl=rapl,
+            dynamic_cpu=dynamic_cpu,
+            dynamic_dram=dynamic_dram,
+            socket_cpu=socket_cpu,
+            socket_dram=socket_dram,
+        )
+
+
 def _template(names: Sequence[str]) -> str:
     """A %-format for one cpu's events as a JSON object: the hot path of writing JSON."""
     return "{" + ",".join(f'"{name}":%d' for name in names) + "}"
@@ -526,8 +938,13 @@ def record(
     jsonl: Path | None = None,
     csv_dir: Path | None = None,
     truth: Path | None = None,
+    phenomena: Phenomena | None = None,
 ) -> int:
-    """Simulate and write a recording; return how many reports it holds."""
+    """Simulate and write a recording; return how many reports it holds.
+
+    With ``phenomena`` (even none of them), the node is :func:`simulate_node`'s, and
+    ``multiplex`` is left to the phenomena; without, it is :func:`simulate`'s.
+    """
     streams = [
         simulate(
             Machine(sensor=name, sockets=sockets, cpus_per_socket=cpus_per_socket),
@@ -535,6 +952,14 @@ def record(
             ticks,
             seed=seed + number,
             multiplex=multiplex,
+        )
+        if phenomena is None
+        else simulate_node(
+            Machine(sensor=name, sockets=sockets, cpus_per_socket=cpus_per_socket),
+            node_containers(containers, heterogeneous=phenomena.heterogeneous),
+            ticks,
+            phenomena,
+            seed=seed + number,
         )
         for number, name in enumerate(sensors)
     ]
@@ -585,6 +1010,12 @@ def main() -> None:
     parser.add_argument(
         "--multiplex", type=float, default=0.0, help="share of per-cpu readings perf multiplexed"
     )
+    parser.add_argument(
+        "--phenomena",
+        type=Phenomena.parse,
+        help="simulate a node with these phenomena: 'all', 'none' or some of "
+        f"{', '.join(PHENOMENA)} (comma-separated); without the flag, the plain simulation",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, help="hwpc-sensor JSON Lines file to write")
     parser.add_argument("--truth", type=Path, help="ground-truth CSV to write")
@@ -604,6 +1035,7 @@ def main() -> None:
         jsonl=args.out,
         csv_dir=args.csv,
         truth=args.truth,
+        phenomena=args.phenomena,
     )
 
 

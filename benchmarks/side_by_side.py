@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generate_hwpc import GROUP_FILES, record
+from generate_hwpc import GROUP_FILES, PHENOMENA, Phenomena, record
 
 ROOT = Path(__file__).resolve().parent.parent
 SMARTWATTS_VENV = ROOT / "benchmarks" / ".smartwatts-venv"
@@ -85,10 +85,18 @@ def smartwatts_python(venv: Path) -> Path:
     """
     python = venv / "bin" / "python"
     if not python.exists():
-        base = shutil.which("python3.12") or PYTHON_312
-        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+        subprocess.run([python_312(), "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", SMARTWATTS], check=True)
     return python
+
+
+def python_312() -> str:
+    """``python3.12`` on the PATH if it runs (a pyenv shim with no 3.12 selected does not),
+    else pyenv's 3.12.1."""
+    found = shutil.which("python3.12")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    return PYTHON_312
 
 
 def wattflow_python(venv: Path) -> Path:
@@ -150,6 +158,7 @@ def write_input(directory: Path, args: argparse.Namespace, ticks: int) -> int:
         jsonl=directory / "hwpc.jsonl",
         csv_dir=directory,
         truth=directory / "truth.csv",
+        phenomena=args.phenomena,
     )
 
 
@@ -359,6 +368,52 @@ def errors(
     return mape, statistics.fmean(absolute) if absolute else math.nan
 
 
+def after_learning(truth: dict[Key, float], learning_ticks: int) -> set[Key]:
+    """The truth's target-ticks of 1 W or more, each sensor's first ``learning_ticks`` left out:
+    the rows a formula should estimate once its models are learned."""
+    ticks: dict[str, set[int]] = defaultdict(set)
+    for millis, sensor, _ in truth:
+        ticks[sensor].add(millis)
+    learned = {sensor: sorted(found)[learning_ticks:] for sensor, found in ticks.items()}
+    first = {sensor: found[0] if found else math.inf for sensor, found in learned.items()}
+    return {k for k, watts in truth.items() if watts >= 1.0 and k[0] >= first[k[1]]}
+
+
+def print_accuracy(outcomes: list[Outcome], truth_file: Path, learning_ticks: int) -> None:
+    """Per scope and formula: coverage and MAPE after the learning phase, then on every tick
+    both formulas estimated."""
+    print(
+        f"\nper-target power against the truth (summed over sockets, idle attributed by "
+        f"activity), after a learning phase of {learning_ticks} ticks"
+    )
+    print(
+        f"{'':11} {'scope':>5} {'rows':>6} {'covered %':>9} {'MAPE %':>7}   "
+        f"{'target-ticks':>12} {'common':>7} {'MAPE %':>7} {'MAE W':>7}"
+    )
+    for scope in ("cpu", "dram"):
+        truth = truth_by_tick(truth_file, scope)
+        rows = after_learning(truth, learning_ticks)
+        estimates = {
+            o.name: on_truth_ticks(power_by_tick(o.output, scope), truth) for o in outcomes
+        }
+        common = set.intersection(*(set(e) for e in estimates.values()))
+        for o in outcomes:
+            mine = estimates[o.name]
+            covered = rows & set(mine)
+            learned_mape, _ = errors(mine, truth, covered)
+            share = 100 * len(covered) / len(rows) if rows else math.nan
+            mape, mae = errors(mine, truth, common)
+            print(
+                f"{o.name:11} {scope:>5} {len(rows):6d} {share:9.1f} {learned_mape:7.2f}   "
+                f"{len(mine):12d} {len(common):7d} {mape:7.2f} {mae:7.3f}"
+            )
+    print(
+        "(rows: target-ticks of 1 W or more after the learning phase; MAPE over those the "
+        "formula estimated. Then over every tick both estimated: MAPE on targets of 1 W or "
+        "more, MAE on all)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--ticks", type=int, default=600)
@@ -367,6 +422,18 @@ def main() -> None:
     parser.add_argument("--sockets", type=int, default=2)
     parser.add_argument("--cpus-per-socket", type=int, default=4)
     parser.add_argument("--multiplex", type=float, default=0.0)
+    parser.add_argument(
+        "--phenomena",
+        type=Phenomena.parse,
+        help="simulate a node with these phenomena ('all', 'none' or some of "
+        f"{', '.join(PHENOMENA)}, comma-separated) instead of the plain recording",
+    )
+    parser.add_argument(
+        "--learning-ticks",
+        type=int,
+        default=80,
+        help="ticks at the start left out of the coverage and its MAPE (the learning phase)",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--min-samples", type=int, default=10)
     parser.add_argument("--history-window", type=int, default=60)
@@ -406,10 +473,15 @@ def main() -> None:
     write_input(work / "tiny", args, 1)
     outcomes = measure(["SmartWatts", "wattflow"], python, work, args, reports)
 
+    shows = (
+        f"multiplexed share {args.multiplex}"
+        if args.phenomena is None
+        else f"phenomena {args.phenomena.label}"
+    )
     print(
         f"input: {reports} reports, {args.ticks} ticks × {args.sensors} sensor(s), "
         f"{args.containers} containers, {args.sockets}×{args.cpus_per_socket} cpus, "
-        f"multiplexed share {args.multiplex}; flags: {shlex.join(formula_flags(args))}"
+        f"{shows}; flags: {shlex.join(formula_flags(args))}"
     )
     print(
         f"wattflow pinned to one core (extra flags: {args.wattflow_args or 'none'}; "
@@ -451,23 +523,7 @@ def main() -> None:
             "tick, and processes a small input within that time: use more --ticks"
         )
 
-    print("\nper-target power against the truth (summed over sockets, idle attributed by activity)")
-    print(f"{'':11} {'scope':>5} {'target-ticks':>13} {'common':>7} {'MAPE %':>7} {'MAE W':>7}")
-    for scope in ("cpu", "dram"):
-        truth = truth_by_tick(work / "input" / "truth.csv", scope)
-        estimates = {
-            o.name: on_truth_ticks(power_by_tick(o.output, scope), truth) for o in outcomes
-        }
-        common = set.intersection(*(set(e) for e in estimates.values()))
-        for o in outcomes:
-            mape, mae = errors(estimates[o.name], truth, common)
-            print(
-                f"{o.name:11} {scope:>5} {len(estimates[o.name]):13d} {len(common):7d} "
-                f"{mape:7.2f} {mae:7.3f}"
-            )
-    print(
-        "(MAPE over targets whose truth is at least 1 W; both on the target-ticks both estimated)"
-    )
+    print_accuracy(outcomes, work / "input" / "truth.csv", args.learning_ticks)
     print(f"\ninputs, outputs and logs in {work}")
 
 

@@ -1,17 +1,15 @@
-"""SmartWatts' per-frequency-layer power models: sample and error windows, fitting and prediction.
+"""SmartWatts' power models: sample and error windows, fitting and prediction.
 
-A layer's model maps a socket's hardware counters to its RAPL power while the package runs near
-one frequency. It is learned from a window of (counters, RAPL power) samples and relearned when the
-window of recent errors says it drifted. Two ways to fit it:
+A model maps a socket's hardware counters to its RAPL power. Two kinds:
 
-- ``compat`` mode fits what SmartWatts 2.4.1 fits, scikit-learn's ``ElasticNet(positive=True)``
-  on the raw counters, with an intercept only once the sample window is full, so that its numbers
-  can be reproduced;
-- the default mode solves the non-negative least-squares problem directly on counters scaled to
-  unit range, with the intercept (the socket's idle power) as one more non-negative unknown from
-  the first fit on. The raw counters span ten orders of magnitude, and coordinate descent on them
-  stops far from the optimum; scaled NNLS finds it, and costs tens of microseconds, so relearning
-  never slows the stream.
+- in ``compat`` mode, SmartWatts 2.4.1's: one :class:`PowerModel` per frequency layer (the
+  package running near one frequency), learned from a window of (counters, RAPL power) samples
+  with scikit-learn's ``ElasticNet(positive=True)`` on the raw counters, with an intercept only
+  once the window is full, and relearned when the window of recent errors says it drifted, so
+  that its numbers can be reproduced;
+- in the default mode, one :class:`FrequencyModel` per socket and scope for every frequency,
+  with terms in the frequency, fitted by non-negative least squares on tick-to-tick differences
+  with everything learned kept (its docstring says why).
 
 scikit-learn or SciPy is imported when the service starts (see :func:`load_regression`).
 """
@@ -48,7 +46,8 @@ class Relearning:
 
 
 class PowerModel:
-    """One frequency layer's model and the windows it is learned from."""
+    """One frequency layer's model and the windows it is learned from, as SmartWatts 2.4.1 has
+    them (compat mode); :class:`FrequencyModel` builds the default mode's on its windows."""
 
     __slots__ = (
         "coef",
@@ -190,11 +189,14 @@ class PowerModel:
             return False
         x = np.asarray(self.samples, dtype=np.float64)
         y = np.asarray(self.powers, dtype=np.float64)
-        if self.compat:
-            coef, intercept = _fit_elastic_net(x, y, fit_intercept=len(y) == self.window)
-        else:
-            coef, intercept = _fit_scaled_nnls(x, y)
-        if not 0.0 <= intercept < max_intercept_w:
+        coef, intercept = _fit_elastic_net(x, y, fit_intercept=len(y) == self.window)
+        return self.accept(coef, intercept, max_intercept_w)
+
+    def accept(self, coef: FloatArray, intercept: float, max_intercept_w: float) -> bool:
+        """Take a fitted model unless its intercept is negative or not under the TDP, or, but in
+        compat mode, its coefficients are all zero (it would give every target 0 W, whatever
+        the counters, and their powers would no longer add up to the measured one)."""
+        if not 0.0 <= intercept < max_intercept_w or not (self.compat or coef.any()):
             return False
         self.coef = coef
         self.coef_text = str(coef)  # as SmartWatts writes it; formatting it per tick is slow
@@ -210,6 +212,189 @@ class PowerModel:
         """Raw power predictions, intercept included, one per row of ``features``."""
         assert self.coef is not None
         return dynamic_power(features, self.coef) + self.intercept
+
+
+class FrequencyModel(PowerModel):
+    """The default mode's model: one per socket and scope, for every package frequency.
+
+    A package runs at many frequencies (DVFS moves it between P-states as the load changes, and
+    a tick that switched reads between two), and learning each frequency layer from nothing
+    leaves the targets without estimates for ten ticks at each new one. One model covers them
+    all. Where the scope's power follows the cores' voltage (the package's: switching energy per
+    event grows with V², and V with f), each counter rate ``r`` is a feature twice, as ``r`` and
+    as ``r · (f / f_base)²`` (:func:`frequency_features`), and a target's power at frequency f
+    is ``Σ r · (a + b · (f / f_base)²)``; the DRAM's energy per access does not depend on the
+    cores' frequency, and its model takes the rates alone.
+
+    Only differences from tick to tick are fitted: the change of the socket's power against the
+    change of its counters. What no counter explains (idle power, leakage that follows the
+    package's temperature, I/O) drifts slowly and cancels out of a difference, where it would
+    otherwise be read as power of whichever counter happened to move with it. Loads that change
+    together (a workload phase) make the biggest differences, and the most informative ones.
+
+    Every difference is kept, in the normal equations of the least-squares problem (``X'X`` and
+    ``X'y``), from the first sample on: within a phase the counters barely vary and say little,
+    and what earlier phases said is still there. The solution is non-negative least squares on
+    those equations, scaled to unit diagonal, with a small ridge towards the previous model, so
+    that a direction the data do not determine stays where it was instead of drifting. It is
+    solved again every ``min_samples`` samples until a window of samples is in; then once the
+    samples since the last fit number a window or a quarter of those before, whichever is more
+    (at most ten windows): the more it holds, the less one window more changes it. The
+    intercept (idle power) is the mean of what the window of samples leaves unexplained. When
+    the error window says the model drifted (a new kind of workload: the same counters cost
+    other energy), what was learned before counts :data:`DRIFT_DISCOUNT` as much, so that new
+    differences take over.
+    """
+
+    __slots__ = (
+        "base_mhz",
+        "count",
+        "information",
+        "moment",
+        "pending",
+        "pending_powers",
+        "previous",
+    )
+
+    def __init__(
+        self, base_mhz: int, *, min_samples: int, history_window: int, error_window: int
+    ) -> None:
+        super().__init__(
+            0,
+            min_samples=min_samples,
+            history_window=history_window,
+            error_window=error_window,
+            compat=False,
+        )
+        self.base_mhz = base_mhz
+        self.information: FloatArray | None = None
+        """``X'X`` of every difference so far, discounted at each drift."""
+        self.moment: FloatArray | None = None
+        """``X'y`` of the same."""
+        self.count = 0.0
+        """How many differences they hold, discounted as they are."""
+        self.pending: list[list[float]] = []
+        """The samples since the last fit, whose differences are not yet in the equations."""
+        self.pending_powers: list[float] = []
+        self.previous: tuple[list[float], float] | None = None
+        """The last sample already in the equations: the next one's difference is from it."""
+
+    def use_events(self, events: tuple[str, ...]) -> None:
+        if events != self.events:
+            super().use_events(events)
+            self.information = self.moment = self.previous = None
+            self.pending = []
+            self.pending_powers = []
+            self.count = 0.0
+
+    def store(self, power_w: float, features: list[float]) -> None:
+        super().store(power_w, features)
+        self.pending.append(features)
+        self.pending_powers.append(power_w)
+
+    def track(
+        self,
+        power_w: float,
+        features: list[float],
+        predicted_w: float,
+        relearning: Relearning,
+        *,
+        stored: bool,
+    ) -> float:
+        error_w = super().track(power_w, features, predicted_w, relearning, stored=stored)
+        if len(self.pending) >= self._refine_every():
+            self.learn(relearning.max_intercept_w)
+        return error_w
+
+    def _refine_every(self) -> int:
+        """How many new samples make the model solved again (see the class's docstring)."""
+        if self.count < self.window:
+            return self.min_samples
+        return max(self.window, min(int(self.count) // 4, 10 * self.window))
+
+    def relearn(self, max_intercept_w: float) -> None:
+        if self.information is not None and self.moment is not None:
+            self.information *= DRIFT_DISCOUNT
+            self.moment *= DRIFT_DISCOUNT
+            self.count *= DRIFT_DISCOUNT
+        super().relearn(max_intercept_w)
+
+    def learn(self, max_intercept_w: float) -> bool:
+        if len(self.samples) < self.min_samples or not self._gather():
+            return False
+        assert self.information is not None
+        assert self.moment is not None
+        coef = _solve_ridge_nnls(self.information, self.moment, self.coef, RIDGE / self.count)
+        unexplained = np.asarray(self.powers) - dynamic_power(np.asarray(self.samples), coef)
+        return self.accept(coef, max(float(unexplained.mean()), 0.0), max_intercept_w)
+
+    def _gather(self) -> bool:
+        """Add the pending samples' differences to the normal equations; whether they hold
+        any difference."""
+        if self.pending:
+            samples, powers_w = self.pending, self.pending_powers
+            if self.previous is not None:
+                samples = [self.previous[0], *samples]
+                powers_w = [self.previous[1], *powers_w]
+            self.previous = (self.pending[-1], self.pending_powers[-1])
+            self.pending, self.pending_powers = [], []
+            changes = np.diff(np.asarray(samples, dtype=np.float64), axis=0)
+            powers = np.diff(np.asarray(powers_w, dtype=np.float64))
+            self.count += len(powers)
+            information = changes.T @ changes
+            moment = changes.T @ powers
+            if self.information is None or self.moment is None:
+                self.information, self.moment = information, moment
+            else:
+                self.information += information
+                self.moment += moment
+        return self.information is not None
+
+
+DRIFT_DISCOUNT = 0.1
+"""What a :class:`FrequencyModel` keeps of its past when its error window says it drifted."""
+
+RIDGE = 1e-2
+"""The ridge towards the previous model, as many differences' worth of each feature's own
+information: it settles what the data leave open, and fades as they accumulate."""
+
+
+def _solve_ridge_nnls(
+    information: FloatArray, moment: FloatArray, previous: FloatArray | None, ridge: float
+) -> FloatArray:
+    """Non-negative ``θ`` minimising ``θ'Aθ − 2θ'b + ρ‖D(θ − θ₀)‖²``, ``D² = diag(A)``.
+
+    Scaled to a unit diagonal, the problem is ``‖L'u − L⁻¹c‖²`` with ``LL'`` the Cholesky factor
+    of ``A/dd' + ρI`` and ``c = b/d + ρ·dθ₀``: an NNLS problem as small as the features.
+    """
+    from scipy.linalg import solve_triangular
+    from scipy.optimize import nnls
+
+    scale = np.sqrt(np.diag(information))
+    scale[scale == 0.0] = 1.0
+    size = len(scale)
+    system = information / np.outer(scale, scale) + ridge * np.eye(size)
+    target = moment / scale
+    if previous is not None and len(previous) == size:
+        target = target + ridge * previous * scale
+    lower = np.linalg.cholesky(system)
+    solution, _ = nnls(lower.T, solve_triangular(lower, target, lower=True))
+    return np.asarray(solution / scale, dtype=np.float64)
+
+
+def frequency_features(
+    rows: FloatArray, frequency_mhz: int | npt.NDArray[np.int64], base_mhz: int
+) -> FloatArray:
+    """Rows of counter rates with each rate again times ``(f / f_base)²``: the features of a
+    :class:`FrequencyModel`. ``frequency_mhz`` is one frequency for every row, or one per row.
+
+    The same arithmetic either way (a ratio, squared by a product), so that a tick's features
+    are the same to the last bit whether its rows come one by one or a frame at a time.
+    """
+    ratio = np.divide(frequency_mhz, base_mhz, dtype=np.float64)
+    square = ratio * ratio
+    scaled = rows * (square[:, None] if square.ndim else square)
+    return np.concatenate([rows, scaled], axis=-1)
 
 
 def dynamic_power(features: FloatArray, coef: FloatArray) -> FloatArray:
@@ -239,19 +424,6 @@ def _fit_elastic_net(
     return np.asarray(model.coef_, dtype=np.float64), float(model.intercept_)
 
 
-def _fit_scaled_nnls(x: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
-    """Non-negative least squares with a non-negative intercept, on unit-range columns."""
-    from scipy.optimize import nnls
-
-    scale = np.abs(x).max(axis=0)
-    scale[scale == 0.0] = 1.0
-    design = np.empty((x.shape[0], x.shape[1] + 1))
-    design[:, :-1] = x / scale
-    design[:, -1] = 1.0
-    solution, _ = nnls(design, y)
-    return solution[:-1] / scale, float(solution[-1])
-
-
 def load_regression(compat: bool) -> None:
     """Import the regression library now, at start-up.
 
@@ -259,14 +431,20 @@ def load_regression(compat: bool) -> None:
     first fit they would stall the stream (and backpressure the sensors) for that long; imported
     in the background they would take that time from the first reports on a busy core.
     """
-    importlib.import_module("sklearn.linear_model" if compat else "scipy.optimize")
+    if compat:
+        importlib.import_module("sklearn.linear_model")
+    else:
+        importlib.import_module("scipy.optimize")
+        importlib.import_module("scipy.linalg")
 
 
 class FrequencyLayers:
     """The models of one (scope, socket): one per frequency layer, created when first used.
 
     SmartWatts' layers are the multiples of the base clock from 1 to 100 times it; a tick's layer
-    is the highest one at or under the package frequency.
+    is the highest one at or under the package frequency. In compat mode each layer has its own
+    model, as in SmartWatts; in the default mode one :class:`FrequencyModel` serves them all,
+    with terms in the frequency when ``frequency_terms`` says the scope's power has them.
     """
 
     def __init__(
@@ -277,8 +455,12 @@ class FrequencyLayers:
         history_window: int,
         error_window: int,
         compat: bool,
+        base_mhz: int = 2100,
+        frequency_terms: bool = False,
     ) -> None:
         self.base_clock = base_clock
+        self.base_mhz = base_mhz
+        self.frequency_terms = frequency_terms and not compat
         self.min_samples = min_samples
         self.history_window = history_window
         self.error_window = error_window
@@ -290,11 +472,35 @@ class FrequencyLayers:
         ratio = min(max(package_frequency // self.base_clock, 1), 100)
         return ratio * self.base_clock
 
+    def features_each(
+        self, rows: FloatArray, package_frequency: npt.NDArray[np.int64]
+    ) -> FloatArray:
+        """:meth:`features` of rows each at its own package frequency."""
+        if not self.frequency_terms:
+            return rows
+        return frequency_features(rows, package_frequency, self.base_mhz)
+
+    def features(self, rows: FloatArray, package_frequency: int) -> FloatArray:
+        """The features the models take from a socket's rows of counters: with the frequency
+        terms of :func:`frequency_features` where the scope has them (the package's power, in
+        the default mode), the rows themselves otherwise."""
+        if not self.frequency_terms:
+            return rows
+        return frequency_features(rows, package_frequency, self.base_mhz)
+
     def model(self, package_frequency: int) -> PowerModel:
-        """The model of the layer ``package_frequency`` falls in."""
-        frequency = self.layer_frequency(package_frequency)
+        """The model of the layer ``package_frequency`` falls in (in the default mode, the one
+        model of every layer)."""
+        frequency = self.layer_frequency(package_frequency) if self.compat else 0
         found = self.models.get(frequency)
-        if found is None:
+        if found is None and not self.compat:
+            found = self.models[frequency] = FrequencyModel(
+                self.base_mhz,
+                min_samples=self.min_samples,
+                history_window=self.history_window,
+                error_window=self.error_window,
+            )
+        elif found is None:
             found = self.models[frequency] = PowerModel(
                 frequency,
                 min_samples=self.min_samples,

@@ -64,6 +64,7 @@ from wattflow.actors.formulas.power_model import (
     PowerModel,
     Relearning,
     dynamic_power,
+    frequency_features,
     load_regression,
 )
 from wattflow.actors.formulas.rapl import (
@@ -201,6 +202,9 @@ class Scope:
     name: str
     rapl_event: str
     relearning: Relearning
+    frequency_terms: bool = False
+    """Whether the default mode's model has terms in the package frequency: the package's
+    power does (its cores' switching energy follows their voltage), the DRAM's does not."""
     layers: dict[str, FrequencyLayers] = field(default_factory=dict)
 
 
@@ -286,6 +290,8 @@ class ModelStep:
     """The prediction of the global features, intercept included."""
     error_w: float
     """|RAPL − global prediction|, stored in the error window."""
+    layer_mhz: int
+    """The frequency layer of the tick."""
 
 
 def core_group(report: HWPCReport) -> dict[str, dict[str, dict[str, int | float]]] | None:
@@ -336,7 +342,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         method = config.learn_error_window_method
         if not config.disable_cpu_formula:
             cpu = Relearning(config.cpu_tdp, config.cpu_error_threshold, method)
-            self.scopes.append(Scope("cpu", config.cpu_rapl_ref_event, cpu))
+            self.scopes.append(Scope("cpu", config.cpu_rapl_ref_event, cpu, frequency_terms=True))
         if not config.disable_dram_formula:
             dram = Relearning(config.cpu_tdp, config.dram_error_threshold, method)
             self.scopes.append(Scope("dram", config.dram_rapl_ref_event, dram))
@@ -689,6 +695,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 history_window=config.learn_history_window_size,
                 error_window=config.learn_error_window_size,
                 compat=self.compat,
+                base_mhz=self.base_frequency,
+                frequency_terms=scope.frequency_terms,
             )
         return layers
 
@@ -699,9 +707,11 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         while the layer has no model to predict with (or, in compat mode, on the tick that
         learned it, as SmartWatts waits for the next one)."""
         layers = self._layers(scope, features.socket)
-        model = layers.model(features.package_frequency_mhz)
+        frequency_mhz = features.package_frequency_mhz
+        model = layers.model(frequency_mhz)
         model.use_events(features.events)
-        global_features = features.rows[0].tolist()
+        rows = layers.features(features.rows, frequency_mhz)
+        global_features = rows[0].tolist()
         stored = not model.fitted
         if stored and (
             not model.first_fit(rapl_power_w, global_features, scope.relearning.max_intercept_w)
@@ -711,13 +721,20 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         assert model.coef is not None
         intercept_w = model.intercept
         model_hash = model.hash
-        dynamic_w = dynamic_power(features.rows, model.coef).tolist()
+        dynamic_w = dynamic_power(rows, model.coef).tolist()
         global_power_w = dynamic_w[0] + intercept_w
         error_w = model.track(
             rapl_power_w, global_features, global_power_w, scope.relearning, stored=stored
         )
         return ModelStep(
-            model, model_hash, rapl_power_w, intercept_w, dynamic_w, global_power_w, error_w
+            model,
+            model_hash,
+            rapl_power_w,
+            intercept_w,
+            dynamic_w,
+            global_power_w,
+            error_w,
+            layers.layer_frequency(frequency_mhz),
         )
 
     # --- report building ---------------------------------------------------------------------
@@ -797,6 +814,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                         scope.name,
                         features.socket,
                         model,
+                        step.layer_mhz,
                         features.package_frequency_mhz,
                         step.error_w,
                     ),
@@ -952,12 +970,18 @@ class FrameEstimate(NamedTuple):
     """The same with the intercept: the ``global`` report's power."""
 
 
+PREDICTED_AHEAD = 64
+"""Ticks of a frame whose global power a model predicts at once."""
+
+
 class CoefPower(NamedTuple):
-    """What one model's coefficients predict for a socket's global features, every tick."""
+    """What one model's coefficients predict for a socket's global features, tick by tick."""
 
     coef_code: int
+    first: int
+    """The tick of the frame the predictions start at."""
     dynamic_w: list[float]
-    """Without the intercept, one per tick of the frame."""
+    """Without the intercept, one per tick from ``first`` on."""
 
 
 @dataclass(slots=True, eq=False)
@@ -1039,12 +1063,15 @@ class _FrameEstimates:
     def run(self, socket_at: int, scope_at: int, scope: Scope, energy_j: FloatArray) -> None:
         """What ``_step`` does, for one socket and scope, tick after tick; the targets'
         shares are left for :meth:`emit`."""
-        features = self.rates[:, socket_at, :]
+        layers = self.formula._layers(scope, self.ticks.sockets[socket_at])
+        features = layers.features_each(
+            self.rates[:, socket_at, :], self.ticks.frequency[:, socket_at]
+        )
         steps = ScopeSteps(
             socket_at=socket_at,
             scope_at=scope_at,
             scope=scope,
-            layers=self.formula._layers(scope, self.ticks.sockets[socket_at]),
+            layers=layers,
             rapl_power_w=(energy_j / self.interval_s).tolist(),
             features=features,
             feature_rows=features.tolist(),
@@ -1062,11 +1089,8 @@ class _FrameEstimates:
 
     def _step(self, steps: ScopeSteps, tick: int) -> None:
         """One tick's model step: learn, predict, relearn, and keep the estimate."""
-        layers = steps.layers
         layer = steps.layer_mhz[tick]
-        model = layers.models.get(layer)
-        if model is None:
-            model = layers.model(layer)
+        model = steps.layers.model(layer)
         model.use_events(self.ticks.events)
         rapl_power_w = steps.rapl_power_w[tick]
         features = steps.feature_rows[tick]
@@ -1074,8 +1098,8 @@ class _FrameEstimates:
         stored = not model.fitted
         if stored and not model.first_fit(rapl_power_w, features, relearning.max_intercept_w):
             return
-        coef_power = self._coef_power(steps, model)
-        global_dynamic_w = coef_power.dynamic_w[tick]
+        coef_power = self._coef_power(steps, model, tick)
+        global_dynamic_w = coef_power.dynamic_w[tick - coef_power.first]
         global_power_w = global_dynamic_w + model.intercept
         hash_code = self._hash_code(model.hash)
         error_w = model.track(rapl_power_w, features, global_power_w, relearning, stored=stored)
@@ -1083,6 +1107,7 @@ class _FrameEstimates:
             steps.scope.name,
             self.ticks.sockets[steps.socket_at],
             model,
+            layer,
             steps.package_frequency_mhz[tick],
             error_w,
         )
@@ -1100,15 +1125,20 @@ class _FrameEstimates:
         self.done.append(estimate)
         self.described.append((self.millis[tick], model.hash, description))
 
-    def _coef_power(self, steps: ScopeSteps, model: PowerModel) -> CoefPower:
-        """What the model's coefficients predict for every tick, computed once per model."""
+    def _coef_power(self, steps: ScopeSteps, model: PowerModel, tick: int) -> CoefPower:
+        """What the model's coefficients predict for ``tick`` and the ticks after it, up to
+        :data:`PREDICTED_AHEAD` of them, computed once per model and stretch of ticks (the
+        default mode's model is refined every few ticks)."""
         coef = model.coef
         assert coef is not None
         known = steps.coef_power.get(id(coef))
-        if known is None:
-            known = CoefPower(len(self.coefs), dynamic_power(steps.features, coef).tolist())
-            steps.coef_power[id(coef)] = known
-            self.coefs.append(coef)
+        if known is None or tick - known.first >= len(known.dynamic_w):
+            code = len(self.coefs) if known is None else known.coef_code
+            stop = tick + PREDICTED_AHEAD
+            dynamic_w = dynamic_power(steps.features[tick:stop], coef).tolist()
+            known = steps.coef_power[id(coef)] = CoefPower(code, tick, dynamic_w)
+            if code == len(self.coefs):
+                self.coefs.append(coef)
         return known
 
     def _hash_code(self, model_hash: str) -> int:
@@ -1181,9 +1211,22 @@ class _FrameEstimates:
         estimate = np.repeat(np.arange(len(columns.tick)), sizes)
         first_row = np.cumsum(sizes) - sizes
         rows = start[estimate] + (np.arange(len(estimate)) - first_row[estimate])
-        features = ticks.counts[rows] / self.interval_s[columns.tick[estimate]][:, None]
-        coef = np.array(self.coefs)[columns.coef_code[estimate]]
-        dynamic = dynamic_power(features, coef)
+        rates = ticks.counts[rows] / self.interval_s[columns.tick[estimate]][:, None]
+        dynamic = np.empty(len(rows))
+        scope_of = columns.scope_at[estimate]
+        for scope_at, scope in enumerate(self.formula.scopes):
+            mine = scope_of == scope_at
+            if not mine.any():
+                continue
+            features = rates[mine]
+            if scope.frequency_terms:
+                frequency = ticks.frequency[
+                    columns.tick[estimate][mine], columns.socket_at[estimate][mine]
+                ]
+                features = frequency_features(features, frequency, self.formula.base_frequency)
+            used, at = np.unique(columns.coef_code[estimate][mine], return_inverse=True)
+            coef = np.array([self.coefs[code] for code in used.tolist()])[at.reshape(-1)]
+            dynamic[mine] = dynamic_power(features, coef)
         dynamic_global = columns.global_dynamic_w[estimate]
         shared = (dynamic_global > 0.0) & (dynamic > 0.0)
         ratio = np.zeros(len(rows))
@@ -1261,14 +1304,19 @@ FORMULA_KEYS = (
 
 
 def model_description(
-    scope: str, socket: str, model: PowerModel, package_frequency_mhz: int, error_w: float
+    scope: str,
+    socket: str,
+    model: PowerModel,
+    layer_mhz: int,
+    package_frequency_mhz: int,
+    error_w: float,
 ) -> tuple[Any, ...]:
     """A FormulaReport's metadata values, in :data:`FORMULA_KEYS`' order: the model as a
-    step left it, and that step's package frequency and error."""
+    step left it, and that step's frequency layer, package frequency and error."""
     return (
         scope,
         socket,
-        model.frequency,
+        layer_mhz,
         package_frequency_mhz,
         len(model.samples),
         model.id,

@@ -1,0 +1,275 @@
+"""Per-target accuracy of SmartWatts in wattflow on simulated nodes whose true power is known.
+
+Runs the formula in this process on the streams of ``generate_hwpc.py`` (the plain one, and nodes
+with each of the phenomena production nodes show, alone and all together), and prints per stream
+and scope the per-target MAPE against the ground truth after a learning phase, the share of rows
+it covers, and how far the targets' powers are from adding up to the measured RAPL power.
+
+It takes seconds and needs nothing but wattflow, so that a test can guard the figures;
+``side_by_side.py --phenomena …`` measures the same streams beside SmartWatts 2.4.1. Run it from
+the repository root:
+
+    python benchmarks/accuracy.py
+    python benchmarks/accuracy.py --stream all-16 --compat smartwatts-2.4
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generate_hwpc import (
+    PHENOMENA,
+    RAPL_UNIT,
+    Block,
+    Machine,
+    Phenomena,
+    containers_named,
+    node_containers,
+    simulate,
+    simulate_node,
+    tick_views,
+)
+
+from wattflow.actors.formulas.base import Output
+from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.formats.reports import HWPCReport, PowerReport
+
+LEARNING_TICKS = 80
+"""Ticks left out of the figures at the start of a stream: the models' learning phase."""
+MIN_TRUTH_W = 1.0
+"""Rows whose true power is under this are left out of the MAPE (and of coverage), as a few
+milliwatts off a near-idle target would say nothing of the model but swamp the mean."""
+SCOPES = ("cpu", "dram")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A simulated sensor's recording: the node, its containers and what it shows."""
+
+    name: str
+    phenomena: Phenomena | None
+    """``None``: the plain simulation of ``generate_hwpc.py`` (what its recordings always were)."""
+    sockets: int = 2
+    cpus_per_socket: int = 4
+    containers: int = 16
+    ticks: int = 400
+    seed: int = 42
+
+    def machine(self) -> Machine:
+        return Machine(sockets=self.sockets, cpus_per_socket=self.cpus_per_socket)
+
+    def blocks(self) -> Iterator[Block]:
+        """The recording, a block of ticks at a time."""
+        if self.phenomena is None:
+            return simulate(
+                self.machine(), containers_named(self.containers), self.ticks, seed=self.seed
+            )
+        return simulate_node(
+            self.machine(),
+            node_containers(self.containers, heterogeneous=self.phenomena.heterogeneous),
+            self.ticks,
+            self.phenomena,
+            seed=self.seed,
+        )
+
+    def describe(self) -> str:
+        shape = f"{self.sockets}×{self.cpus_per_socket} cpus, {self.containers} containers"
+        what = "plain" if self.phenomena is None else f"phenomena {self.phenomena.label}"
+        return f"{shape}, {self.ticks} ticks, {what}"
+
+
+def streams() -> list[Stream]:
+    """The streams the figures are kept for: today's plain recordings, a node with each
+    phenomenon alone, and with all of them, on the two shapes the figures started from."""
+    found = [
+        Stream("plain-10", None, containers=10, ticks=600),
+        Stream("plain-16", None),
+        Stream("none-16", Phenomena()),
+    ]
+    found += [Stream(f"{name}-16", Phenomena.parse(name)) for name in PHENOMENA]
+    found += [
+        Stream("all-16", Phenomena.parse("all")),
+        Stream("all-24", Phenomena.parse("all"), sockets=1, cpus_per_socket=8, containers=24),
+    ]
+    return found
+
+
+Key = tuple[int, str]
+"""(tick, target)"""
+
+
+@dataclass
+class Recording:
+    """A stream's reports, and per scope, tick and target the power that should be found."""
+
+    reports: list[HWPCReport]
+    truth: dict[str, dict[Key, float]]
+    """Per scope: the target's power summed over sockets, idle shared in proportion to
+    activity, as SmartWatts-style formulas attribute it."""
+    tick_of: dict[int, int]
+    """Unix ms → tick number."""
+    rapl_w: dict[tuple[int, str, str], float]
+    """(tick, socket, scope) → the power RAPL measured over the interval the timestamps give."""
+
+
+def record(stream: Stream) -> Recording:
+    """Simulate a stream into HWPCReports and its ground truth."""
+    reports: list[HWPCReport] = []
+    truth: dict[str, dict[Key, float]] = {scope: {} for scope in SCOPES}
+    tick_of: dict[int, int] = {}
+    rapl_w: dict[tuple[int, str, str], float] = {}
+    previous_ms: int | None = None
+    tick = 0
+    for block in stream.blocks():
+        attributed = dict(zip(SCOPES, block.attributed(), strict=True))
+        for t, view in enumerate(tick_views(block)):
+            tick_of[view.millis] = tick
+            for document in view.reports():
+                reports.append(_report(document))
+            for scope, values in attributed.items():
+                for k, target in enumerate(block.targets):
+                    truth[scope][(tick, target)] = float(values[t, k].sum())
+            if previous_ms is not None:
+                interval_s = (view.millis - previous_ms) / 1000
+                for s in range(block.machine.sockets):
+                    dram, pkg = block.rapl[t, s, 0], block.rapl[t, s, 1]
+                    rapl_w[(tick, str(s), "cpu")] = pkg / RAPL_UNIT / interval_s
+                    rapl_w[(tick, str(s), "dram")] = dram / RAPL_UNIT / interval_s
+            previous_ms = view.millis
+            tick += 1
+    return Recording(reports, truth, tick_of, rapl_w)
+
+
+def _report(document: dict[str, Any]) -> HWPCReport:
+    stamp = datetime.fromisoformat(document["timestamp"]).replace(tzinfo=UTC)
+    return HWPCReport(
+        timestamp=stamp,
+        sensor=document["sensor"],
+        target=document["target"],
+        groups=document["groups"],
+    )
+
+
+def estimate(recording: Recording, settings: dict[str, Any]) -> list[PowerReport]:
+    """Run SmartWatts over the recording, as ``wattflow run`` does; its PowerReports."""
+    config = SmartWattsConfig(**settings)
+    SmartWattsFormula.prepare(config)
+    formula = SmartWattsFormula(config, recording.reports[0].sensor)
+    out = Output()
+    formula.process(list(recording.reports), out)
+    formula.flush(out)
+    assert not out.rejected, out.rejected[:3]
+    return [r for r in out.reports if isinstance(r, PowerReport)]
+
+
+@dataclass
+class Accuracy:
+    """One scope's per-target figures on a stream, after the learning phase."""
+
+    scope: str
+    rows: int
+    """Target-ticks whose true power is at least :data:`MIN_TRUTH_W`."""
+    covered: int
+    """Those that got an estimate."""
+    mape_percent: float
+    """Over the covered rows."""
+    worst_rapl_gap_w: float
+    """The largest |Σ targets − RAPL| of a socket on a tick (default mode: 0 but rounding)."""
+    per_target: dict[str, float] = field(default_factory=dict)
+    """MAPE per target, %."""
+
+    @property
+    def coverage_percent(self) -> float:
+        return 100 * self.covered / self.rows if self.rows else math.nan
+
+
+def accuracy(
+    recording: Recording, powers: Sequence[PowerReport], learning_ticks: int = LEARNING_TICKS
+) -> list[Accuracy]:
+    """Per scope: MAPE and coverage of the per-target estimates, and the sums against RAPL."""
+    found = []
+    for scope in SCOPES:
+        estimated: dict[Key, float] = defaultdict(float)
+        sums: dict[tuple[int, str], float] = defaultdict(float)
+        for report in powers:
+            metadata = report.metadata
+            if metadata.get("scope") != scope or report.target == "global":
+                continue
+            millis = round(report.timestamp.timestamp() * 1000)
+            tick = recording.tick_of[millis]
+            estimated[(tick, report.target)] += report.power
+            sums[(tick, str(metadata["socket"]))] += report.power
+        rows = covered = 0
+        errors: dict[str, list[float]] = defaultdict(list)
+        for (tick, target), truth in recording.truth[scope].items():
+            if tick < learning_ticks or truth < MIN_TRUTH_W:
+                continue
+            rows += 1
+            if (tick, target) in estimated:
+                covered += 1
+                errors[target].append(abs(estimated[(tick, target)] - truth) / truth)
+        every = [error for target_errors in errors.values() for error in target_errors]
+        gaps = [
+            abs(total - recording.rapl_w[(tick, socket, scope)])
+            for (tick, socket), total in sums.items()
+        ]
+        found.append(
+            Accuracy(
+                scope,
+                rows,
+                covered,
+                100 * statistics.fmean(every) if every else math.nan,
+                max(gaps, default=math.nan),
+                {target: 100 * statistics.fmean(e) for target, e in sorted(errors.items())},
+            )
+        )
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    names = [s.name for s in streams()]
+    parser.add_argument("--stream", action="append", choices=names, help="(default: every one)")
+    parser.add_argument(
+        "--phenomena",
+        type=Phenomena.parse,
+        action="append",
+        help="also a 2×4-cpu, 16-container stream with these phenomena (e.g. 'dvfs,phases')",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="of the --phenomena streams")
+    parser.add_argument("--compat", help="e.g. smartwatts-2.4")
+    parser.add_argument("--learning-ticks", type=int, default=LEARNING_TICKS)
+    parser.add_argument("--per-target", action="store_true", help="print each target's MAPE")
+    args = parser.parse_args()
+    settings: dict[str, Any] = {"cpu_base_freq": 2100, "cpu_tdp": 400}
+    if args.compat:
+        settings["compat"] = args.compat
+    print(f"{'stream':12} {'scope':5} {'rows':>6} {'covered %':>9} {'MAPE %':>7} {'Σ−RAPL W':>9}")
+    chosen = [s for s in streams() if args.stream and s.name in args.stream]
+    chosen += [Stream(p.label, p, seed=args.seed) for p in args.phenomena or ()]
+    for stream in chosen or streams():
+        recording = record(stream)
+        for figures in accuracy(recording, estimate(recording, settings), args.learning_ticks):
+            print(
+                f"{stream.name:12} {figures.scope:5} {figures.rows:6d} "
+                f"{figures.coverage_percent:9.1f} {figures.mape_percent:7.2f} "
+                f"{figures.worst_rapl_gap_w:9.2g}"
+            )
+            if args.per_target:
+                for target, mape in figures.per_target.items():
+                    print(f"    {target:20} {mape:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
