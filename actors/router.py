@@ -110,12 +110,20 @@ class Router(Actor):
             if items:
                 per_actor[actor] = items
             columns.append(keys)
+        self._count_untaken(batch, columns)
+        return per_actor
+
+    def _count_untaken(self, batch: list[Report], columns: list[list[Hashable | None]]) -> None:
+        """Count the reports of a one-kind batch that no formula took: ``columns`` holds each
+        formula's dispatch keys for the batch, ``None`` for a report it does not take.
+
+        Where every formula took every report (the usual case) no row is looked at.
+        """
         if not columns:
             self._unused(batch)
         elif all(None in keys for keys in columns):
             taken = [any(key is not None for key in row) for row in zip(*columns, strict=True)]
             self._unused([r for r, t in zip(batch, taken, strict=True) if not t])
-        return per_actor
 
     def _route_mixed(
         self, batch: list[Report]

@@ -143,29 +143,17 @@ class GpuFormula(Formula[GpuConfig]):
     def _device_power(
         self, timestamp: datetime, device: GPUDevice, state: _DeviceState
     ) -> float | None:
+        """The device's power in W over the interval that ends at ``timestamp`` (step 1 of the
+        module's description); ``None`` for the first reading of an energy counter. The state
+        keeps this reading for the next tick."""
         previous_time, previous_energy = state.timestamp, state.energy_mj
         state.timestamp = timestamp
         state.energy_mj = device.total_energy
-        interval_s = (
-            (timestamp - previous_time).total_seconds() if previous_time is not None else None
-        )
-        if interval_s is not None and interval_s <= 0:
-            raise _NoReading(f"tick at {timestamp.isoformat()} is not after the previous one")
-        if (
-            device.total_energy is not None
-            and previous_energy is not None
-            and interval_s is not None
-            and device.total_energy >= previous_energy
-        ):
-            return (device.total_energy - previous_energy) / 1000.0 / interval_s
-        samples = (device.samples or {}).get("TOTAL_POWER", [])
-        if samples:
-            return sum(value for _, value in samples) / len(samples) / 1000.0
-        if device.power is not None:
-            return device.power / 1000.0
-        if device.total_energy is not None:
-            return None  # the first reading of a counter only starts the interval
-        raise _NoReading("no power reading (no energy counter, samples or power)")
+        interval_s = _interval_s(previous_time, timestamp)
+        counted_w = _counter_power_w(device.total_energy, previous_energy, interval_s)
+        if counted_w is not None:
+            return counted_w
+        return _reading_power_w(device)
 
     def _idle(self, device: GPUDevice, power_w: float, state: _DeviceState) -> float:
         if self.config.gpu_idle_power_w is not None:
@@ -212,6 +200,45 @@ class GpuFormula(Formula[GpuConfig]):
                 "ratio": ratio,
             },
         )
+
+
+def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:
+    """Seconds since the device's previous tick; ``None`` at its first tick."""
+    if previous is None:
+        return None
+    interval_s = (timestamp - previous).total_seconds()
+    if interval_s <= 0:
+        raise _NoReading(f"tick at {timestamp.isoformat()} is not after the previous one")
+    return interval_s
+
+
+def _counter_power_w(
+    energy_mj: float | None, previous_mj: float | None, interval_s: float | None
+) -> float | None:
+    """Power in W from the energy counter's increase over the interval; ``None`` without two
+    readings of it, or when it went back (a reset): then the other readings stand in."""
+    if (
+        energy_mj is not None
+        and previous_mj is not None
+        and interval_s is not None
+        and energy_mj >= previous_mj
+    ):
+        return (energy_mj - previous_mj) / 1000.0 / interval_s
+    return None
+
+
+def _reading_power_w(device: GPUDevice) -> float | None:
+    """Power in W from the driver's samples in the interval, else from its power reading;
+    ``None`` for a device with only an energy counter, whose first reading starts the
+    interval."""
+    samples = (device.samples or {}).get("TOTAL_POWER", [])
+    if samples:
+        return sum(value for _, value in samples) / len(samples) / 1000.0
+    if device.power is not None:
+        return device.power / 1000.0
+    if device.total_energy is not None:
+        return None  # the first reading of a counter only starts the interval
+    raise _NoReading("no power reading (no energy counter, samples or power)")
 
 
 class _NoReading(Exception):

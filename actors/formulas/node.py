@@ -410,48 +410,50 @@ class NodeFormula(Formula[NodeConfig]):
                 self.series[source].forget_before(self.anchor_ends[0])
 
     def _emit(self, start: int, end: int, active: list[str], out: Output) -> None:
+        """The node's reports of the interval from ``start`` to ``end`` (ms): the meter's power
+        with the sources' means, the rest no source covers, and each target's estimate with
+        ``--node-shares``."""
         means = {source: self.series[source].mean(start, end) for source in active}
         meter = means.get("meter")
-        targets = self.targets.pop(end, {})
-        for stale in [t for t in self.targets if t < end]:
-            del self.targets[stale]
+        targets = self._targets_until(end)
         if meter is None:
             return  # the meter has a gap here: there is no node figure to report
         parts = {source: means.get(source) for source in ("cpu", "dram", "gpu")}
         known = {k: v for k, v in parts.items() if v is not None}
         rest = meter - sum(known.values())
         timestamp = _from_millis(end, self.template)
-        sensor = str(self.key)
-        base = {"scope": "node", "formula": FORMULA_NAME}
-        out.emit(
-            PowerReport(
-                timestamp=timestamp,
-                sensor=sensor,
-                target="node",
-                power=meter,
-                metadata={**base, "ratio": 1.0, **{k: round(v, 6) for k, v in known.items()}},
-            )
-        )
-        out.emit(
-            PowerReport(
-                timestamp=timestamp,
-                sensor=sensor,
-                target="rest",
-                power=rest,
-                metadata={**base, "ratio": rest / meter if meter else 0.0},
-            )
-        )
+        rounded = {k: round(v, 6) for k, v in known.items()}
+        out.emit(self._node_report(timestamp, "node", meter, {"ratio": 1.0, **rounded}))
+        out.emit(self._node_report(timestamp, "rest", rest, {"ratio": _share(rest, meter)}))
         if self.config.node_shares:
             for target, power in sorted(targets.items()):
-                out.emit(
-                    PowerReport(
-                        timestamp=timestamp,
-                        sensor=sensor,
-                        target=target,
-                        power=power,
-                        metadata={**base, "ratio": power / meter if meter else 0.0},
-                    )
-                )
+                ratio = _share(power, meter)
+                out.emit(self._node_report(timestamp, target, power, {"ratio": ratio}))
+
+    def _targets_until(self, end: int) -> dict[str, float]:
+        """The targets' estimates of the interval ending at ``end`` (ms), forgetting those of
+        intervals that end earlier: they will never be reported."""
+        targets = self.targets.pop(end, {})
+        for stale in [t for t in self.targets if t < end]:
+            del self.targets[stale]
+        return targets
+
+    def _node_report(
+        self, timestamp: datetime, target: str, power_w: float, metadata: dict[str, float]
+    ) -> PowerReport:
+        """A report of the node formula; ``metadata`` comes after its scope and formula."""
+        return PowerReport(
+            timestamp=timestamp,
+            sensor=str(self.key),
+            target=target,
+            power=power_w,
+            metadata={"scope": "node", "formula": FORMULA_NAME, **metadata},
+        )
+
+
+def _share(power_w: float, meter_w: float) -> float:
+    """``power_w`` as a share of the meter's power; 0 when the meter reads 0 W."""
+    return power_w / meter_w if meter_w else 0.0
 
 
 def _from_millis(millis: int, template: Report | None) -> datetime:

@@ -91,33 +91,59 @@ def global_parts(frame: Frame) -> list[tuple[Hashable, Frame]] | None:
 
 
 def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
+    """:func:`global_parts`, worked out: ``[]`` for a frame of targets' reports only, ``None``
+    when a target has RAPL rows or a global report has no RAPL energy (the frame then goes
+    report by report, where such reports are told apart)."""
     tables = {table.group: table for table in frame.tables}
     rapl = tables.get("rapl")
     codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
-    if rapl is None and not any(bool(np.isin(t.targets, codes).any()) for t in frame.tables):
-        return []  # only targets' reports, none of them the formula's
-    if rapl is None or len(tables) != len(frame.tables):
+    if rapl is None:
+        if not any(bool(np.isin(t.targets, codes).any()) for t in frame.tables):
+            return []  # only targets' reports, none of them the formula's
         return None
+    if len(tables) != len(frame.tables):
+        return None
+    reports = _global_report_count(frame, rapl, codes)
+    if reports is None:
+        return None
+    return _sensor_parts(frame, reports)
+
+
+def _global_report_count(frame: HWPCFrame, rapl: EventsTable, codes: list[int]) -> int | None:
+    """How many global reports a frame holds, when every one of them has RAPL energy and no
+    target has RAPL rows; else ``None``. ``codes`` are the global targets' codes."""
     if not bool(np.isin(rapl.targets, codes).all()):
         return None  # a target's RAPL rows
     first = min(int(table.millis.min()) for table in frame.tables if len(table))
     width = len(frame.names)
-
-    def keys(table: EventsTable, chosen: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
-        """One number per global report: its tick, sensor and target."""
-        millis = table.millis[chosen] - first
-        return np.unique((millis * width + table.sensors[chosen]) * width + table.targets[chosen])
-
-    in_rapl = keys(rapl, np.ones(len(rapl), dtype=np.bool_))
+    in_rapl = _report_keys(rapl, np.ones(len(rapl), dtype=np.bool_), first, width)
     for table in frame.tables:
         if table is not rapl and not bool(
-            np.isin(keys(table, np.isin(table.targets, codes)), in_rapl).all()
+            np.isin(_report_keys(table, np.isin(table.targets, codes), first, width), in_rapl).all()
         ):
             return None  # a global report without RAPL energy
+    return len(in_rapl)
+
+
+def _report_keys(
+    table: EventsTable, chosen: npt.NDArray[np.bool_], first: int, width: int
+) -> npt.NDArray[np.int64]:
+    """One number per report among a table's ``chosen`` rows: its tick (ms after ``first``),
+    sensor and target, ``width`` being the number of names the codes index."""
+    millis = table.millis[chosen] - first
+    keys: npt.NDArray[np.int64] = np.unique(
+        (millis * width + table.sensors[chosen]) * width + table.targets[chosen]
+    )
+    return keys
+
+
+def _sensor_parts(frame: HWPCFrame, reports: int) -> list[tuple[Hashable, Frame]]:
+    """A frame's global reports, one part per sensor; ``reports`` is their count, kept on a
+    frame of a single sensor."""
     only_global = frame.of_targets(GLOBAL_TARGETS)
     sensors = only_global.sensors()
     if len(sensors) == 1:
-        return [(sensors[0], HWPCFrame(only_global.names, only_global.tables, len(in_rapl)))]
+        return [(sensors[0], HWPCFrame(only_global.names, only_global.tables, reports))]
     return [(sensor, only_global.of_sensor(sensor)) for sensor in sensors]
 
 
@@ -142,6 +168,47 @@ def first_rows_per_socket(rapl: EventsTable) -> npt.NDArray[np.int64]:
     first: npt.NDArray[np.int64] = np.unique(slot, return_index=True)[1]
     first.sort()
     return first
+
+
+def _energy_columns(rapl: EventsTable) -> list[int] | None:
+    """The columns of a ``rapl`` table that hold RAPL energy; ``None`` when there is none, or
+    when an energy delta is negative (a dead letter, written report by report)."""
+    columns = [at for at, e in enumerate(rapl.events) if e.startswith(RAPL_EVENT_PREFIX)]
+    if not columns or bool((rapl.values[:, columns] < 0).any()):
+        return None
+    return columns
+
+
+def _rapl_power_frame(
+    sensor: str,
+    rapl: EventsTable,
+    first: npt.NDArray[np.int64],
+    columns: list[int],
+    power: FloatArray,
+) -> PowerFrame:
+    """The ``rapl`` PowerReports of a sensor's ``first`` rows, one per row and energy column:
+    ``power`` (W, a row per first row, a column per energy column) with SmartWatts' metadata."""
+    events = [rapl.events[at] for at in columns]
+    domains = [event[len(RAPL_EVENT_PREFIX) :] for event in events]
+    scopes = [SCOPE_OF_DOMAIN.get(domain, domain.lower()) for domain in domains]
+    socket_texts, socket_codes = np.unique(rapl.sockets[first], return_inverse=True)
+    rows = len(first) * len(columns)
+    return PowerFrame(
+        sensor=sensor,
+        millis=np.repeat(rapl.millis[first], len(columns)),
+        targets=np.zeros(rows, dtype=np.int64),
+        target_names=["rapl"],
+        power=power.reshape(-1),
+        metadata={
+            "scope": Column(np.tile(np.arange(len(columns)), len(first)), scopes),
+            "socket": Column(
+                np.repeat(socket_codes.reshape(-1), len(columns)),
+                [str(s) for s in socket_texts.tolist()],
+            ),
+            "formula": Column(np.tile(np.arange(len(columns)), len(first)), events),
+            "ratio": np.ones(rows),
+        },
+    )
 
 
 @formulas.register("rapl")
@@ -201,53 +268,41 @@ class RaplFormula(Formula[RaplConfig]):
         """Every tick of a frame of global reports at once; ``False``, having changed nothing,
         when a tick needs the report-by-report way (a dead letter to write)."""
         rapl = rapl_table(frame)
-        columns = [at for at, e in enumerate(rapl.events) if e.startswith(RAPL_EVENT_PREFIX)]
-        if not columns or bool((rapl.values[:, columns] < 0).any()):
+        columns = _energy_columns(rapl)
+        if columns is None:
             return False
         first = first_rows_per_socket(rapl)
-        millis = rapl.millis[first]
-        ticks, tick_of = np.unique(millis, return_inverse=True)
-        previous = None if self.previous is None else to_millis(self.previous)
-        if previous is not None and int(ticks[0]) <= previous:
+        timing = self._intervals(rapl.millis[first])
+        if timing is None:
             return False
-        interval_s, start = tick_intervals(ticks, previous, self.config.sensor_reports_frequency)
-        if bool((interval_s[start:] < self.min_interval_s).any()):
-            return False
-        self.previous = datetime_of(int(ticks[-1]))
+        interval_s, tick_of, start = timing
         if start:
             out.absorb()
-            keep = tick_of.reshape(-1) >= 1
-            first, tick_of = first[keep], tick_of.reshape(-1)[keep]
-        else:
-            tick_of = tick_of.reshape(-1)
+            keep = tick_of >= 1
+            first, tick_of = first[keep], tick_of[keep]
         if not len(first):
             return True
         energy = rapl.values[first][:, columns]
         power = energy * RAPL_UNIT_J / interval_s[tick_of][:, None]
-        events = [rapl.events[at] for at in columns]
-        domains = [event[len(RAPL_EVENT_PREFIX) :] for event in events]
-        scopes = [SCOPE_OF_DOMAIN.get(domain, domain.lower()) for domain in domains]
-        socket_texts, socket_codes = np.unique(rapl.sockets[first], return_inverse=True)
-        rows = len(first) * len(columns)
         out.emit_frame(
-            PowerFrame(
-                sensor=frame.names[int(rapl.sensors[0])],
-                millis=np.repeat(rapl.millis[first], len(columns)),
-                targets=np.zeros(rows, dtype=np.int64),
-                target_names=["rapl"],
-                power=power.reshape(-1),
-                metadata={
-                    "scope": Column(np.tile(np.arange(len(columns)), len(first)), scopes),
-                    "socket": Column(
-                        np.repeat(socket_codes.reshape(-1), len(columns)),
-                        [str(s) for s in socket_texts.tolist()],
-                    ),
-                    "formula": Column(np.tile(np.arange(len(columns)), len(first)), events),
-                    "ratio": np.ones(rows),
-                },
-            )
+            _rapl_power_frame(frame.names[int(rapl.sensors[0])], rapl, first, columns, power)
         )
         return True
+
+    def _intervals(self, millis: IntArray) -> tuple[FloatArray, npt.NDArray[np.intp], int] | None:
+        """The interval of each tick of these rows (their timestamps in ms), each row's tick,
+        and the first tick that has an interval (:func:`tick_intervals`); the last tick becomes
+        the previous one. ``None``, with nothing changed, when a tick is not after the previous
+        one or comes too soon after it: those ticks need the report-by-report way."""
+        ticks, tick_of = np.unique(millis, return_inverse=True)
+        previous = None if self.previous is None else to_millis(self.previous)
+        if previous is not None and int(ticks[0]) <= previous:
+            return None
+        interval_s, start = tick_intervals(ticks, previous, self.config.sensor_reports_frequency)
+        if bool((interval_s[start:] < self.min_interval_s).any()):
+            return None
+        self.previous = datetime_of(int(ticks[-1]))
+        return interval_s, tick_of.reshape(-1), start
 
     def _tick(self, report: HWPCReport, out: Output) -> None:
         if self.config.compat is not None:

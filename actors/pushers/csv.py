@@ -114,6 +114,16 @@ def _texts_of_width(width: int, files: list[list[list[Any]]]) -> list[str]:
     cells = list(chain.from_iterable(rows))
     if len(cells) != width * len(rows):
         return ["".join(_quoted_lines(file)) for file in files]
+    _format_columns(cells, width)
+    text: str = (_template(width) * len(rows)) % tuple(cells)
+    if not _is_plain(text, width, len(rows)):
+        return ["".join(_quoted_lines(file)) for file in files]
+    return _split_files(text, files)
+
+
+def _format_columns(cells: list[Any], width: int) -> None:
+    """Replace the cells (rows of ``width`` laid end to end) by their texts, in place, a column
+    at a time: a column of floats in one call, a column of text left as it is."""
     for column in range(width):
         values = cells[column::width]
         kinds = set(map(type, values))
@@ -123,14 +133,21 @@ def _texts_of_width(width: int, files: list[list[list[Any]]]) -> list[str]:
             cells[column::width] = powerapi.float_texts(values)
         else:
             cells[column::width] = [_cell_text(value) for value in values]
-    text: str = (_template(width) * len(rows)) % tuple(cells)
-    if (
-        text.count(",") != (width - 1) * len(rows)
-        or text.count("\n") != len(rows)
-        or text.count("\r") != len(rows)
-        or '"' in text
-    ):
-        return ["".join(_quoted_lines(file)) for file in files]
+
+
+def _is_plain(text: str, width: int, rows: int) -> bool:
+    """Whether ``rows`` rows of ``width`` cells joined without quoting read back as those cells:
+    no cell held a comma, a quote or a line break (else the rows must be quoted)."""
+    return (
+        text.count(",") == (width - 1) * rows
+        and text.count("\n") == rows
+        and text.count("\r") == rows
+        and '"' not in text
+    )
+
+
+def _split_files(text: str, files: list[list[list[Any]]]) -> list[str]:
+    """The text of all files' rows cut back into each file's text, its rows in order."""
     lines = text.split("\r\n")
     texts = []
     start = 0
@@ -206,19 +223,48 @@ def _frame_lines(
     then five pieces joined, not sixteen.
     """
     chosen = np.concatenate([order[start:stop] for _, start, stop in plain])
-    if any('"' in t or "," in t or "\n" in t or "\r" in t for t in _distinct_texts(frame)):
-        columns = [_column_texts(frame, name, chosen) for name in header]
-        return [
-            (
-                target,
-                "".join(
-                    _quoted_lines(
-                        [list(row) for row in zip(*[c[a:b] for c in columns], strict=False)]
-                    )
-                ),
-            )
-            for target, a, b in _spans(plain)
-        ]
+    if _needs_quoting(frame):
+        return _quoted_frame_lines(frame, header, chosen, plain)
+    pieces = _row_pieces(frame, header, chosen)
+    width = len(pieces)
+    cells: list[str] = [""] * (width * len(chosen))
+    for at, column in enumerate(pieces):
+        cells[at::width] = column
+    return [(target, "".join(cells[width * a : width * b])) for target, a, b in _spans(plain)]
+
+
+def _needs_quoting(frame: PowerFrame) -> bool:
+    """Whether a text the frame can write holds a comma, a quote or a line break: then cells
+    cannot be joined as they are, and the frame's rows are written the quoting way."""
+    return any('"' in t or "," in t or "\n" in t or "\r" in t for t in _distinct_texts(frame))
+
+
+def _quoted_frame_lines(
+    frame: PowerFrame,
+    header: list[str],
+    chosen: npt.NDArray[np.int64],
+    plain: list[tuple[str, int, int]],
+) -> list[tuple[str, str]]:
+    """:func:`_frame_lines` row by row, quoting the cells that need it: the rare frame whose
+    sensor, target or metadata texts hold CSV's special characters."""
+    columns = [_column_texts(frame, name, chosen) for name in header]
+    return [
+        (
+            target,
+            "".join(
+                _quoted_lines([list(row) for row in zip(*[c[a:b] for c in columns], strict=False)])
+            ),
+        )
+        for target, a, b in _spans(plain)
+    ]
+
+
+def _row_pieces(
+    frame: PowerFrame, header: list[str], chosen: npt.NDArray[np.int64]
+) -> list[list[str]]:
+    """The texts of each piece of the ``chosen`` rows, pieces in header order, commas and the
+    line end included: a column of many values (floats, timestamps) is a piece of its own,
+    each run of neighbouring columns of few values one piece."""
     pieces: list[list[str]] = []
     run: list[str] = []
     for name in header:
@@ -234,11 +280,7 @@ def _frame_lines(
         pieces.append(_coded_run(frame, run, chosen, before=bool(pieces), after=False))
     else:
         pieces.append(["\r\n"] * len(chosen))
-    width = len(pieces)
-    cells: list[str] = [""] * (width * len(chosen))
-    for at, column in enumerate(pieces):
-        cells[at::width] = column
-    return [(target, "".join(cells[width * a : width * b])) for target, a, b in _spans(plain)]
+    return pieces
 
 
 def _is_float_column(frame: PowerFrame, name: str) -> bool:
@@ -331,6 +373,10 @@ def _pick(texts: list[str], codes: npt.NDArray[np.int64]) -> list[str]:
         return []
     picked: list[str] = np.array(texts, dtype=object)[codes].tolist()
     return picked
+
+
+_Touched = tuple[_OpenFile, Report, list[list[Any]]]
+"""A file a batch writes to: the open file, the report it was opened by, its rows so far."""
 
 
 @pushers.register("csv")
@@ -467,62 +513,91 @@ class CsvPusher(Pusher[CsvPusherConfig]):
     def _write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         """Gather every file's rows, then format and write each file's rows at once.
 
-        A formula writes several rows per input report, so this loop is the output's hot path:
-        files are found by (sensor, target, kind) without building paths, the timestamp's text
-        is reused across a tick, and a PowerReport whose metadata matches its file's columns
-        skips the general row builder. Cells stay values until :func:`_texts` formats the whole
-        batch a column at a time.
+        Cells stay values until :func:`_texts` formats the whole batch a column at a time.
         """
         refused: list[tuple[Report, str]] = []
         # Rows per file, with a report to reopen it by: a batch may touch more files than are
         # kept open, so files are looked up again when the lines are written.
-        touched: dict[tuple[str, str, str], tuple[_OpenFile, Report, list[list[Any]]]] = {}
+        touched: dict[tuple[str, str, str], _Touched] = {}
+        try:
+            self._gather_rows(batch, touched, refused)
+            self._write_touched(touched)
+        except OSError as error:
+            raise PushError(f"output '{self.config.name}': {error}") from error
+        return refused
+
+    def _gather_rows(
+        self,
+        batch: list[Report],
+        touched: dict[tuple[str, str, str], _Touched],
+        refused: list[tuple[Report, str]],
+    ) -> None:
+        """Each report's row, added to its file's rows in ``touched`` (the files opened at their
+        first row); the reports refused, with the reason, to ``refused``, in batch order.
+
+        A formula writes several rows per input report, so this loop is the output's hot path:
+        files are found by (sensor, target, kind) without building paths, the timestamp's text
+        is reused across a tick, and a PowerReport whose metadata matches its file's columns
+        skips the general row builder (:meth:`_general_row`).
+        """
         tags = self.config.tags
         last_timestamp: object = None
         millis = ""
         power_kind = PowerReport
-        try:
-            for report in batch:
-                metadata = report.metadata
-                if tags:
-                    missing = [t for t in tags if t not in metadata]
-                    if missing:
-                        path = powerapi.csv_output_path(self.config.directory, report)
-                        refused.append((report, f"{path}: no tag {missing[0]!r} in the report"))
-                        continue
-                key = (report.sensor, report.target, report.kind)
-                entry = touched.get(key)
-                if entry is None:
-                    entry = touched[key] = (self._file(key, report), report, [])
-                opened, _, rows = entry
-                metadata_values = opened.metadata_values
-                if (
-                    metadata_values is not None
-                    and type(report) is power_kind
-                    and metadata.keys() == opened.metadata_keys
-                ):
-                    if report.timestamp is not last_timestamp:
-                        last_timestamp = report.timestamp
-                        millis = str(to_millis(report.timestamp))
-                    row: list[Any] = [millis, report.sensor, report.target, report.power]
-                    row.extend(metadata_values(metadata))
-                else:
-                    try:
-                        row = powerapi.csv_output_row(report, opened.header)
-                    except ValueError as error:
-                        path = powerapi.csv_output_path(self.config.directory, report)
-                        refused.append((report, f"{path}: {error}"))
-                        continue
+        for report in batch:
+            metadata = report.metadata
+            if tags and (missing := self._missing_tag(report)) is not None:
+                refused.append((report, missing))
+                continue
+            key = (report.sensor, report.target, report.kind)
+            entry = touched.get(key)
+            if entry is None:
+                entry = touched[key] = (self._file(key, report), report, [])
+            opened, _, rows = entry
+            metadata_values = opened.metadata_values
+            if (
+                metadata_values is not None
+                and type(report) is power_kind
+                and metadata.keys() == opened.metadata_keys
+            ):
+                if report.timestamp is not last_timestamp:
+                    last_timestamp = report.timestamp
+                    millis = str(to_millis(report.timestamp))
+                row = [millis, report.sensor, report.target, report.power]
+                row.extend(metadata_values(metadata))
                 rows.append(row)
-            files = [(key, first, rows) for key, (_, first, rows) in touched.items() if rows]
-            texts = _texts([rows for _, _, rows in files])
-            for (key, first, _), text in zip(files, texts, strict=True):
-                opened = self._file(key, first)
-                opened.handle.write(text)
-                opened.handle.flush()
-        except OSError as error:
-            raise PushError(f"output '{self.config.name}': {error}") from error
-        return refused
+            elif (general := self._general_row(report, opened, refused)) is not None:
+                rows.append(general)
+
+    def _missing_tag(self, report: Report) -> str | None:
+        """Why a report lacks one of ``--tags``, or ``None`` when it carries them all."""
+        missing = [t for t in self.config.tags if t not in report.metadata]
+        if missing:
+            path = powerapi.csv_output_path(self.config.directory, report)
+            return f"{path}: no tag {missing[0]!r} in the report"
+        return None
+
+    def _general_row(
+        self, report: Report, opened: _OpenFile, refused: list[tuple[Report, str]]
+    ) -> list[Any] | None:
+        """A report's row under its file's header, any report kind; ``None``, the report added
+        to ``refused`` with the reason, when its metadata does not fit that header."""
+        try:
+            return powerapi.csv_output_row(report, opened.header)
+        except ValueError as error:
+            path = powerapi.csv_output_path(self.config.directory, report)
+            refused.append((report, f"{path}: {error}"))
+            return None
+
+    def _write_touched(self, touched: dict[tuple[str, str, str], _Touched]) -> None:
+        """Format the rows of every file a batch touched at once, then append each file's text
+        (reopened from its first report if it was closed meanwhile)."""
+        files = [(key, first, rows) for key, (_, first, rows) in touched.items() if rows]
+        texts = _texts([rows for _, _, rows in files])
+        for (key, first, _), text in zip(files, texts, strict=True):
+            opened = self._file(key, first)
+            opened.handle.write(text)
+            opened.handle.flush()
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close)
