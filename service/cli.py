@@ -365,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def sensor_command(argv: Sequence[str]) -> int:
     """``wattflow sensor nvml [its flags] --output TYPE …``: the sampler alone, no formula."""
+    from wattflow.service.config import ConfigError
+
     try:
         tokens = sensor_run_args(argv)
     except ConfigError as error:
@@ -381,6 +383,9 @@ def sensor_run_args(argv: Sequence[str]) -> list[str]:
     Raises:
         ConfigError: no sensor named, or an unknown one.
     """
+    from wattflow.service import config as service_config
+    from wattflow.service.config import ConfigError
+
     if not argv or argv[0].startswith("-"):
         raise ConfigError("sensor: name the sensor to run, e.g. `wattflow sensor nvml --output …`")
     kind, rest = argv[0], list(argv[1:])
@@ -392,8 +397,6 @@ def sensor_run_args(argv: Sequence[str]) -> list[str]:
         named = any(flag in ("-m", "--model") or flag.startswith("--model=") for flag in flags)
         extra = [] if group != "output" or named else ["--model", "GPUReport"]
         tokens += [f"--{group}", backend, *extra, *flags]
-    from wattflow.service import config as service_config
-
     disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
     return [*tokens, *disable]
 
