@@ -48,6 +48,17 @@ def influxql(server: ServerProcess, query: str) -> dict[str, Any]:
     return result
 
 
+DEMO_INPUTS = (
+    "--learn-min-samples-required", "5", "--gpu-targets", "process",
+    "--input", "jsonl", "--files", str(DATA / "demo-hwpc.jsonl"),
+    "--input", "jsonl", "--name", "gpu", "--model", "GPUReport",
+    "--files", str(DATA / "demo-gpu.jsonl"),
+    "--input", "meter", "--files", str(DATA / "demo-meter.csv"), "--sensor", SENSOR,
+)  # fmt: skip
+"""The demo's recordings as inputs of `wattflow run`: hwpc-sensor (SmartWatts and RAPL), the
+NVML sampler (the GPU formula, one target per process) and a power meter (the node formula)."""
+
+
 @pytest.fixture
 def filled_influxdb(influxdb_server: ServerProcess) -> ServerProcess:
     """InfluxDB 1.x filled by wattflow from the demo's recordings: hwpc-sensor (SmartWatts and
@@ -56,28 +67,7 @@ def filled_influxdb(influxdb_server: ServerProcess) -> ServerProcess:
     uri = influx_uri(influxdb_server)
     result = wattflow(
         "run",
-        "--learn-min-samples-required",
-        "5",
-        "--gpu-targets",
-        "process",
-        "--input",
-        "jsonl",
-        "--files",
-        str(DATA / "demo-hwpc.jsonl"),
-        "--input",
-        "jsonl",
-        "--name",
-        "gpu",
-        "--model",
-        "GPUReport",
-        "--files",
-        str(DATA / "demo-gpu.jsonl"),
-        "--input",
-        "meter",
-        "--files",
-        str(DATA / "demo-meter.csv"),
-        "--sensor",
-        SENSOR,
+        *DEMO_INPUTS,
         "--output",
         "influxdb",
         "--uri",
@@ -277,7 +267,6 @@ def test_every_promql_panel_shows_data_that_prometheus_scraped_from_wattflow(
     that the test says when it closes."""
     port = free_port()
     power_port = free_port()
-    data = DATA
     args = [
         "run",
         "-s",
@@ -285,28 +274,7 @@ def test_every_promql_panel_shows_data_that_prometheus_scraped_from_wattflow(
         str(port),
         "--http-addr",
         "127.0.0.1",
-        "--learn-min-samples-required",
-        "5",
-        "--gpu-targets",
-        "process",
-        "--input",
-        "jsonl",
-        "--files",
-        str(data / "demo-hwpc.jsonl"),
-        "--input",
-        "jsonl",
-        "--name",
-        "gpu",
-        "--model",
-        "GPUReport",
-        "--files",
-        str(data / "demo-gpu.jsonl"),
-        "--input",
-        "meter",
-        "--files",
-        str(data / "demo-meter.csv"),
-        "--sensor",
-        SENSOR,
+        *DEMO_INPUTS,
         "--output",
         "prometheus",
         "--addr",
