@@ -10,9 +10,13 @@ from typing import Any
 
 import pytest
 
+from wattflow.actors.formulas import formulas
+from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.formulas.node import NodeConfig
+from wattflow.actors.runtime import DeadLetters, Ledger, QueueConfig
 from wattflow.formats import powerapi
-from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport
+from wattflow.formats.frames import Frame
+from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport, Report
 from wattflow.service.cli import load_run_config
 
 from .conftest import Service, wait_until, wattflow
@@ -144,6 +148,9 @@ def test_a_meter_on_a_tcp_socket_and_its_bad_lines(tmp_path: Path) -> None:
     hwpc = write_jsonl(tmp_path / "hwpc.jsonl", [rapl(s) for s in range(4)])
     service = Service(
         tmp_path / "service.log", "run", "-s", "--disable-smartwatts-formula",
+        # hwpc-sensor's ticks are read at once, the meter's readings come when the test sends
+        # them: a lateness longer than the test has them all in each interval at shutdown
+        "--node-lateness-ms", "600000",
         "--input", "jsonl", "--files", str(hwpc),
         "--input", "meter", "--port", str(port), "--sensor", "node-1",
         "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
@@ -174,6 +181,66 @@ def test_a_meter_on_a_tcp_socket_and_its_bad_lines(tmp_path: Path) -> None:
     assert "'lots' is not a reading in mW" in reasons[0]
     assert "CSV row before the header" in reasons[1]
     assert reasons[0].startswith("meter:127.0.0.1:")
+
+
+def test_a_paused_meter_stream_has_its_held_intervals_reported_without_new_input(
+    tmp_path: Path,
+) -> None:
+    """A live meter sends its readings and then nothing more, its connection still open: each
+    interval comes out once it has waited ``--node-lateness-ms``, the formula's timer waking it
+    without new input, not at shutdown; the shutdown reports nothing twice."""
+    port = free_port()
+    out = tmp_path / "power.jsonl"
+    readings = 13  # 12 intervals of the meter's own ticks
+    service = Service(
+        tmp_path / "service.log", "run", "-s", "--node-lateness-ms", "300",
+        "--input", "meter", "--port", str(port), "--sensor", "node-1",
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+
+    def listening() -> bool:
+        service.alive()
+        return port_open(port)
+
+    with service:
+        wait_until(listening, 30, "the meter socket")
+        with socket.create_connection(("127.0.0.1", port)) as meter:
+            lines = [
+                json.dumps({"timestamp": millis(q / 4), "d0c0": METER_W * 1000})
+                for q in range(readings)
+            ]
+            meter.sendall(("\n".join(lines) + "\n").encode())
+            # node and rest per interval, while the meter is still connected and silent
+            service.wait_for_lines(out, 2 * (readings - 1))
+            assert len(node_reports(out)["node"]) == readings - 1
+            service.stop()
+    reports = node_reports(out)
+    assert [r["power"] for r in reports["node"]] == pytest.approx([METER_W] * (readings - 1))
+    assert [r["power"] for r in reports["rest"]] == pytest.approx([METER_W] * (readings - 1))
+    ends = [r["timestamp"] for r in reports["node"]]
+    assert ends == sorted(set(ends)), "each interval reported once, in order"
+
+
+def test_only_a_formula_with_deadlines_waits_for_its_mailbox_with_a_timeout() -> None:
+    """The timer costs nothing to the formulas that hold nothing for a time: their actors read
+    the mailbox as before, with no timeout, and only the node formula's is timed."""
+
+    async def dispatch(produced: list[Report | Frame]) -> None:
+        del produced
+
+    timed = {
+        name: FormulaActor(
+            formula,
+            formula.config_model(),
+            queue=QueueConfig(),
+            ledger=Ledger(),
+            dead_letters=DeadLetters(),
+            dispatch=dispatch,
+        ).timed
+        for name, formula in formulas.items()
+    }
+    assert {"gpu", "node", "rapl", "smartwatts"} <= set(timed)
+    assert [name for name, is_timed in timed.items() if is_timed] == ["node"]
 
 
 def test_shares_of_the_targets_smartwatts_estimates_in_one_service(tmp_path: Path) -> None:
@@ -225,6 +292,7 @@ def test_meter_readings_over_zeromq_reach_the_node_formula(tmp_path: Path) -> No
     out, readings = tmp_path / "power.jsonl", tmp_path / "readings.jsonl"
     service = Service(
         tmp_path / "service.log", "run", "--disable-smartwatts-formula",
+        "--node-lateness-ms", "600000",  # as above: the readings come when the test sends them
         "--input", "jsonl", "--files", str(hwpc),
         "--input", "zeromq", "--uri", uri, "--socket-type", "PULL", "--model", "MeterReport",
         "--output", "jsonl", "--file", str(out),

@@ -9,11 +9,18 @@ report). A formula that holds state runs each unit inside a guard: it takes a
 :meth:`Output.mark` before the unit and, when the unit raises, :meth:`Output.fail` discards what
 the unit wrote and dead-letters the unit's own reports with the error; the formula goes on with
 its next unit from the state the failed one left, and nothing is replayed onto it.
+
+Time. A formula that holds work for a while (the node formula waits for late sources) says when
+that work is due with :meth:`Formula.deadline`; the actor calls :meth:`Formula.wake` once the
+deadline has passed, with or without new input, so a stream that pauses does not leave the
+held work unreported until shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any, ClassVar, Generic, TypeVar
@@ -30,6 +37,11 @@ MAX_LOGGED_FAILURES = 100
 """Distinct failure reasons whose traceback an actor logs; later ones are only dead letters
 (which log each new reason at WARNING), so a formula failing in ever new words cannot flood the
 log with tracebacks."""
+
+MIN_WAKE_S = 0.05
+"""Shortest wait between two wakes of an instance whose deadline does not move past the time
+it was woken: a formula that keeps saying "due now" is woken 20 times a second at most, never
+in a busy loop."""
 
 Mark = tuple[int, int, int, int]
 """Where an :class:`Output` stood before a unit of work (see :meth:`Output.mark`)."""
@@ -188,6 +200,16 @@ class Formula(ABC, Generic[C]):
     def flush(self, out: Output) -> None:
         """At shutdown, emit or reject whatever the instance still holds."""
 
+    def deadline(self) -> float | None:
+        """When (``time.monotonic()`` seconds) the instance has work due without new input,
+        such as an interval that has waited long enough for late sources; ``None`` when it has
+        none. The actor calls :meth:`wake` once that time has passed."""
+        return None
+
+    def wake(self, out: Output) -> None:
+        """Do the work due by now (see :meth:`deadline`), as :meth:`process` does after a batch;
+        the actor calls it without input, so a paused stream does not hold it back."""
+
 
 Dispatch = Callable[[list[Report | Frame]], Awaitable[None]]
 
@@ -228,6 +250,9 @@ class FormulaActor(Actor):
         self._logged_failures: set[str] = set()
         self.produced = 0
         """Reports this formula emitted."""
+        self.timed = formula.deadline is not Formula.deadline
+        """Whether the formula has work due by time (:meth:`Formula.deadline`): only then does
+        the actor wait for its mailbox with a timeout."""
 
     def instance(self, key: Hashable) -> Formula[Any]:
         """The instance for ``key``, created on first use."""
@@ -237,7 +262,7 @@ class FormulaActor(Actor):
         return found
 
     async def run(self) -> None:
-        while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+        while (batch := await self._next_batch()) is not None:
             self._in_flight = batch
             groups: dict[Hashable, list[Report | Frame]] = {}
             for key, report in batch:
@@ -257,6 +282,51 @@ class FormulaActor(Actor):
                 out.fail((), error, unit="flush")
             produced.extend(self._settle(out, 0))
         await self.dispatch(produced)
+
+    async def _next_batch(self) -> list[tuple[Hashable, Report | Frame]] | None:
+        """The next batch of the mailbox (``None`` once it is closed and empty); for a formula
+        with deadlines, the instances whose deadline passes meanwhile are woken and their
+        output dispatched, through the drain as well.
+
+        Only a wait on an empty mailbox while a deadline is set has a timeout; otherwise the
+        mailbox is read as for a formula without deadlines (deadlines are set only by
+        :meth:`Formula.process` and :meth:`Formula.wake`, never while the actor waits). The
+        timeout cancels a wait that has taken nothing: the mailbox gives only on return."""
+        if not self.timed:
+            return await self.mailbox.get(self.queue.max_batch)
+        while True:
+            produced, wait_s = self._wake_due()
+            if produced:
+                await self.dispatch(produced)
+            if wait_s is None or len(self.mailbox):
+                return await self.mailbox.get(self.queue.max_batch)
+            try:
+                async with asyncio.timeout(wait_s):
+                    return await self.mailbox.get(self.queue.max_batch)
+            except TimeoutError:
+                continue  # a deadline passed: wake the instances it is due for
+
+    def _wake_due(self) -> tuple[list[Report | Frame], float | None]:
+        """Wake every instance whose deadline has passed; return what they produced and the
+        seconds until the next deadline (``None``: none is set)."""
+        now = time.monotonic()
+        produced: list[Report | Frame] = []
+        next_at: float | None = None
+        for formula in self.instances.values():
+            at = formula.deadline()
+            if at is not None and at <= now:
+                out = Output()
+                try:
+                    formula.wake(out)
+                except Exception as error:  # logged once per reason; the formula goes on
+                    out = Output()
+                    out.fail((), error, unit="wake")
+                produced.extend(self._settle(out, 0))
+                at = formula.deadline()
+                at = None if at is None else max(at, now + MIN_WAKE_S)
+            if at is not None and (next_at is None or at < next_at):
+                next_at = at
+        return produced, None if next_at is None else next_at - now
 
     def _process(
         self, formula: Formula[Any], reports: list[Report | Frame]

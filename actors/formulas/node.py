@@ -17,7 +17,8 @@ piecewise-constant power over its intervals (a meter reading or a RAPL delta sta
 since the previous one) and averaged over the node's intervals, which are hwpc-sensor's ticks
 when RAPL readings come in, else the GPU sampler's, else the meter's. An interval is reported
 ``--node-lateness-ms`` of real time after its end is known (or at shutdown), with the sources
-that cover it by then; a meter whose clock is off is set right with the meter input's clock
+that cover it by then, by the actor's timer (:meth:`NodeFormula.deadline`) when no input
+follows; a meter whose clock is off is set right with the meter input's clock
 offset.
 
 cpu and dram come from the RAPL counters (all sockets), gpu from the NVML energy counter or
@@ -199,6 +200,16 @@ class NodeFormula(Formula[NodeConfig]):
 
     def flush(self, out: Output) -> None:
         self._report_ready(out, flushing=True)
+
+    def deadline(self) -> float | None:
+        """When the oldest interval held has waited ``--node-lateness-ms``: the actor wakes the
+        instance then, so a stream that pauses still has its last intervals reported."""
+        if len(self.anchor_ends) < 2:
+            return None
+        return self.anchor_seen[1] + self.config.node_lateness_ms / 1000.0  # as _report_ready
+
+    def wake(self, out: Output) -> None:
+        self._report_ready(out, flushing=False)
 
     # --- sources -------------------------------------------------------------------------------
 
@@ -392,9 +403,11 @@ class NodeFormula(Formula[NodeConfig]):
         Sources arrive at their own pace (a meter's logger may send once a minute, a replay
         reads one file before the next), so an interval waits ``--node-lateness-ms`` of real
         time after its end is known before the sources that covered it by then are averaged.
+        This runs after each batch and, through :meth:`wake`, when :meth:`deadline` passes
+        without input.
         """
-        ready_before = time.monotonic() - self.config.node_lateness_ms / 1000.0
-        while len(self.anchor_ends) >= 2 and (flushing or self.anchor_seen[1] <= ready_before):
+        now, lateness_s = time.monotonic(), self.config.node_lateness_ms / 1000.0
+        while len(self.anchor_ends) >= 2 and (flushing or self.anchor_seen[1] + lateness_s <= now):
             start, end = self.anchor_ends[0], self.anchor_ends[1]
             active = [s for s in SOURCES if self.series[s].covered_until is not None]
             if "meter" in active:
