@@ -264,7 +264,8 @@ def test_every_promql_panel_shows_data_that_prometheus_scraped_from_wattflow(
     Prometheus scrapes both, and every panel's query returns data, the pipeline's too. The
     recordings are read at once and the stream then pauses: the node panel has data because
     the node formula's timer reports each interval once it has waited --node-lateness-ms,
-    without new input, while the service still runs."""
+    without new input, while the service still runs. The sensor variable lists the demo's
+    sensor."""
     port = free_port()
     power_port = free_port()
     args = [
@@ -321,6 +322,10 @@ def test_every_promql_panel_shows_data_that_prometheus_scraped_from_wattflow(
                 wait_until(every_panel_shows_data, 60, "data in every panel")
             except AssertionError as error:
                 raise AssertionError(f"{error}: panels with no data: {empty}") from None
+            (sensor,) = [v for v in board["templating"]["list"] if v["name"] == "sensor"]
+            metric = sensor["definition"].removeprefix("label_values(").split(",")[0]
+            listed = prometheus_query(server, metric)["data"]["result"]
+            assert {series["metric"]["sensor"] for series in listed} == {SENSOR}
         finally:
             server.stop(kill=True)
         service.stop()

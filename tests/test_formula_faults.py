@@ -7,6 +7,7 @@ changed. Each test runs a real pipeline and compares with the same run without t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -528,6 +529,69 @@ def test_a_node_interval_that_raises_is_logged_and_the_next_ones_are_reported(
     assert errors == 1
     assert result.ledger.balanced()
     assert result.ledger.dead_in == 0
+
+
+class FaultyWakeNode(NodeFormula):
+    """Raises on its first wake by the actor's timer, before doing anything."""
+
+    def __init__(self, config: NodeConfig, key: Hashable) -> None:
+        super().__init__(config, key)
+        self.wakes = 0
+
+    def wake(self, out: Output) -> None:
+        self.wakes += 1
+        if self.wakes == 1:
+            raise ModelFault("the timer fired too soon")
+        super().wake(out)
+
+
+class PausedPuller(ListPuller):
+    """Hands its reports on in one batch, then stays silent, as a live input that pauses,
+    until ``until`` holds (what the formula was to produce without more input)."""
+
+    def __init__(self, reports: list[Report], until: Callable[[], bool]) -> None:
+        super().__init__(reports, batch=len(reports))
+        self.until = until
+
+    async def pull(self, emitter: Emitter) -> None:
+        await super().pull(emitter)
+        while not self.until():
+            await asyncio.sleep(0.01)  # polled; run_async bounds the whole run
+
+
+def test_a_wake_that_raises_is_logged_and_the_timer_wakes_the_formula_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The timer's wake is a unit of failure too: its error is logged once and the instance is
+    woken again (not in a busy loop), and the intervals still come out while the input is
+    silent, before the shutdown's flush."""
+    start_ms = 1_767_603_600_000
+    readings = 10
+    reports: list[Report] = [
+        MeterReport(
+            timestamp=start_ms + 1000 * second,
+            sensor="node-1",
+            target="all",
+            channels={"d0c0": 100_000.0},
+        )
+        for second in range(readings)
+    ]
+    pusher = MemoryPusher()
+    built = Pipeline(
+        [PausedPuller(reports, until=lambda: len(pusher.written) >= 2 * (readings - 1))],
+        [(FaultyWakeNode, NodeConfig(node_lateness_ms=50))],
+        [pusher],
+    )
+    with caplog.at_level(logging.ERROR, logger=FORMULA_LOGGER):
+        result = run_async(built.run())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["formula:node failed on its wake: ModelFault: the timer fired too soon"]
+    (formula,) = built.formulas[0].instances.values()
+    assert isinstance(formula, FaultyWakeNode)
+    assert formula.wakes == 2
+    node = [r for r in pusher.written if isinstance(r, PowerReport) and r.target == "node"]
+    assert [r.power for r in node] == [100.0] * (readings - 1)
+    assert result.ledger.balanced()
 
 
 class FaultyNodeRapl(NodeFormula):
