@@ -283,7 +283,7 @@ class RaplFormula(Formula[RaplConfig]):
         if not len(first):
             return True
         energy = rapl.values[first][:, columns]
-        power = energy * RAPL_UNIT_J / interval_s[tick_of][:, None]
+        power = np.multiply(energy, RAPL_UNIT_J, dtype=np.float64) / interval_s[tick_of][:, None]
         out.emit_frame(
             _rapl_power_frame(frame.names[int(rapl.sensors[0])], rapl, first, columns, power)
         )
