@@ -230,7 +230,8 @@ class HWPCFrame(Frame):
                 rows = groups.get(group)
                 if rows is None:
                     rows = groups[group] = _GroupRows()
-                rows.add(millis, sensor, target, socket, cpu, events)
+                rows.keys.append((millis, sensor, target, socket, cpu))
+                rows.events.append(events)
         tables = [rows.table(group) for group, rows in groups.items()]
         return cls(list(names), tables, len(originals), originals), refused
 
@@ -276,6 +277,33 @@ class HWPCFrame(Frame):
 
     def _part(self, tables: list[EventsTable]) -> HWPCFrame:
         return HWPCFrame(self.names, tables, None, self.originals)
+
+    def value(self, table: EventsTable, row: int, column: int) -> int | float:
+        """A counter as its report gave it: an integer stays one in a table of floats."""
+        value: int | float = table.values[row, column].item()
+        if self.originals:
+            names = self.names
+            key = (int(table.millis[row]), names[table.sensors[row]], names[table.targets[row]])
+            report = self.originals.get(key)
+            if report is not None:
+                cpus = report.groups[table.group][str(table.sockets[row])]
+                value = cpus[str(table.cpus[row])].get(table.events[column], value)
+        return value
+
+    def report_metadata(
+        self, sensor: str, millis: IntArray, targets: IntArray
+    ) -> list[dict[str, Any]] | None:
+        """The metadata of the reports of ``sensor`` at these ticks and targets (codes), pair
+        by pair, for the PowerReports made from them; ``None`` when no report has any."""
+        originals = self.originals
+        if not originals or not any(report.metadata for report in originals.values()):
+            return None
+        names = self.names
+        found = []
+        for tick, code in zip(millis.tolist(), targets.tolist(), strict=True):
+            report = originals.get((tick, sensor, names[code]))
+            found.append(report.metadata if report is not None else {})
+        return found
 
     def after(self, millis: int) -> tuple[HWPCFrame | None, HWPCFrame | None]:
         """The ticks up to ``millis`` and those after it, either ``None`` when empty."""
@@ -419,25 +447,12 @@ class HWPCFrame(Frame):
 class _GroupRows:
     """One group's rows while :meth:`HWPCFrame.from_reports` reads reports."""
 
-    __slots__ = ("cpus", "events", "millis", "sensors", "sockets", "targets")
+    __slots__ = ("events", "keys")
 
     def __init__(self) -> None:
-        self.millis: list[int] = []
-        self.sensors: list[int] = []
-        self.targets: list[int] = []
-        self.sockets: list[int] = []
-        self.cpus: list[int] = []
+        self.keys: list[tuple[int, int, int, int, int]] = []
+        """(millis, sensor, target, socket, cpu) of each row."""
         self.events: list[dict[str, int | float]] = []
-
-    def add(
-        self, millis: int, sensor: int, target: int, socket: int, cpu: int, events: dict[str, Any]
-    ) -> None:
-        self.millis.append(millis)
-        self.sensors.append(sensor)
-        self.targets.append(target)
-        self.sockets.append(socket)
-        self.cpus.append(cpu)
-        self.events.append(events)
 
     def table(self, group: str) -> EventsTable:
         """The rows as columns: integers when every cpu has every event as an integer, else
@@ -451,14 +466,15 @@ class _GroupRows:
         if all(type(value) is int for value in chain.from_iterable(rows)):
             with suppress(OverflowError):  # beyond 64 bits: floats, which say as much of it
                 values = np.array(rows, dtype=np.int64)
+        millis, sensors, targets, sockets, cpus = np.array(self.keys, dtype=np.int64).T
         return EventsTable(
             group,
             names,
-            np.array(self.millis, dtype=np.int64),
-            np.array(self.sensors, dtype=np.int64),
-            np.array(self.targets, dtype=np.int64),
-            np.array(self.sockets, dtype=np.int64),
-            np.array(self.cpus, dtype=np.int64),
+            millis,
+            sensors,
+            targets,
+            sockets,
+            cpus,
             values.reshape(len(rows), len(names)),
         )
 

@@ -735,14 +735,9 @@ class Estimates:
         scopes (the global report, then the targets), and its FormulaReport."""
         if not self.done:
             return []
-        order = np.lexsort(
-            (
-                np.array([estimate.scope_at for estimate in self.done]),
-                np.array([estimate.socket_at for estimate in self.done]),
-                np.array([estimate.tick for estimate in self.done]),
-            )
-        ).tolist()
-        columns = _estimate_columns([self.done[at] for at in order])
+        done = EstimateColumns(*map(np.array, zip(*self.done, strict=True)))
+        order = np.lexsort((done.scope_at, done.socket_at, done.tick)).tolist()
+        columns = EstimateColumns(*(column[order] for column in done))
         described = [self.described[at] for at in order]
         return [
             self._power_frame(frame, columns, self._shares(columns)),
@@ -826,42 +821,8 @@ class Estimates:
                 "formula": Column(columns.hash_code[estimate], self.hashes),
                 "ratio": column_ratio,
             },
-            report_metadata=_report_metadata(frame, formula.sensor, millis, inputs),
+            report_metadata=frame.report_metadata(formula.sensor, millis, inputs),
         )
-
-
-def _report_metadata(
-    frame: HWPCFrame, sensor: str, millis: IntArray, inputs: IntArray
-) -> list[dict[str, Any]] | None:
-    """Each PowerReport's input report's metadata (the target's, or the global report's), when
-    any input report of the frame has metadata."""
-    originals = frame.originals
-    if not originals or not any(report.metadata for report in originals.values()):
-        return None
-    names = frame.names
-    found = []
-    for tick, code in zip(millis.tolist(), inputs.tolist(), strict=True):
-        report = originals.get((tick, sensor, names[code]))
-        found.append(report.metadata if report is not None else {})
-    return found
-
-
-def _estimate_columns(estimates: list[Estimate]) -> EstimateColumns:
-    """The estimates' fields as arrays."""
-    tick, socket_at, scope_at, coef_code, rapl_w, hash_code, intercept_w, dynamic_w, global_w = zip(
-        *estimates, strict=True
-    )
-    return EstimateColumns(
-        tick=np.array(tick, dtype=np.int64),
-        socket_at=np.array(socket_at, dtype=np.int64),
-        scope_at=np.array(scope_at, dtype=np.int64),
-        coef_code=np.array(coef_code, dtype=np.int64),
-        rapl_power_w=np.array(rapl_w),
-        hash_code=np.array(hash_code, dtype=np.int64),
-        intercept_w=np.array(intercept_w),
-        global_dynamic_w=np.array(dynamic_w),
-        global_power_w=np.array(global_w),
-    )
 
 
 FORMULA_KEYS = (

@@ -326,7 +326,7 @@ def _target_reasons(
     bad = (values < 0) | (values >= WRAPPED_COUNTER)
     for row in np.flatnonzero(targets & bad.any(axis=1)).tolist():
         column = columns[int(np.argmax(bad[row]))]
-        value = _value(frame, core, row, column)
+        value = frame.value(core, row, column)
         reasons.setdefault(int(row_report[row]), _bad_counter(core, row, column, value))
     absent = (
         np.isnan(values).all(axis=1)
@@ -341,19 +341,6 @@ def _target_reasons(
                 f"no counters on socket {core.sockets[start]}: its cpus report no events",
             )
     return reasons
-
-
-def _value(frame: HWPCFrame, table: EventsTable, row: int, column: int) -> int | float:
-    """A counter as its report gave it (an integer stays one in a frame of floats)."""
-    value: int | float = table.values[row, column].item()
-    if frame.originals:
-        names = frame.names
-        key = (int(table.millis[row]), names[table.sensors[row]], names[table.targets[row]])
-        report = frame.originals.get(key)
-        if report is not None:
-            cpus = report.groups[table.group][str(table.sockets[row])]
-            value = cpus[str(table.cpus[row])].get(table.events[column], value)
-    return value
 
 
 def _bad_counter(table: EventsTable, row: int, column: int | str, value: float) -> str:
@@ -455,7 +442,7 @@ def _energy(
         bad = (found[slot] < 0) | (found[slot] >= WRAPPED_COUNTER)
         for at in np.flatnonzero(bad).tolist():
             row = int(rows[at])
-            reason = _bad_counter(rapl, row, column, _value(frame, rapl, row, column))
+            reason = _bad_counter(rapl, row, column, frame.value(rapl, row, column))
             faults.append((0, int(slot[at]), row * len(rapl.events) + column, reason))
     return energy, faults
 
@@ -482,7 +469,7 @@ def _frequency(
     negative = (pair < 0).any(axis=1)
     for at in np.flatnonzero(negative).tolist():
         row = int(rows[at])
-        value = min(_value(frame, msr, row, msr.events.index(e)) for e in events)
+        value = min(frame.value(msr, row, msr.events.index(e)) for e in events)
         faults.append((2, int(slot[at]), row, _bad_counter(msr, row, "APERF/MPERF", value)))
     sums = np.zeros((len(given), 2))
     if len(rows):
