@@ -43,6 +43,7 @@ from generate_hwpc import (
 
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.formats.frames import expand
 from wattflow.formats.reports import HWPCReport, PowerReport
 
 LEARNING_TICKS = 80
@@ -170,7 +171,7 @@ def estimate(recording: Recording, settings: dict[str, Any]) -> list[PowerReport
     formula.process(list(recording.reports), out)
     formula.flush(out)
     assert not out.rejected, out.rejected[:3]
-    return [r for r in out.reports if isinstance(r, PowerReport)]
+    return [r for r in expand(out.items()) if isinstance(r, PowerReport)]
 
 
 @dataclass

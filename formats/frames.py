@@ -19,8 +19,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,11 +34,17 @@ from wattflow.formats.reports import (
     HWPCReport,
     PowerReport,
     Report,
+    to_millis,
     trusted_report,
 )
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+Values = npt.NDArray[np.number[Any]]
+"""Counter values: integers as sensors write them, or floats (NaN: an event a cpu lacks) in a
+frame made from reports that hold floats or cpus with other events."""
+ReportKey = tuple[int, str, str]
+"""(timestamp ms, sensor, target): the report a frame's rows belong to."""
 
 
 class Frame(ABC):
@@ -117,7 +125,7 @@ class EventsTable:
     targets: IntArray
     sockets: IntArray
     cpus: IntArray
-    values: IntArray  # rows × events
+    values: Values  # rows × events
 
     def __len__(self) -> int:
         return len(self.millis)
@@ -173,9 +181,15 @@ class HWPCFrame(Frame):
 
     kind: ClassVar[str] = HWPCReport.kind
 
-    __slots__ = ("count", "memo", "names", "tables")
+    __slots__ = ("count", "memo", "names", "originals", "tables")
 
-    def __init__(self, names: list[str], tables: list[EventsTable], count: int | None = None):
+    def __init__(
+        self,
+        names: list[str],
+        tables: list[EventsTable],
+        count: int | None = None,
+        originals: dict[ReportKey, HWPCReport] | None = None,
+    ):
         self.names = names
         self.tables = tables
         self.count = count
@@ -183,6 +197,43 @@ class HWPCFrame(Frame):
         self.memo: dict[str, Any] = {}
         """What consumers derived from the frame, kept for the next one: a frame never changes,
         and several formulas may ask for the same part of it."""
+        self.originals = originals
+        """The reports a frame made by :meth:`from_reports` stands for, by key: :meth:`reports`
+        gives those objects back (metadata and the counters' own types included), and a part
+        of the frame keeps the whole dict, looked up by key."""
+
+    @classmethod
+    def from_reports(cls, reports: Sequence[HWPCReport]) -> tuple[HWPCFrame, list[HWPCReport]]:
+        """A frame of any reports, one per (timestamp ms, sensor, target), in their order.
+
+        The way into the frame engine for reports that did not come as frames (a batch with
+        metadata, float counters, another order...). A group's events are those any of its cpus
+        has, in the order they first come; its values are floats, NaN where a cpu lacks an
+        event, unless every cpu has every event as an integer. Also returns the reports the
+        frame cannot hold: those without a single cpu, and those whose socket or cpu ids are
+        not plain numbers (``"0"``, not ``"00"``).
+        """
+        names: dict[str, int] = {}
+        groups: dict[str, _GroupRows] = {}
+        originals: dict[ReportKey, HWPCReport] = {}
+        refused: list[HWPCReport] = []
+        for report in reports:
+            millis = to_millis(report.timestamp)
+            sensor = names.setdefault(report.sensor, len(names))
+            target = names.setdefault(report.target, len(names))
+            cells = _cells(report)
+            if cells is None:
+                refused.append(report)
+                continue
+            originals[(millis, report.sensor, report.target)] = report
+            for group, socket, cpu, events in cells:
+                rows = groups.get(group)
+                if rows is None:
+                    rows = groups[group] = _GroupRows()
+                rows.keys.append((millis, sensor, target, socket, cpu))
+                rows.events.append(events)
+        tables = [rows.table(group) for group, rows in groups.items()]
+        return cls(list(names), tables, len(originals), originals), refused
 
     def __len__(self) -> int:
         if self.count is None:
@@ -205,20 +256,66 @@ class HWPCFrame(Frame):
         code = self.names.index(sensor)
         if all(bool((t.sensors == code).all()) for t in self.tables):
             return self
-        return HWPCFrame(self.names, [t.where(t.sensors == code) for t in self.tables])
+        return self._part([t.where(t.sensors == code) for t in self.tables])
 
     def of_targets(self, targets: AbstractSet[str]) -> HWPCFrame:
         """The frame's rows of the named targets."""
         codes = [code for code, name in enumerate(self.names) if name in targets]
-        return HWPCFrame(self.names, [t.where(np.isin(t.targets, codes)) for t in self.tables])
+        return self._part([t.where(np.isin(t.targets, codes)) for t in self.tables])
+
+    def of_ticks(self, millis: IntArray, *, invert: bool = False) -> HWPCFrame:
+        """The frame's rows of the ticks at ``millis`` (or of every other tick)."""
+        return self._part([t.where(np.isin(t.millis, millis, invert=invert)) for t in self.tables])
+
+    def of_reports(self, millis: IntArray, targets: IntArray) -> HWPCFrame:
+        """The frame's rows of the reports of these ticks and targets (codes), pair by pair."""
+        width = len(self.names)
+        wanted = millis * width + targets
+        return self._part(
+            [t.where(np.isin(t.millis * width + t.targets, wanted)) for t in self.tables]
+        )
+
+    def _part(self, tables: list[EventsTable]) -> HWPCFrame:
+        return HWPCFrame(self.names, tables, None, self.originals)
+
+    def value(self, table: EventsTable, row: int, column: int) -> int | float:
+        """A counter as its report gave it: an integer stays one in a table of floats."""
+        value: int | float = table.values[row, column].item()
+        if self.originals:
+            names = self.names
+            key = (int(table.millis[row]), names[table.sensors[row]], names[table.targets[row]])
+            report = self.originals.get(key)
+            if report is not None:
+                cpus = report.groups[table.group][str(table.sockets[row])]
+                value = cpus[str(table.cpus[row])].get(table.events[column], value)
+        return value
+
+    def report_metadata(
+        self, sensor: str, millis: IntArray, targets: IntArray
+    ) -> list[dict[str, Any]] | None:
+        """The metadata of the reports of ``sensor`` at these ticks and targets (codes), pair
+        by pair, for the PowerReports made from them; ``None`` when no report has any."""
+        originals = self.originals
+        if not originals or not any(report.metadata for report in originals.values()):
+            return None
+        names = self.names
+        found = []
+        for tick, code in zip(millis.tolist(), targets.tolist(), strict=True):
+            report = originals.get((tick, sensor, names[code]))
+            found.append(report.metadata if report is not None else {})
+        return found
 
     def after(self, millis: int) -> tuple[HWPCFrame | None, HWPCFrame | None]:
         """The ticks up to ``millis`` and those after it, either ``None`` when empty."""
         cuts = [int(np.searchsorted(t.millis, millis, side="right")) for t in self.tables]
         upto = [t.rows(0, cut) for t, cut in zip(self.tables, cuts, strict=True)]
         later = [t.rows(cut, len(t)) for t, cut in zip(self.tables, cuts, strict=True)]
-        first = HWPCFrame(self.names, upto) if any(len(t) for t in upto) else None
-        second = HWPCFrame(self.names, later) if any(len(t) for t in later) else None
+        # The later part keeps only its own reports: a formula holds it while more ticks come.
+        own = None
+        if self.originals:
+            own = {key: r for key, r in self.originals.items() if key[0] > millis} or None
+        first = self._part(upto) if any(len(t) for t in upto) else None
+        second = HWPCFrame(self.names, later, None, own) if any(len(t) for t in later) else None
         return first, second
 
     def joined(self, later: HWPCFrame) -> HWPCFrame:
@@ -228,28 +325,7 @@ class HWPCFrame(Frame):
         Raises:
             ValueError: when a group has other events in the later frame.
         """
-        names = self.names
-        tables = later.tables
-        if later.names != names:
-            names = list(names)
-            index = {name: code for code, name in enumerate(names)}
-            recode = np.array(
-                [index.setdefault(name, len(index)) for name in later.names], dtype=np.int64
-            )
-            names.extend(list(index)[len(names) :])
-            tables = [
-                EventsTable(
-                    t.group,
-                    t.events,
-                    t.millis,
-                    recode[t.sensors],
-                    recode[t.targets],
-                    t.sockets,
-                    t.cpus,
-                    t.values,
-                )
-                for t in tables
-            ]
+        names, tables = self._recoded(later)
         following = {table.group: table for table in tables}
         together: list[EventsTable] = []
         for table in self.tables:
@@ -261,20 +337,48 @@ class HWPCFrame(Frame):
             else:
                 together.append(table.then(more))
         together.extend(following.values())
-        return HWPCFrame(
-            names,
-            together,
-            None if self.count is None or later.count is None else self.count + later.count,
+        originals = self.originals
+        if later.originals is not None:
+            originals = {**(originals or {}), **later.originals}
+        count = None if self.count is None or later.count is None else self.count + later.count
+        return HWPCFrame(names, together, count, originals)
+
+    def _recoded(self, later: HWPCFrame) -> tuple[list[str], list[EventsTable]]:
+        """This frame's names, extended by the later frame's new ones, and the later frame's
+        tables with their codes into those names."""
+        if later.names == self.names:
+            return self.names, later.tables
+        names = list(self.names)
+        index = {name: code for code, name in enumerate(names)}
+        recode = np.array(
+            [index.setdefault(name, len(index)) for name in later.names], dtype=np.int64
         )
+        names.extend(list(index)[len(names) :])
+        tables = [
+            EventsTable(
+                t.group,
+                t.events,
+                t.millis,
+                recode[t.sensors],
+                recode[t.targets],
+                t.sockets,
+                t.cpus,
+                t.values,
+            )
+            for t in later.tables
+        ]
+        return names, tables
 
     def reports(self) -> list[Report]:
         """The reports, merged as PowerAPI's CSV input merges the rows of its files.
 
         For each tick: the files in order, each (sensor, target) in the order its first row
         comes; in a report, groups in file order, sockets and cpus in row order, events in
-        the file's column order; a cpu given twice keeps the later values.
+        the file's column order; a cpu given twice keeps the later values. A frame made by
+        :meth:`from_reports` gives back the reports it was made of.
         """
         names = self.names
+        originals = self.originals or {}
         tables = [
             (
                 t.group,
@@ -321,6 +425,10 @@ class HWPCFrame(Frame):
                 at[number] = row
             timestamp = datetime_of(millis)
             for (sensor, target), groups in pending.items():
+                original = originals.get((millis, names[sensor], names[target]))
+                if original is not None:
+                    reports.append(original)
+                    continue
                 reports.append(
                     trusted_report(
                         HWPCReport,
@@ -334,6 +442,60 @@ class HWPCFrame(Frame):
                     )
                 )
         return reports
+
+
+class _GroupRows:
+    """One group's rows while :meth:`HWPCFrame.from_reports` reads reports."""
+
+    __slots__ = ("events", "keys")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int, int, int, int]] = []
+        """(millis, sensor, target, socket, cpu) of each row."""
+        self.events: list[dict[str, int | float]] = []
+
+    def table(self, group: str) -> EventsTable:
+        """The rows as columns: integers when every cpu has every event as an integer, else
+        floats with NaN for the events a cpu lacks."""
+        names = tuple(dict.fromkeys(chain.from_iterable(self.events)))
+        if all(tuple(events) == names for events in self.events):
+            rows = [list(events.values()) for events in self.events]
+        else:
+            rows = [[events.get(name, np.nan) for name in names] for events in self.events]
+        values: Values = np.array(rows, dtype=np.float64)
+        if all(type(value) is int for value in chain.from_iterable(rows)):
+            with suppress(OverflowError):  # beyond 64 bits: floats, which say as much of it
+                values = np.array(rows, dtype=np.int64)
+        millis, sensors, targets, sockets, cpus = np.array(self.keys, dtype=np.int64).T
+        return EventsTable(
+            group,
+            names,
+            millis,
+            sensors,
+            targets,
+            sockets,
+            cpus,
+            values.reshape(len(rows), len(names)),
+        )
+
+
+def _cells(report: HWPCReport) -> list[tuple[str, int, int, dict[str, Any]]] | None:
+    """A report's (group, socket, cpu, events), or ``None`` when it has no cpu or an id is not
+    a plain number (a frame holds ids as numbers, and writes them back as their text)."""
+    cells = []
+    for group, sockets in report.groups.items():
+        for socket, cpus in sockets.items():
+            socket_id = _plain_id(socket)
+            for cpu, events in cpus.items():
+                cpu_id = _plain_id(cpu)
+                if socket_id is None or cpu_id is None:
+                    return None
+                cells.append((group, socket_id, cpu_id, events))
+    return cells or None
+
+
+def _plain_id(text: str) -> int | None:
+    return int(text) if text.isdigit() and str(int(text)) == text else None
 
 
 def _count_reports(tables: list[EventsTable], width: int) -> int:
@@ -376,7 +538,15 @@ class PowerFrame(Frame):
 
     kind: ClassVar[str] = PowerReport.kind
 
-    __slots__ = ("metadata", "millis", "power", "sensor", "target_names", "targets")
+    __slots__ = (
+        "metadata",
+        "millis",
+        "power",
+        "report_metadata",
+        "sensor",
+        "target_names",
+        "targets",
+    )
 
     def __init__(
         self,
@@ -387,6 +557,7 @@ class PowerFrame(Frame):
         target_names: list[str],
         power: FloatArray,
         metadata: dict[str, Column | FloatArray],
+        report_metadata: list[dict[str, Any]] | None = None,
     ) -> None:
         self.sensor = sensor
         self.millis = millis
@@ -394,6 +565,10 @@ class PowerFrame(Frame):
         self.target_names = target_names
         self.power = power
         self.metadata = metadata
+        self.report_metadata = report_metadata
+        """Each row's metadata from its input report, before the columns (SmartWatts copies
+        the target's report's, or the global report's): the outputs write such a frame as its
+        reports, so a formula hands them on as reports."""
 
     def __len__(self) -> int:
         return len(self.millis)
@@ -408,7 +583,10 @@ class PowerFrame(Frame):
             else:
                 columns.append(column.tolist())
         keys = list(self.metadata)
-        return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        rows = [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        if self.report_metadata is None:
+            return rows
+        return [{**own, **row} for own, row in zip(self.report_metadata, rows, strict=True)]
 
     def reports(self) -> list[Report]:
         names = self.target_names

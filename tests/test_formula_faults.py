@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -225,22 +225,12 @@ def test_a_tick_whose_model_step_raises_is_a_dead_letter_and_the_others_are_unto
         way, paths, caplog, compat=compat, fault=counted, monkeypatch=monkeypatch
     )
     monkeypatch.undo()
-    by_reports = []
-    if way == "frames":  # the fault must be met, and handled, on the frame way itself
-        original: Callable[..., None] = SmartWattsFormula._by_reports
-
-        def spy(formula: SmartWattsFormula, frame: HWPCFrame, out: Output) -> None:
-            by_reports.append(frame)
-            original(formula, frame, out)
-
-        monkeypatch.setattr(SmartWattsFormula, "_by_reports", spy)
     # The last socket and scope of a tick: every model has then stepped as without the fault.
     # The last step is the last tick's, which waits in the formula until shutdown.
     fault = Fault("dram", "1", frozenset({10, 17, 24, counted.seen}))
     faulty = run_smartwatts(way, paths, caplog, compat=compat, fault=fault, monkeypatch=monkeypatch)
 
     assert fault.seen == counted.seen > 24, "every faulty step was reached"
-    assert by_reports == []
     # Exactly the failed ticks' reports are dead letters, each once, with the error.
     failed = timestamps_of(faulty.letters)
     assert len(failed) == 4
@@ -299,12 +289,13 @@ def test_the_frame_way_fails_a_tick_as_the_report_way_does(
 class FaultyRapl(RaplFormula):
     """Raises on one tick after the interval's start has moved to it."""
 
-    failing: ClassVar[set[datetime]] = set()
+    failing: ClassVar[set[int]] = set()
 
-    def _emit(self, report: HWPCReport, interval_s: float, out: Output) -> None:
-        super()._emit(report, interval_s, out)
-        if report.timestamp in self.failing:
+    def _tick(self, millis: int) -> float | str | None:
+        interval = super()._tick(millis)
+        if millis in self.failing:
             raise ModelFault("the energy went missing")
+        return interval
 
 
 @pytest.mark.parametrize("way", ["reports", "frames"])
@@ -314,8 +305,8 @@ def test_a_rapl_tick_that_raises_is_a_dead_letter_and_the_next_one_is_measured_f
     monkeypatch: pytest.MonkeyPatch,
     way: str,
 ) -> None:
-    """On frames the array way raises first: it changes nothing, the ticks go report by
-    report, and the one that fails there is the dead letter."""
+    """Reports in batches and frames go the same way: the tick that raises is the dead
+    letter, and the next tick's interval starts at it."""
     paths = write_recording(tmp_path, ticks=20)
     inputs = [r for r in powerapi.read_hwpc_csv(paths) if isinstance(r, HWPCReport)]
     ticks = sorted({r.timestamp for r in inputs})
@@ -340,9 +331,7 @@ def test_a_rapl_tick_that_raises_is_a_dead_letter_and_the_next_one_is_measured_f
         return written, dead_letters, result, errors
 
     clean, _, _, _ = run()
-    monkeypatch.setattr(FaultyRapl, "failing", {ticks[7], ticks[12]})
-    if way == "frames":
-        monkeypatch.setattr(FaultyRapl, "_frame", _raise_on_frame)
+    monkeypatch.setattr(FaultyRapl, "failing", {to_millis(ticks[7]), to_millis(ticks[12])})
     written, dead_letters, result, errors = run()
     assert [letter.payload.timestamp for letter in dead_letters.letters] == [ticks[7], ticks[12]]
     assert {letter.reason for letter in dead_letters.letters} == {
@@ -353,13 +342,7 @@ def test_a_rapl_tick_that_raises_is_a_dead_letter_and_the_next_one_is_measured_f
     assert len(written) == len(clean) - 2 * 2 * 2  # two sockets, two domains
     assert result.ledger.balanced()
     assert result.ledger.dead_in == 2
-    assert errors == (2 if way == "frames" else 1)  # the frame way's failure, then the tick's
-
-
-def _raise_on_frame(formula: RaplFormula, frame: HWPCFrame, out: Output) -> bool:
-    """The array way, raising once it has changed the formula's state (to be undone)."""
-    formula.previous = max(report.timestamp for report in frame.reports())
-    raise ModelFault("the arrays went missing")
+    assert errors == 1  # one traceback for the one reason
 
 
 class EscapingConfig(FormulaConfig):

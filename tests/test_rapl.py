@@ -10,6 +10,7 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.rapl import RAPL_UNIT_J, RaplConfig, RaplFormula
 from wattflow.formats import jsonl, powerapi
+from wattflow.formats.frames import expand
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_utc
 
 
@@ -22,6 +23,7 @@ def run_formula(reports: list[Report], config: RaplConfig | None = None) -> Outp
             continue
         formula = instances.setdefault(key, RaplFormula(config or RaplConfig(), key))
         formula.process([report], out)
+    out.reports, out.frames = expand(out.items()), []
     return out
 
 

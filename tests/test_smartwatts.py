@@ -15,6 +15,7 @@ from tests.conftest import wattflow
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.power_model import FrequencyLayers
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.formats.frames import expand
 from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -105,10 +106,12 @@ def workload(ticks: int, seed: int = 7) -> list[tuple[int, dict[str, float], flo
 
 
 def feed(formula: SmartWattsFormula, reports: list[HWPCReport], *, flush: bool = True) -> Output:
+    """What the formula makes of a batch of reports, its frames replaced by their reports."""
     out = Output()
     formula.process(list(reports), out)
     if flush:
         formula.flush(out)
+    out.reports, out.frames = expand(out.items()), []
     return out
 
 

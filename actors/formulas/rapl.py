@@ -12,8 +12,7 @@ late). The first tick of a sensor only sets the start of the first interval.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from datetime import datetime
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +30,7 @@ from wattflow.formats.frames import (
     PowerFrame,
 )
 from wattflow.formats.powerapi import datetime_of
-from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_millis
+from wattflow.formats.reports import HWPCReport, Report, to_millis
 
 RAPL_UNIT_J = 2.0**-32
 """Energy of one unit of hwpc-sensor's RAPL counters, in J."""
@@ -170,50 +169,81 @@ def first_rows_per_socket(rapl: EventsTable) -> npt.NDArray[np.int64]:
     return first
 
 
-def _energy_columns(rapl: EventsTable) -> list[int] | None:
-    """The columns of a ``rapl`` table that hold RAPL energy; ``None`` when there is none, or
-    when an energy delta is negative (a dead letter, written report by report)."""
-    columns = [at for at, e in enumerate(rapl.events) if e.startswith(RAPL_EVENT_PREFIX)]
-    if not columns or bool((rapl.values[:, columns] < 0).any()):
-        return None
-    return columns
+class Energy(NamedTuple):
+    """The RAPL energy of a frame's global reports, one entry per tick, table, socket and event,
+    in the order of the reports' ticks, groups, sockets and events."""
+
+    tick: IntArray
+    """Each entry's place in the frame's ticks (in the order they came)."""
+    table: IntArray
+    """Each entry's place in the RAPL tables."""
+    row: IntArray
+    """Each entry's row of its table: its report, socket and the first cpu giving the event."""
+    column: IntArray
+    """Each entry's column of its table."""
+    event: IntArray
+    """Each entry's event, a code into ``events``."""
+    events: list[str]
+    value: FloatArray
 
 
-def _rapl_power_frame(
-    sensor: str,
-    rapl: EventsTable,
-    first: npt.NDArray[np.int64],
-    columns: list[int],
-    power: FloatArray,
-) -> PowerFrame:
-    """The ``rapl`` PowerReports of a sensor's ``first`` rows, one per row and energy column:
-    ``power`` (W, a row per first row, a column per energy column) with SmartWatts' metadata."""
-    events = [rapl.events[at] for at in columns]
-    domains = [event[len(RAPL_EVENT_PREFIX) :] for event in events]
-    scopes = [SCOPE_OF_DOMAIN.get(domain, domain.lower()) for domain in domains]
-    socket_texts, socket_codes = np.unique(rapl.sockets[first], return_inverse=True)
-    rows = len(first) * len(columns)
-    return PowerFrame(
-        sensor=sensor,
-        millis=np.repeat(rapl.millis[first], len(columns)),
-        targets=np.zeros(rows, dtype=np.int64),
-        target_names=["rapl"],
-        power=power.reshape(-1),
-        metadata={
-            "scope": Column(np.tile(np.arange(len(columns)), len(first)), scopes),
-            "socket": Column(
-                np.repeat(socket_codes.reshape(-1), len(columns)),
-                [str(s) for s in socket_texts.tolist()],
-            ),
-            "formula": Column(np.tile(np.arange(len(columns)), len(first)), events),
-            "ratio": np.ones(rows),
-        },
+def rapl_energy(tables: list[EventsTable], ticks: IntArray) -> Energy:
+    """Each tick's energy per table, socket and RAPL event: from the first cpu giving the event,
+    as every cpu of a socket repeats it. ``ticks``: the frame's ticks in the order they came."""
+    events = list(
+        dict.fromkeys(e for t in tables for e in t.events if e.startswith(RAPL_EVENT_PREFIX))
     )
+    sorter = np.argsort(ticks)
+    parts = [(*(np.empty(0, dtype=np.int64) for _ in range(6)), np.empty(0))]
+    for at, table in enumerate(tables):
+        tick = sorter[np.searchsorted(ticks, table.millis, sorter=sorter)]
+        slot = tick * (int(table.sockets.max(initial=0)) + 1) + table.sockets
+        unique, first = np.unique(slot, return_index=True)
+        slot_first = first[np.searchsorted(unique, slot)]
+        for column, event in enumerate(table.events):
+            if event.startswith(RAPL_EVENT_PREFIX):
+                values = table.values[:, column].astype(np.float64)
+                given = np.flatnonzero(~np.isnan(values))
+                rows = given[np.unique(slot[given], return_index=True)[1]]
+                parts.append(
+                    (
+                        *(np.full(len(rows), n) for n in (at, column, events.index(event))),
+                        tick[rows],
+                        slot_first[rows],
+                        rows,
+                        values[rows],
+                    )
+                )
+    table_at, columns, code, tick, first, rows, value = [
+        np.concatenate(c) for c in zip(*parts, strict=True)
+    ]
+    order = np.lexsort((columns, first, table_at, tick))
+    return Energy(
+        tick[order], table_at[order], rows[order], columns[order], code[order], events, value[order]
+    )
+
+
+def _rapl_tables(frame: HWPCFrame) -> list[EventsTable]:
+    """The tables of a frame that hold RAPL energy (``rapl``, or named after a CSV file)."""
+    return [t for t in frame.tables if any(e.startswith(RAPL_EVENT_PREFIX) for e in t.events)]
+
+
+def _arrival(tables: list[EventsTable]) -> IntArray:
+    """The ticks of the tables' rows, in the order they first come."""
+    millis = np.concatenate([np.empty(0, dtype=np.int64), *(t.millis for t in tables)])
+    ticks, first = np.unique(millis, return_index=True)
+    arrival: IntArray = ticks[np.argsort(first)]
+    return arrival
 
 
 @formulas.register("rapl")
 class RaplFormula(Formula[RaplConfig]):
-    """One instance per sensor: every socket of a sensor shares its tick timestamps."""
+    """One instance per sensor: every socket of a sensor shares its tick timestamps.
+
+    One way for every batch: reports become a frame (:meth:`HWPCFrame.from_reports`), each
+    tick's interval is decided in turn (the unit of failure), and the power of every tick with
+    an interval is worked out at once.
+    """
 
     name: ClassVar[str] = "rapl"
     inputs: ClassVar[frozenset[str]] = frozenset({HWPCReport.kind})
@@ -222,7 +252,8 @@ class RaplFormula(Formula[RaplConfig]):
 
     def __init__(self, config: RaplConfig, key: Hashable) -> None:
         super().__init__(config, key)
-        self.previous: datetime | None = None
+        self.previous_ms: int | None = None
+        self.period_ms = config.sensor_reports_frequency
         self.min_interval_s = config.sensor_reports_frequency / 4000.0
 
     @classmethod
@@ -241,123 +272,145 @@ class RaplFormula(Formula[RaplConfig]):
 
     def process(self, reports: list[Report], out: Output) -> None:
         if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            frame = reports[0]
-            if self.config.compat is None and self._try_frame(frame, out):
-                return
-            reports = frame.reports()
+            frame: HWPCFrame | None = reports[0]
+        else:
+            frame = self._frame_of(reports, out)
+        if frame is None:
+            return
+        mark = out.mark()
+        try:
+            self._estimate(frame, out)
+        except Exception as error:  # outside any tick's step: the frame is the unit
+            out.fail(frame.reports(), error, unit="frame", since=mark)
+
+    def _frame_of(self, reports: list[Report], out: Output) -> HWPCFrame | None:
+        """The reports as a frame; a second report of a tick, and a report a frame cannot
+        hold, are dead letters."""
+        kept: dict[int, HWPCReport] = {}
         for report in reports:
             assert isinstance(report, HWPCReport)
+            millis = to_millis(report.timestamp)
+            if millis in kept:
+                out.reject(
+                    report, f"tick at {report.timestamp.isoformat()} is not after the previous one"
+                )
+                continue
+            kept[millis] = report
+        frame, refused = HWPCFrame.from_reports(list(kept.values()))
+        for report in refused:
+            out.reject(report, "socket or cpu ids that are not plain numbers (such as '0')")
+        return frame if len(frame) else None
+
+    def _estimate(self, frame: HWPCFrame, out: Output) -> None:
+        """Each tick's interval in turn, then the power of every tick that has one."""
+        tables = _rapl_tables(frame)
+        ticks = _arrival(tables)
+        energy = rapl_energy(tables, ticks)
+        negative = np.flatnonzero(energy.value < 0)
+        ticks_with, first = np.unique(energy.tick[negative], return_index=True)
+        first_negative = dict(zip(ticks_with.tolist(), negative[first].tolist(), strict=True))
+        intervals = np.full(len(ticks), np.nan)
+        for at, millis in enumerate(ticks.tolist()):
             mark = out.mark()
             try:
-                self._tick(report, out)
-            except Exception as error:  # a global report is a tick, the unit of failure
-                out.fail([report], error, unit="tick", since=mark)
+                interval = self._tick(millis)
+            except Exception as error:
+                out.fail(
+                    frame.of_ticks(ticks[at : at + 1]).reports(), error, unit="tick", since=mark
+                )
+                continue
+            if isinstance(interval, str):
+                self._reject(frame, ticks[at], interval, out)
+            elif interval is None:
+                out.absorb()
+            elif at in first_negative:
+                self._reject(
+                    frame, ticks[at], _negative(frame, tables, energy, first_negative[at]), out
+                )
+            else:
+                intervals[at] = interval
+        self._emit(frame, tables, ticks, energy, intervals, out)
 
-    def _try_frame(self, frame: HWPCFrame, out: Output) -> bool:
-        """:meth:`_frame`, or ``False`` with nothing changed when it raises: the report-by-report
-        way then says which tick fails, and why."""
-        mark, previous = out.mark(), self.previous
-        try:
-            return self._frame(frame, out)
-        except Exception as error:
-            self.previous = previous
-            out.fall_back(mark, error, way="frame")
-            return False
-
-    def _frame(self, frame: HWPCFrame, out: Output) -> bool:
-        """Every tick of a frame of global reports at once; ``False``, having changed nothing,
-        when a tick needs the report-by-report way (a dead letter to write)."""
-        rapl = rapl_table(frame)
-        columns = _energy_columns(rapl)
-        if columns is None:
-            return False
-        first = first_rows_per_socket(rapl)
-        timing = self._intervals(rapl.millis[first])
-        if timing is None:
-            return False
-        interval_s, tick_of, start = timing
-        if start:
-            out.absorb()
-            keep = tick_of >= 1
-            first, tick_of = first[keep], tick_of[keep]
-        if not len(first):
-            return True
-        energy = rapl.values[first][:, columns]
-        power = energy * RAPL_UNIT_J / interval_s[tick_of][:, None]
-        out.emit_frame(
-            _rapl_power_frame(frame.names[int(rapl.sensors[0])], rapl, first, columns, power)
-        )
-        return True
-
-    def _intervals(self, millis: IntArray) -> tuple[FloatArray, npt.NDArray[np.intp], int] | None:
-        """The interval of each tick of these rows (their timestamps in ms), each row's tick,
-        and the first tick that has an interval (:func:`tick_intervals`); the last tick becomes
-        the previous one. ``None``, with nothing changed, when a tick is not after the previous
-        one or comes too soon after it: those ticks need the report-by-report way."""
-        ticks, tick_of = np.unique(millis, return_inverse=True)
-        previous = None if self.previous is None else to_millis(self.previous)
-        if previous is not None and int(ticks[0]) <= previous:
-            return None
-        interval_s, start = tick_intervals(ticks, previous, self.config.sensor_reports_frequency)
-        if bool((interval_s[start:] < self.min_interval_s).any()):
-            return None
-        self.previous = datetime_of(int(ticks[-1]))
-        return interval_s, tick_of.reshape(-1), start
-
-    def _tick(self, report: HWPCReport, out: Output) -> None:
+    def _tick(self, millis: int) -> float | str | None:
+        """A tick's interval in s; ``None`` for a sensor's first tick (it only starts the
+        first interval); or why the tick has none. The tick becomes the previous one unless
+        it is not after it."""
         if self.config.compat is not None:
-            # SmartWatts divides every tick's energy by the configured period, the first included.
-            self._emit(report, self.config.sensor_reports_frequency / 1000.0, out)
-            return
-        previous, now = self.previous, report.timestamp
+            # SmartWatts divides every tick's energy by the configured period, the first too.
+            return self.period_ms / 1000.0
+        previous, self.previous_ms = self.previous_ms, millis
         if previous is None:
-            self.previous = now
-            out.absorb()
-            return
-        interval_s = (now - previous).total_seconds()
+            return None
+        interval_s = ((millis - previous) * 1000) / 1e6
         if interval_s <= 0:
-            out.reject(report, f"tick at {now.isoformat()} is not after the previous one")
-            return
-        self.previous = now
+            self.previous_ms = previous
+            return f"tick at {datetime_of(millis).isoformat()} is not after the previous one"
         if interval_s < self.min_interval_s:
-            out.reject(
-                report,
+            return (
                 f"tick {interval_s * 1000:.0f} ms after the previous one, under a quarter of "
-                f"the sensor period ({self.config.sensor_reports_frequency} ms)",
+                f"the sensor period ({self.period_ms} ms)"
             )
-            return
-        self._emit(report, interval_s, out)
+        return interval_s
 
-    def _emit(self, report: HWPCReport, interval_s: float, out: Output) -> None:
-        now = report.timestamp
-        powers: list[PowerReport] = []
-        for socket, cpus in (
-            item for group in rapl_groups(report) for item in report.groups[group].items()
-        ):
-            seen: set[str] = set()
-            for events in cpus.values():
-                for event, value in events.items():
-                    if not event.startswith(RAPL_EVENT_PREFIX) or event in seen:
-                        continue
-                    seen.add(event)
-                    if value < 0:
-                        out.reject(report, f"negative energy delta {value} for {event}")
-                        return
-                    domain = event[len(RAPL_EVENT_PREFIX) :]
-                    powers.append(
-                        PowerReport.trusted(
-                            timestamp=now,
-                            sensor=report.sensor,
-                            target="rapl",
-                            power=value * RAPL_UNIT_J / interval_s,
-                            metadata=report.metadata
-                            | {
-                                "scope": SCOPE_OF_DOMAIN.get(domain, domain.lower()),
-                                "socket": socket,
-                                "formula": event,
-                                "ratio": 1.0,
-                            },
-                        )
-                    )
-        for power in powers:
-            out.emit(power)
+    @staticmethod
+    def _reject(frame: HWPCFrame, millis: IntArray, reason: str, out: Output) -> None:
+        """Dead-letter a tick's report."""
+        for report in frame.of_ticks(np.array([millis])).reports():
+            out.reject(report, reason)
+
+    def _emit(
+        self,
+        frame: HWPCFrame,
+        tables: list[EventsTable],
+        ticks: IntArray,
+        energy: Energy,
+        intervals: FloatArray,
+        out: Output,
+    ) -> None:
+        """The ``rapl`` PowerReports of every tick with an interval: one per socket and
+        event, with SmartWatts' metadata."""
+        kept = ~np.isnan(intervals[energy.tick])
+        if not bool(kept.any()):
+            return
+        tick, row, table_at, event = (
+            energy.tick[kept],
+            energy.row[kept],
+            energy.table[kept],
+            energy.event[kept],
+        )
+        sockets = np.empty(len(row), dtype=np.int64)
+        targets = np.empty(len(row), dtype=np.int64)
+        for at, table in enumerate(tables):
+            mine = table_at == at
+            sockets[mine] = table.sockets[row[mine]]
+            targets[mine] = table.targets[row[mine]]
+        socket_ids, socket_codes = np.unique(sockets, return_inverse=True)
+        domains = [e[len(RAPL_EVENT_PREFIX) :] for e in energy.events]
+        millis = ticks[tick]
+        sensor = frame.names[int(tables[0].sensors[0])]
+        out.emit_frame(
+            PowerFrame(
+                sensor=sensor,
+                millis=millis,
+                targets=np.zeros(len(row), dtype=np.int64),
+                target_names=["rapl"],
+                power=energy.value[kept] * RAPL_UNIT_J / intervals[tick],
+                metadata={
+                    "scope": Column(event, [SCOPE_OF_DOMAIN.get(d, d.lower()) for d in domains]),
+                    "socket": Column(
+                        socket_codes.reshape(-1), [str(s) for s in socket_ids.tolist()]
+                    ),
+                    "formula": Column(event, list(energy.events)),
+                    "ratio": np.ones(len(row)),
+                },
+                report_metadata=frame.report_metadata(sensor, millis, targets),
+            )
+        )
+
+
+def _negative(frame: HWPCFrame, tables: list[EventsTable], energy: Energy, entry: int) -> str:
+    """Why a tick whose energy ``entry`` is negative is a dead letter."""
+    table = tables[int(energy.table[entry])]
+    event = energy.events[int(energy.event[entry])]
+    value = frame.value(table, int(energy.row[entry]), int(energy.column[entry]))
+    return f"negative energy delta {value} for {event}"

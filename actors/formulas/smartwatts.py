@@ -29,24 +29,22 @@ default
     powers add up to the measured RAPL power, not to the model's guess of it; and the tick on
     which the model is first learned already gets estimates.
 
-Counters that cannot be real (negative deltas, deltas beyond any count a cpu can make in an
-interval: a counter that wrapped around) make their report a dead letter with that reason; a bad
-global report takes its tick's target reports with it. A tick whose processing raises all the same
-is a dead letter with all its reports, naming the error, on either way (reports or frames); the
-formula goes on with the next tick, from the models as the failed one left them.
+One engine, whatever the input: a batch of reports becomes a frame
+(:meth:`~wattflow.formats.frames.HWPCFrame.from_reports`), and every frame goes through the same
+three steps: tick assembly (:func:`~wattflow.actors.formulas.smartwatts_frames.assemble`: the
+arrays of every tick at once, and the reports that cannot be used, with the reason), one model
+step per tick, socket and scope (:class:`Estimates`), and report building (a PowerFrame and a
+FormulaFrame). A tick whose model step raises is a dead letter with all its reports, naming the
+error; the formula goes on with the next tick, from the models as the failed one left them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from itertools import chain
-from operator import itemgetter
 from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import numpy as np
-import numpy.typing as npt
 from pydantic import (
     AliasChoices,
     Field,
@@ -67,13 +65,14 @@ from wattflow.actors.formulas.power_model import (
     frequency_features,
     load_regression,
 )
-from wattflow.actors.formulas.rapl import (
-    GLOBAL_TARGETS,
-    RAPL_UNIT_J,
-    rapl_groups,
-    tick_intervals,
+from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_UNIT_J
+from wattflow.actors.formulas.smartwatts_frames import (
+    MSR_MISSING,
+    FrameTicks,
+    Timing,
+    assemble,
+    is_canonical,
 )
-from wattflow.actors.formulas.smartwatts_frames import FrameTicks, frame_ticks
 from wattflow.formats.frames import (
     Column,
     FormulaFrame,
@@ -82,26 +81,12 @@ from wattflow.formats.frames import (
     IntArray,
     PowerFrame,
 )
-from wattflow.formats.powerapi import datetime_of
-from wattflow.formats.reports import (
-    FormulaReport,
-    HWPCReport,
-    PowerReport,
-    Report,
-    to_millis,
-    trusted_report,
-)
+from wattflow.formats.reports import HWPCReport, Report, to_millis
 
 COMPAT_SMARTWATTS_24 = "smartwatts-2.4"
 
 SMARTWATTS_BUFFERED_TICKS = 5
 """SmartWatts 2.4.1 processes its oldest tick once more than this many are buffered."""
-
-WRAPPED_COUNTER = 2**48
-"""No counter delta over one interval comes near this (78 hours of cycles at 1 GHz): a delta this
-large is a counter that wrapped around and was subtracted without care."""
-
-TIME_EVENTS = frozenset({"time_enabled", "time_running"})
 
 
 class SmartWattsConfig(FormulaConfig):
@@ -182,19 +167,6 @@ class SmartWattsConfig(FormulaConfig):
         return self
 
 
-class BadCounters(ValueError):
-    """A report whose counters cannot be real."""
-
-
-# --- What travels between the steps --------------------------------------------------------
-#
-# Tick assembly gathers a tick's reports (Tick, Reading) and makes each socket's features
-# (SocketFeatures, from the global report's SocketReference); one model step per socket and scope
-# (SmartWattsFormula._step) turns them into a ModelStep; report building turns that into the
-# PowerReports and the FormulaReport. The frame way (_FrameEstimates) makes the same steps on
-# arrays: FrameTicks in, FrameEstimates out.
-
-
 @dataclass(slots=True)
 class Scope:
     """One estimated scope: its RAPL reference, when to relearn, and its models per socket."""
@@ -208,133 +180,28 @@ class Scope:
     layers: dict[str, FrequencyLayers] = field(default_factory=dict)
 
 
-Counts = tuple[tuple[str, ...], list[float] | list[int]]
-"""Event names, sorted, and the matching counts summed over a socket's cpus (made for every
-report and socket, so a plain pair)."""
-
-
-class CpuLayout(NamedTuple):
-    """How to read the counters of a cpu whose events come in one known order."""
-
-    counters: tuple[str, ...]
-    """The counters, sorted; empty when there are none (the slow way then says so)."""
-    values_of: Callable[[Any], Any]
-    """A cpu's values in one C call: the counters', then (when ``timed``) the time columns."""
-    timed: bool
-    """Whether ``values_of`` ends with ``time_enabled`` and ``time_running``."""
-
-
-@dataclass(slots=True)
-class Reading:
-    """A target's report with its counters summed per socket (multiplexing already undone)."""
-
-    report: HWPCReport
-    features: dict[str, Counts]
-
-
-@dataclass(slots=True)
-class Tick:
-    """The reports of one sensor tick, gathered until the tick is processed."""
-
-    timestamp: datetime
-    global_report: HWPCReport | None = None
-    targets: dict[str, Reading] = field(default_factory=dict)
-
-    def reports(self) -> Iterable[HWPCReport]:
-        """Every report the tick holds."""
-        if self.global_report is not None:
-            yield self.global_report
-        for reading in self.targets.values():
-            yield reading.report
-
-
-@dataclass(slots=True)
-class SocketReference:
-    """What the global report says of one socket."""
-
-    rapl_energy: dict[str, float]
-    """RAPL event → energy over the interval, in RAPL units (2⁻³² J)."""
-    package_frequency_mhz: int
-
-
-@dataclass(slots=True)
-class SocketFeatures:
-    """One socket of an assembled tick: what its models step on."""
-
-    socket: str
-    targets: list[str]
-    """The targets with counters on this socket, in the order their reports came."""
-    events: tuple[str, ...]
-    """The features' names, sorted."""
-    rows: FloatArray
-    """The global features (the targets' sum), then one row per target: counter rates per
-    second, or in compat mode the raw counts."""
-    rapl_power_w: dict[str, float]
-    """RAPL event → the socket's measured power over the interval."""
-    package_frequency_mhz: int
-
-
-@dataclass(slots=True)
-class ModelStep:
-    """What one socket and scope's model predicted on a tick, for its reports."""
-
-    model: PowerModel
-    """The layer's model, as the step left it (relearned, maybe): the FormulaReport's."""
-    model_hash: str
-    """The model that predicted (before any relearning): the PowerReports' ``formula``."""
-    rapl_power_w: float
-    intercept_w: float
-    dynamic_w: list[float]
-    """The prediction without the intercept for each of the features' rows."""
-    global_power_w: float
-    """The prediction of the global features, intercept included."""
-    error_w: float
-    """|RAPL − global prediction|, stored in the error window."""
-    layer_mhz: int
-    """The frequency layer of the tick."""
-
-
-def core_group(report: HWPCReport) -> dict[str, dict[str, dict[str, int | float]]] | None:
-    """A target's per-cpu counters.
-
-    hwpc-sensor names the group ``core``; PowerAPI's CSV input names each group after its file,
-    so a report with one group is taken whatever its name.
-    """
-    found = report.groups.get("core")
-    if found is None and len(report.groups) == 1:
-        found = next(iter(report.groups.values()))
-    return found
-
-
-def msr_group(report: HWPCReport) -> dict[str, dict[str, dict[str, int | float]]] | None:
-    """The global report's APERF/MPERF group, by name or by its events."""
-    found = report.groups.get("msr")
-    if found is not None:
-        return found
-    for group in report.groups.values():
-        for cpus in group.values():
-            for events in cpus.values():
-                if "APERF" in events and "MPERF" in events:
-                    return group
-                break
-            break
-    return None
+Produced = list[Frame]
+"""What the estimates of some ticks make: PowerFrames and FormulaFrames, in tick order."""
 
 
 @formulas.register("smartwatts")
 class SmartWattsFormula(Formula[SmartWattsConfig]):
-    """One instance per sensor, holding every socket's and scope's models."""
+    """One instance per sensor, holding every socket's and scope's models.
+
+    Ticks wait in :attr:`pending` (one frame, in tick order) until they are ripe: once the
+    sensor's stream is ``--tick-lateness-ms`` past them, or in compat mode once more than
+    :data:`SMARTWATTS_BUFFERED_TICKS` newer ones came.
+    """
 
     name: ClassVar[str] = "smartwatts"
     inputs: ClassVar[frozenset[str]] = frozenset({HWPCReport.kind})
     config_model: ClassVar[type[FormulaConfig]] = SmartWattsConfig
-    replayable: ClassVar[bool] = False  # a tick is the unit of failure (_handle_tick)
+    replayable: ClassVar[bool] = False  # a tick is the unit of failure (Estimates.fail)
 
     def __init__(self, config: SmartWattsConfig, key: Hashable) -> None:
         super().__init__(config, key)
         self.sensor = str(key)
         self.compat = config.compat == COMPAT_SMARTWATTS_24
-        self.period_s = config.sensor_reports_frequency / 1000.0
         self.base_frequency = config.cpu_base_clock * (
             config.cpu_base_freq // config.cpu_base_clock
         )
@@ -346,12 +213,15 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         if not config.disable_dram_formula:
             dram = Relearning(config.cpu_tdp, config.dram_error_threshold, method)
             self.scopes.append(Scope("dram", config.dram_rapl_ref_event, dram))
-        self.ticks: dict[datetime, Tick] = {}
-        self.held: HWPCFrame | None = None
-        """The last ticks of a frame, waiting ``--tick-lateness-ms`` for the next frame."""
-        self.latest: datetime | None = None
-        self.last_tick: datetime | None = None
-        self._layouts: dict[tuple[str, ...], CpuLayout] = {}
+        self.pending: HWPCFrame | None = None
+        """The ticks received and not yet processed."""
+        self.arrival: list[int] = []
+        """Compat mode: the pending ticks (ms) in the order they first came, SmartWatts'
+        order of processing them."""
+        self.latest_ms: int | None = None
+        """The newest tick received (default mode): where the sensor's stream is."""
+        self.last_ms: int | None = None
+        """The last tick processed (default mode): the next one's interval starts there."""
 
     @classmethod
     def prepare(cls, config: FormulaConfig) -> None:
@@ -371,320 +241,172 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         return [(sensor, frame.of_sensor(sensor)) for sensor in frame.sensors()]
 
     def process(self, reports: list[Report], out: Output) -> None:
+        frame: HWPCFrame | None
         if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            self._process_frame(reports[0], out, final=False)
-            return
-        if self.held is not None:  # a frame's last ticks come before these reports
-            held, self.held = self.held, None
-            reports = [*held.reports(), *reports]
-        self._process_reports(reports, out)
-
-    def _process_reports(self, reports: list[Report], out: Output) -> None:
-        for report in reports:
-            assert isinstance(report, HWPCReport)
-            try:
-                self._receive(report, out)
-            except Exception as error:  # it raises before the report is in a tick
-                out.fail([report], error, unit="report")
-            if self.compat:
-                while len(self.ticks) > SMARTWATTS_BUFFERED_TICKS:
-                    self._handle_tick(next(iter(self.ticks)), out)
-        if not self.compat and self.latest is not None:
-            horizon = self.latest.timestamp() - self.config.tick_lateness_ms / 1000.0
-            ripe = sorted(t for t in self.ticks if t.timestamp() <= horizon)
-            for timestamp in ripe:
-                self._handle_tick(timestamp, out)
+            frame, arrival = reports[0], None
+            if not is_canonical(frame):
+                frame, arrival = self._frame_of(frame.reports(), out)
+        else:
+            frame, arrival = self._frame_of(reports, out)
+        if frame is not None:
+            self._take(frame, arrival, out)
+        self._emit(self._ripe(out, final=False), out)
 
     def flush(self, out: Output) -> None:
-        """Process every buffered tick: at shutdown nothing waits for later reports any more."""
-        if self.held is not None:
-            held, self.held = self.held, None
-            self._process_frame(held, out, final=True)
-        order = list(self.ticks) if self.compat else sorted(self.ticks)
-        for timestamp in order:
-            self._handle_tick(timestamp, out)
+        """Process every pending tick: at shutdown nothing waits for later reports any more."""
+        self._emit(self._ripe(out, final=True), out)
 
-    def _handle_tick(self, timestamp: datetime, out: Output) -> None:
-        """Process a buffered tick, the unit of failure: if that raises, whatever the tick
-        emitted is dropped and its reports are dead letters naming the error. The models keep
-        what the failed tick did to them, as the ticks after it will see, and the tick leaves
-        the buffer only once it has been handled one way or the other."""
-        tick = self.ticks[timestamp]
-        mark = out.mark()
-        try:
-            self._process_tick(tick, out)
-        except Exception as error:
-            out.fail(tick.reports(), error, unit="tick", since=mark)
-        del self.ticks[timestamp]
+    # --- the way in: reports into frames, frames into the pending ticks ---------------------
 
-    # --- tick assembly: reports into ticks, counters into features ----------------------------
+    def _frame_of(
+        self, reports: Sequence[Report], out: Output
+    ) -> tuple[HWPCFrame | None, list[int]]:
+        """A frame of reports, in tick order, and the ticks (ms) in the order they first came.
 
-    def _receive(self, report: HWPCReport, out: Output) -> None:
-        timestamp = report.timestamp
-        if not self.compat and self.last_tick is not None and timestamp <= self.last_tick:
-            late_ms = (self.last_tick - timestamp).total_seconds() * 1000
+        A second report of a target (or a second global report) in a tick replaces the first,
+        which becomes a dead letter; so does a report the frame cannot hold.
+        """
+        kept: dict[tuple[int, str], HWPCReport] = {}
+        for report in reports:
+            assert isinstance(report, HWPCReport)
+            is_global = report.target in GLOBAL_TARGETS
+            key = (to_millis(report.timestamp), "" if is_global else report.target)
+            earlier = kept.get(key)
+            if earlier is not None:
+                what = "global report of its tick" if is_global else "report of its target and tick"
+                out.reject(earlier, f"replaced by a later {what}")
+            kept[key] = report
+        ordered = sorted(kept.items(), key=lambda item: item[0][0])
+        frame, refused = HWPCFrame.from_reports([report for _, report in ordered])
+        for report in refused:
+            out.reject(report, _refusal(report))
+        arrival = list(dict.fromkeys(millis for millis, _ in kept))
+        return (frame if frame.count else None), arrival
+
+    def _take(self, frame: HWPCFrame, arrival: list[int] | None, out: Output) -> None:
+        """Add a frame's ticks to the pending ones; in the default mode, a report of a tick
+        already processed is a dead letter."""
+        if not self.compat:
+            if self.last_ms is not None:
+                late, later = frame.after(self.last_ms)
+                if late is not None:
+                    self._late(late, out)
+                if later is None:
+                    return
+                frame = later
+            newest = _last_ms(frame)
+            self.latest_ms = newest if self.latest_ms is None else max(self.latest_ms, newest)
+        else:
+            known = set(self.arrival)
+            ticks = arrival if arrival is not None else _ticks(frame).tolist()
+            self.arrival.extend(tick for tick in ticks if tick not in known)
+        self.pending = frame if self.pending is None else self._merged(self.pending, frame, out)
+
+    def _late(self, frame: HWPCFrame, out: Output) -> None:
+        lateness = self.config.tick_lateness_ms
+        assert self.last_ms is not None
+        for report in frame.reports():
+            late_ms = self.last_ms - to_millis(report.timestamp)
             out.reject(
                 report,
                 f"arrived after its tick was processed (the sensor's stream had moved "
-                f"{late_ms + self.config.tick_lateness_ms:.0f} ms past it; raise "
-                f"--tick-lateness-ms above {self.config.tick_lateness_ms} ms to wait longer)",
+                f"{late_ms + lateness:.0f} ms past it; raise --tick-lateness-ms above "
+                f"{lateness} ms to wait longer)",
             )
-            return
-        if report.target in GLOBAL_TARGETS:
-            tick = self._tick(timestamp)
-            if tick.global_report is not None:
-                out.reject(tick.global_report, "replaced by a later global report of its tick")
-            tick.global_report = report
-        else:
+
+    def _merged(self, pending: HWPCFrame, frame: HWPCFrame, out: Output) -> HWPCFrame:
+        """The pending ticks and a frame's: joined when the frame starts after them (or in
+        their last tick, with other targets), else made again from both frames' reports."""
+        last = _last_ms(pending)
+        first = min(int(t.millis[0]) for t in frame.tables if len(t))
+        if first > last or (first == last and not _reports_in_both(pending, frame, last)):
             try:
-                features = self._features(report)
-            except BadCounters as error:
-                out.reject(report, str(error))
-                return
-            tick = self._tick(timestamp)
-            previous = tick.targets.get(report.target)
-            if previous is not None:
-                out.reject(previous.report, "replaced by a later report of its target and tick")
-            tick.targets[report.target] = Reading(report, features)
-        if self.latest is None or timestamp > self.latest:
-            self.latest = timestamp
+                return pending.joined(frame)
+            except ValueError:  # a group with other events: the reports make one frame
+                pass
+        merged, _ = self._frame_of([*pending.reports(), *frame.reports()], out)
+        assert merged is not None
+        return merged
 
-    def _tick(self, timestamp: datetime) -> Tick:
-        tick = self.ticks.get(timestamp)
-        if tick is None:
-            tick = self.ticks[timestamp] = Tick(timestamp)
-        return tick
+    # --- ripe ticks: assembled, stepped through, reported --------------------------------
 
-    def _features(self, report: HWPCReport) -> dict[str, Counts]:
-        """Sum a target's counters per socket, undoing perf's multiplexing outside compat."""
-        group = core_group(report)
-        if group is None:
-            raise BadCounters(
-                f"target report without a 'core' group (it has {sorted(report.groups)})"
-            )
-        features: dict[str, Counts] = {}
-        for socket, cpus in group.items():
-            rows = list(cpus.values())
-            if rows:
-                features[socket] = self._socket_counts(socket, cpus, rows)
-        return features
-
-    def _socket_counts(
-        self, socket: str, cpus: dict[str, dict[str, int | float]], rows: list[dict[str, Any]]
-    ) -> Counts:
-        """One socket's counters summed over its cpus (``rows``: the cpus' events).
-
-        This runs once per input report and socket, so the common case (every cpu reporting the
-        same events) stays in C: one ``itemgetter`` call per cpu and ``zip``/``sum`` per event.
-        """
-        layout = self._layouts.get(tuple(rows[0]))
-        if layout is None:
-            layout = self._layout(rows[0])
-        if layout.counters:
-            sums = self._usual_sums(rows, layout)
-            if sums is not None:
-                return layout.counters, sums
-        return self._features_slowly(socket, cpus)
-
-    def _usual_sums(self, rows: list[dict[str, Any]], layout: CpuLayout) -> list[Any] | None:
-        """The counters summed over the cpus the fast way, or ``None`` for anything unusual:
-        other events per cpu, values that are not numbers or cannot be real, multiplexing
-        (outside compat)."""
-        try:
-            values = list(map(layout.values_of, rows))
-            columns = list(zip(*values, strict=True))
-            if layout.timed:  # the time columns come last
-                counts = columns[:-2]
-                multiplexed = columns[-2] != columns[-1] and not self.compat
-            else:
-                counts = columns
-                multiplexed = False
-            sums = list(map(sum, counts))
-            unusual = (
-                multiplexed
-                or sum(map(len, rows)) != len(rows[0]) * len(rows)
-                or min(chain.from_iterable(counts)) < 0
-                or max(sums) >= WRAPPED_COUNTER
-            )
-        except (KeyError, TypeError, ValueError):  # other events per cpu, or not numbers
-            return None
-        return None if unusual else sums
-
-    def _layout(self, events: dict[str, int | float]) -> CpuLayout:
-        """How to read a cpu's events in one C call: sorted counters, then the time columns."""
-        names = tuple(sorted(e for e in events if e not in TIME_EVENTS))
-        timed = events.keys() >= TIME_EVENTS
-        keys = (*names, "time_enabled", "time_running") if timed else names
-        if not keys:  # no counters at all: the slow way says so
-            return CpuLayout((), tuple, False)
-        layout = CpuLayout(names, itemgetter(*keys), timed)
-        if len(keys) == 1:
-            only = itemgetter(keys[0])
-            layout = CpuLayout(names, lambda row: (only(row),), False)
-        if len(self._layouts) < 64:
-            self._layouts[tuple(events)] = layout
-        return layout
-
-    def _features_slowly(self, socket: str, cpus: dict[str, dict[str, int | float]]) -> Counts:
-        """Every case the fast path leaves: cpus with other events, multiplexing, bad values."""
-        sums: dict[str, float] = {}
-        for cpu, events in cpus.items():
-            if not isinstance(events, dict):
-                raise BadCounters(f"cpu {cpu} of socket {socket} holds no events")
-            scale = 1.0 if self.compat else _multiplexing_scale(events)
-            for event, value in events.items():
-                if event in TIME_EVENTS:
-                    continue
-                if type(value) not in (int, float):
-                    raise BadCounters(
-                        f"counter {event} on socket {socket} cpu {cpu} is not a number: {value!r}"
-                    )
-                if not 0 <= value < WRAPPED_COUNTER:
-                    raise BadCounters(_bad_counter(event, value, socket, cpu))
-                sums[event] = sums.get(event, 0.0) + value * scale
-        if not sums:
-            raise BadCounters(f"no counters on socket {socket}: its cpus report no events")
-        names = tuple(sorted(sums))
-        return names, [sums[name] for name in names]
-
-    def _reference(self, report: HWPCReport) -> dict[str, SocketReference]:
-        """RAPL energy and package frequency of each socket, from the global report."""
-        msr = msr_group(report)
-        if msr is None:
-            raise BadCounters(
-                "global report without an 'msr' group (APERF, MPERF): the package frequency, "
-                "and so the model to use, is unknown"
-            )
-        references: dict[str, SocketReference] = {}
-        for group in rapl_groups(report):
-            for socket, cpus in report.groups[group].items():
-                energy = _rapl_energy(socket, cpus)
-                frequency_mhz = self._package_frequency_mhz(socket, msr.get(socket))
-                references[socket] = SocketReference(energy, frequency_mhz)
-        if not references:
-            raise BadCounters("global report without RAPL energy counters")
-        return references
-
-    def _package_frequency_mhz(
-        self, socket: str, cpus: dict[str, dict[str, int | float]] | None
-    ) -> int:
-        """The base frequency × APERF/MPERF, both summed over the socket's cpus."""
-        if not cpus:
-            raise BadCounters(f"global report without msr counters for socket {socket}")
-        aperf = mperf = 0.0
-        for cpu, events in cpus.items():
-            a, m = events.get("APERF", 0), events.get("MPERF", 0)
-            if a < 0 or m < 0:
-                raise BadCounters(_bad_counter("APERF/MPERF", min(a, m), socket, cpu))
-            aperf += a
-            mperf += m
-        if mperf <= 0:
-            raise BadCounters(f"MPERF is zero on socket {socket}: the package frequency is unknown")
-        return int(self.base_frequency * aperf / mperf)
-
-    def _process_tick(self, tick: Tick, out: Output) -> None:
-        """Assemble a tick, step each socket and scope's model on it, and emit the reports."""
-        sockets = self._assemble(tick, out)
-        if sockets is None:
-            return
-        estimated = False
-        for features in sockets:
-            for scope in self.scopes:
-                rapl_power_w = features.rapl_power_w.get(scope.rapl_event)
-                if rapl_power_w is None:
-                    continue
-                step = self._step(scope, features, rapl_power_w)
-                if step is not None:
-                    out.emit_all(self._power_reports(tick, scope, features, step))
-                    out.emit(self._formula_report(tick, scope, features, step))
-                    estimated = True
-        if not estimated:
-            out.absorb(1 + len(tick.targets))
-
-    def _assemble(self, tick: Tick, out: Output) -> list[SocketFeatures] | None:
-        """The features of each socket of the tick that has targets; ``None`` when the tick
-        has nothing to estimate, its reports then absorbed or rejected here."""
-        interval_s = self._interval_s(tick, out)
-        if interval_s is None:
-            return None
-        references = self._references(tick, out)
-        if references is None:
-            return None
-        sockets = []
-        for socket, reference in references.items():
-            features = self._socket_features(tick, socket, reference, interval_s)
-            if features is not None:
-                sockets.append(features)
-        return sockets
-
-    def _interval_s(self, tick: Tick, out: Output) -> float | None:
-        """The tick's interval: since the previous tick, or the configured period in compat
-        mode; ``None`` for a sensor's first tick (absorbed: it only starts the first interval,
-        as in the RAPL formula) or a tick too soon after the previous one (rejected)."""
-        if self.compat:
-            return self.period_s
-        previous, self.last_tick = self.last_tick, tick.timestamp
-        if previous is None:
-            out.absorb(len(tick.targets) + (tick.global_report is not None))
-            return None
-        interval_s = (tick.timestamp - previous).total_seconds()
-        if interval_s < self.period_s / 4:
-            reason = (
-                f"tick {interval_s * 1000:.0f} ms after the previous one, under a quarter of "
-                f"the sensor period ({self.config.sensor_reports_frequency} ms)"
-            )
-            for report in tick.reports():
-                out.reject(report, reason)
-            return None
-        return interval_s
-
-    def _references(self, tick: Tick, out: Output) -> dict[str, SocketReference] | None:
-        """What the tick's global report says of each socket; ``None``, the reports absorbed
-        or rejected, when the tick has no global report, no targets, or a bad global report."""
-        global_report = tick.global_report
-        if global_report is None:
-            lateness = self.config.tick_lateness_ms
-            wait = "" if self.compat else f" within --tick-lateness-ms {lateness} ms"
-            for reading in tick.targets.values():
-                out.reject(
-                    reading.report,
-                    f"tick {tick.timestamp.isoformat()} is incomplete: no global report "
-                    f"('all'){wait}",
-                )
-            return None
-        if not tick.targets:
-            out.absorb()
-            return None
-        try:
-            return self._reference(global_report)
-        except BadCounters as error:
-            out.reject(global_report, str(error))
-            for reading in tick.targets.values():
-                out.reject(reading.report, f"the global report of its tick was rejected: {error}")
-            return None
-
-    def _socket_features(
-        self, tick: Tick, socket: str, reference: SocketReference, interval_s: float
-    ) -> SocketFeatures | None:
-        """One socket's features and RAPL power; ``None`` when no target ran on it."""
-        targets = [name for name, r in tick.targets.items() if socket in r.features]
-        if not targets:
-            return None
-        events, rows = _feature_rows([tick.targets[name].features[socket] for name in targets])
+    def _ripe(self, out: Output, *, final: bool) -> Produced:
+        """Process the ticks that are ripe (all of them when ``final``)."""
+        pending = self.pending
+        if pending is None:
+            return []
         if not self.compat:
-            rows /= interval_s
-        rapl_power_w = {}
-        for scope in self.scopes:
-            energy = reference.rapl_energy.get(scope.rapl_event)
-            if energy is not None:
-                rapl_power_w[scope.rapl_event] = energy * RAPL_UNIT_J / interval_s
-        return SocketFeatures(
-            socket, targets, events, rows, rapl_power_w, reference.package_frequency_mhz
+            horizon = (
+                None
+                if final or self.latest_ms is None
+                else (self.latest_ms - self.config.tick_lateness_ms)
+            )
+            ripe, self.pending = (pending, None) if horizon is None else pending.after(horizon)
+            return self._estimate(ripe, out) if ripe is not None else []
+        produced: Produced = []
+        keep = 0 if final else SMARTWATTS_BUFFERED_TICKS
+        while len(self.arrival) > keep and self.pending is not None:
+            produced += self._estimate(self._next_compat(len(self.arrival) - keep), out)
+        return produced
+
+    def _next_compat(self, count: int) -> HWPCFrame:
+        """The next ``count`` ticks in the order they came, taken from the pending ones: at
+        once when that is also their order in time, else the first one alone."""
+        pending = self.pending
+        assert pending is not None
+        ticks, rest = self.arrival[:count], self.arrival[count:]
+        if ticks == sorted(ticks) and (not rest or ticks[-1] < min(rest)):
+            ripe, self.pending = pending.after(ticks[-1])
+            del self.arrival[:count]
+        else:
+            first = np.array(self.arrival[:1], dtype=np.int64)
+            ripe, self.pending = pending.of_ticks(first), pending.of_ticks(first, invert=True)
+            del self.arrival[0]
+        assert ripe is not None
+        return ripe
+
+    def _estimate(self, frame: HWPCFrame, out: Output) -> Produced:
+        """Assemble a frame's ticks, step the models through them and build their reports.
+
+        A tick whose model step raises is a dead letter with its reports (:class:`Estimates`);
+        an error outside the model steps makes the whole frame one.
+        """
+        mark = out.mark()
+        try:
+            timing = Timing(
+                previous_ms=self.last_ms,
+                period_ms=self.config.sensor_reports_frequency,
+                compat=self.compat,
+                lateness_ms=self.config.tick_lateness_ms,
+                base_frequency=self.base_frequency,
+            )
+            assembly = assemble(frame, timing)
+            if not self.compat:
+                self.last_ms = assembly.last_ms
+            _reject(frame, assembly.rejected, out)
+            out.absorb(assembly.absorbed)
+            if assembly.ticks is None:
+                return []
+            rejected = {(tick, frame.names[code]) for tick, code, _ in assembly.rejected}
+            return Estimates(self, assembly.ticks).run(frame, out, rejected)
+        except Exception as error:  # outside any tick's model step: the frame is the unit
+            out.fail(frame.reports(), error, unit="frame", since=mark)
+            return []
+
+    def _emit(self, produced: Produced, out: Output) -> None:
+        """Hand the frames on; PowerFrames that carry their input reports' metadata as their
+        reports (the outputs write frames a column at a time), and then all of them, to keep
+        the order of ticks."""
+        as_reports = any(
+            isinstance(item, PowerFrame) and item.report_metadata is not None for item in produced
         )
+        for item in produced:
+            if as_reports and isinstance(item, PowerFrame):
+                out.emit_all(item.reports())
+            else:
+                out.emit_frame(item)
 
-    # --- one model step per socket, scope and layer ------------------------------------------
-
-    def _layers(self, scope: Scope, socket: str) -> FrequencyLayers:
+    def layers(self, scope: Scope, socket: str) -> FrequencyLayers:
         """The models of one scope and socket, created on first use."""
         layers = scope.layers.get(socket)
         if layers is None:
@@ -700,270 +422,70 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             )
         return layers
 
-    def _step(
-        self, scope: Scope, features: SocketFeatures, rapl_power_w: float
-    ) -> ModelStep | None:
-        """Learn, predict and relearn the model of the socket's layer on one tick; ``None``
-        while the layer has no model to predict with (or, in compat mode, on the tick that
-        learned it, as SmartWatts waits for the next one)."""
-        layers = self._layers(scope, features.socket)
-        frequency_mhz = features.package_frequency_mhz
-        model = layers.model(frequency_mhz)
-        model.use_events(features.events)
-        rows = layers.features(features.rows, frequency_mhz)
-        global_features = rows[0].tolist()
-        stored = not model.fitted
-        if stored and (
-            not model.first_fit(rapl_power_w, global_features, scope.relearning.max_intercept_w)
-            or self.compat
-        ):
-            return None
-        assert model.coef is not None
-        intercept_w = model.intercept
-        model_hash = model.hash
-        dynamic_w = dynamic_power(rows, model.coef).tolist()
-        global_power_w = dynamic_w[0] + intercept_w
-        error_w = model.track(
-            rapl_power_w, global_features, global_power_w, scope.relearning, stored=stored
-        )
-        return ModelStep(
-            model,
-            model_hash,
-            rapl_power_w,
-            intercept_w,
-            dynamic_w,
-            global_power_w,
-            error_w,
-            layers.layer_frequency(frequency_mhz),
-        )
 
-    # --- report building ---------------------------------------------------------------------
-
-    def _power_reports(
-        self, tick: Tick, scope: Scope, features: SocketFeatures, step: ModelStep
-    ) -> list[PowerReport]:
-        """The ``global`` PowerReport (the model's raw prediction), then one per target, with
-        its share (``ratio``) of the global prediction less the intercept (which cancels out of
-        every share).
-
-        The formula's hot loop: the reports are built from complete field dicts.
-        """
-        timestamp = tick.timestamp
-        sensor = self.sensor
-        labels: dict[str, Any] = {
-            "scope": scope.name,
-            "socket": features.socket,
-            "formula": step.model_hash,
-        }
-        global_report = tick.global_report
-        assert global_report is not None
-        reports = [
-            trusted_report(
-                PowerReport,
-                {
-                    "timestamp": timestamp,
-                    "sensor": sensor,
-                    "target": "global",
-                    "power": step.global_power_w,
-                    "metadata": {**global_report.metadata, **labels, "ratio": 1.0},
-                },
-            )
-        ]
-        dynamic_global = step.dynamic_w[0]
-        rapl_power_w = step.rapl_power_w
-        intercept_w = step.intercept_w
-        readings = tick.targets
-        share_measured = not self.compat
-        for name, target_dynamic in zip(features.targets, step.dynamic_w[1:], strict=True):
-            if dynamic_global > 0.0 and target_dynamic > 0.0:
-                ratio = target_dynamic / dynamic_global
-                # SmartWatts shares its predicted global power; wattflow the measured one.
-                if share_measured:
-                    power = ratio * rapl_power_w
-                else:
-                    power = target_dynamic + ratio * intercept_w
-            else:
-                ratio = power = 0.0
-            reports.append(
-                trusted_report(
-                    PowerReport,
-                    {
-                        "timestamp": timestamp,
-                        "sensor": sensor,
-                        "target": name,
-                        "power": power,
-                        "metadata": {**readings[name].report.metadata, **labels, "ratio": ratio},
-                    },
-                )
-            )
-        return reports
-
-    def _formula_report(
-        self, tick: Tick, scope: Scope, features: SocketFeatures, step: ModelStep
-    ) -> FormulaReport:
-        """The FormulaReport describing the model as the step left it."""
-        model = step.model
-        return FormulaReport.trusted(
-            timestamp=tick.timestamp,
-            sensor=self.sensor,
-            target=model.hash,
-            metadata=dict(
-                zip(
-                    FORMULA_KEYS,
-                    model_description(
-                        scope.name,
-                        features.socket,
-                        model,
-                        step.layer_mhz,
-                        features.package_frequency_mhz,
-                        step.error_w,
-                    ),
-                    strict=True,
-                )
-            ),
-        )
-
-    # --- frames: every tick of a frame with array operations --------------------------------
-
-    def _process_frame(self, frame: HWPCFrame, out: Output, *, final: bool) -> None:
-        """Estimate a frame's ticks, holding the last ``--tick-lateness-ms`` unless final.
-
-        The ticks go the report-by-report way when anything in them needs it (see
-        :func:`~wattflow.actors.formulas.smartwatts_frames.frame_ticks`), with the same result.
-        """
-        if self.held is not None:
-            held, self.held = self.held, None
-            try:
-                frame = held.joined(frame)
-            except Exception:  # other groups or events: each frame goes its own way
-                self._by_reports(held, out)
-        if self.compat:
-            self._by_reports(frame, out)
-            return
-        if self.ticks:
-            rest = self._back_from_reports(frame, out)
-            if rest is None:
-                return
-            frame = rest
-        ripe: HWPCFrame | None = frame
-        last = int(max(t.millis.max() for t in frame.tables if len(t)))
-        if not final:
-            if self.latest is not None:
-                last = max(last, to_millis(self.latest))
-            ripe, self.held = frame.after(last - self.config.tick_lateness_ms)
-        self.latest = datetime_of(last)
-        if ripe is not None and not self._estimate_frame(ripe, out):
-            self._by_reports(ripe, out)
-
-    def _back_from_reports(self, frame: HWPCFrame, out: Output) -> HWPCFrame | None:
-        """The part of a frame that can go the frame way while the report-by-report way still
-        buffers ticks (after a batch that was not plain, say), or ``None`` when none can yet.
-
-        The frame's ticks up to the newest buffered one join those ticks the slow way; the
-        buffered ticks that the frame's newer ticks make ripe are processed; once none is left,
-        the newer ticks go the frame way, so one odd batch does not keep a sensor's stream on
-        the slow way for good.
-        """
-        newest = to_millis(max(self.ticks))
-        older, newer = frame.after(newest)
-        if older is not None:
-            self._by_reports(older, out)
-        if newer is None:
-            return None
-        last = int(max(t.millis.max() for t in newer.tables if len(t)))
-        horizon = last - self.config.tick_lateness_ms
-        for timestamp in sorted(t for t in self.ticks if to_millis(t) <= horizon):
-            self._handle_tick(timestamp, out)
-        if self.ticks:
-            self._by_reports(newer, out)
-            return None
-        return newer
-
-    def _by_reports(self, frame: HWPCFrame, out: Output) -> None:
-        """A frame's ticks the report-by-report way, waiting and buffering as it does."""
-        self._process_reports(frame.reports(), out)
-
-    def _estimate_frame(self, frame: HWPCFrame, out: Output) -> bool:
-        """Every tick of a frame; ``False``, having changed nothing, if a tick needs the slow way
-        (see :func:`~wattflow.actors.formulas.smartwatts_frames.frame_ticks`; or it comes after
-        a tick already processed, or too soon after the previous one), or if making the arrays
-        raised (logged: the report-by-report way then names what fails, tick by tick).
-
-        A tick is the unit of failure here too: one whose model step raises is a dead letter
-        with its reports, as on the report-by-report way (see :meth:`_FrameEstimates.run`).
-        """
-        mark = out.mark()
-        try:
-            estimates = self._frame_estimates(frame)
-        except Exception as error:
-            out.fall_back(mark, error, way="frame")
-            return False
-        if estimates is None:
-            return False
-        self.last_tick = datetime_of(estimates.millis[-1])
-        try:
-            self._step_frame(frame, estimates, out)
-        except Exception as error:  # outside any tick's model step: the frame is the unit
-            out.fail(frame.reports(), error, unit="frame", since=mark)
-        return True
-
-    def _frame_estimates(self, frame: HWPCFrame) -> _FrameEstimates | None:
-        """The frame's ticks ready to step through, or ``None`` for the slow way."""
-        ticks = frame_ticks(frame, self.base_frequency, scale_multiplexed=True)
-        if ticks is None:
-            return None
-        millis = ticks.millis
-        previous = None if self.last_tick is None else to_millis(self.last_tick)
-        if previous is not None and int(millis[0]) <= previous:
-            return None
-        interval_s, first = tick_intervals(millis, previous, self.config.sensor_reports_frequency)
-        if bool((interval_s[first:] < self.period_s / 4).any()):
-            return None
-        return _FrameEstimates(self, ticks, interval_s, first)
-
-    def _step_frame(self, frame: HWPCFrame, estimates: _FrameEstimates, out: Output) -> None:
-        """Step the models through the frame's ticks and emit their estimates.
-
-        Each socket and scope has its own models, so their ticks are stepped through one
-        (socket, scope) at a time; the estimates are put back in the order of ticks, sockets
-        and scopes that the report-by-report way makes them in.
-        """
-        ticks = estimates.ticks
-        targets = ticks.targets
-        first = estimates.first
-        if first:
-            out.absorb(int(targets[0]) + 1)
-        for socket_at in range(len(ticks.sockets)):
-            for scope_at, scope in enumerate(self.scopes):
-                energy = ticks.energy.get(scope.rapl_event)
-                if energy is not None:
-                    estimates.run(socket_at, scope_at, scope, energy[:, socket_at] * RAPL_UNIT_J)
-        failed = estimates.drop_failed()
-        estimated = estimates.ticks_estimated()
-        with_targets = targets > 0
-        with_targets[:first] = False
-        with_targets[failed] = False
-        absorbed = np.where(estimated, 0, 1 + targets)[with_targets]
-        out.absorb(int(absorbed.sum()) + int((targets[first:] == 0).sum()))
-        estimates.emit(frame, out)
-        if failed:
-            estimates.reject_failed(frame, out)
+def _refusal(report: HWPCReport) -> str:
+    """Why a frame cannot hold a report (see :meth:`HWPCFrame.from_reports`)."""
+    if report.target in GLOBAL_TARGETS and not report.groups:
+        return MSR_MISSING
+    if not report.groups:
+        return f"target report without a 'core' group (it has {sorted(report.groups)})"
+    if any(cpus for sockets in report.groups.values() for cpus in sockets.values()):
+        return "socket or cpu ids that are not plain numbers (such as '0')"
+    return "no counters: its sockets have no cpus"
 
 
-class FrameEstimate(NamedTuple):
-    """One model step of the frame way: what its reports are built from."""
+def _ticks(frame: HWPCFrame) -> IntArray:
+    ticks: IntArray = np.unique(np.concatenate([t.millis for t in frame.tables]))
+    return ticks
+
+
+def _last_ms(frame: HWPCFrame) -> int:
+    return max(int(t.millis[-1]) for t in frame.tables if len(t))
+
+
+def _reports_in_both(first: HWPCFrame, later: HWPCFrame, millis: int) -> bool:
+    """Whether both frames hold a report of the same target (or a global report) at ``millis``."""
+
+    def targets(frame: HWPCFrame) -> set[str]:
+        codes = np.unique(np.concatenate([t.targets[t.millis == millis] for t in frame.tables]))
+        return {"" if (n := frame.names[c]) in GLOBAL_TARGETS else n for c in codes.tolist()}
+
+    return bool(targets(first) & targets(later))
+
+
+def _reject(frame: HWPCFrame, rejected: list[tuple[int, int, str]], out: Output) -> None:
+    """Dead-letter the reports assembly found unusable, with their reasons, in its order."""
+    if not rejected:
+        return
+    millis = np.array([r[0] for r in rejected], dtype=np.int64)
+    targets = np.array([r[1] for r in rejected], dtype=np.int64)
+    found = {
+        (to_millis(report.timestamp), report.target): report
+        for report in frame.of_reports(millis, targets).reports()
+    }
+    for tick, target, reason in rejected:
+        out.reject(found[(tick, frame.names[target])], reason)
+
+
+# --- one model step per tick, socket and scope; then the reports -------------------------
+
+
+class Estimate(NamedTuple):
+    """One model step: what its reports are built from."""
 
     tick: int
-    """The tick's place in the frame."""
+    """The tick's place in the :class:`FrameTicks`."""
     socket_at: int
     """The socket's place in :attr:`FrameTicks.sockets`."""
     scope_at: int
     """The scope's place in the formula's scopes."""
     coef_code: int
-    """The predicting model's coefficients: their place in :attr:`_FrameEstimates.coefs`."""
+    """The predicting model's coefficients: their place in :attr:`Estimates.coefs`."""
     rapl_power_w: float
     hash_code: int
-    """The predicting model's hash: its place in :attr:`_FrameEstimates.hashes`."""
+    """The predicting model's hash: its place in :attr:`Estimates.hashes`."""
+    intercept_w: float
+    """The predicting model's intercept (compat mode adds each target's share of it)."""
     global_dynamic_w: float
     """The prediction of the global features without the intercept."""
     global_power_w: float
@@ -979,7 +501,7 @@ class CoefPower(NamedTuple):
 
     coef_code: int
     first: int
-    """The tick of the frame the predictions start at."""
+    """The tick the predictions start at."""
     dynamic_w: list[float]
     """Without the intercept, one per tick from ``first`` on."""
 
@@ -993,20 +515,20 @@ class ScopeSteps:
     scope: Scope
     layers: FrequencyLayers
     rapl_power_w: list[float]
-    """The measured power of each tick."""
+    """The measured power of each tick (NaN where the global report has none)."""
     features: FloatArray
-    """(ticks, events): the global features, per second."""
+    """(ticks, events): the global features (rates per second, raw counts in compat mode)."""
     feature_rows: list[list[float]]
     """The same rows as lists, as the models store them."""
     package_frequency_mhz: list[int]
     layer_mhz: list[int]
     """The frequency layer of each tick."""
     coef_power: dict[int, CoefPower] = field(default_factory=dict)
-    """By ``id`` of the coefficients (kept alive in :attr:`_FrameEstimates.coefs`)."""
+    """By ``id`` of the coefficients (kept alive in :attr:`Estimates.coefs`)."""
 
 
 class EstimateColumns(NamedTuple):
-    """A frame's estimates (:class:`FrameEstimate`) in report order, as columns."""
+    """A frame's estimates (:class:`Estimate`) in report order, as columns."""
 
     tick: IntArray
     socket_at: IntArray
@@ -1014,6 +536,7 @@ class EstimateColumns(NamedTuple):
     coef_code: IntArray
     rapl_power_w: FloatArray
     hash_code: IntArray
+    intercept_w: FloatArray
     global_dynamic_w: FloatArray
     global_power_w: FloatArray
 
@@ -1034,23 +557,27 @@ class TargetShares(NamedTuple):
     power_w: FloatArray
 
 
-class _FrameEstimates:
-    """The model steps of a frame's ticks, then their reports as frames."""
+class Estimates:
+    """The model steps of assembled ticks, then their reports as frames.
 
-    def __init__(
-        self, formula: SmartWattsFormula, ticks: FrameTicks, interval_s: FloatArray, first: int
-    ) -> None:
+    Each socket and scope has its own models, so their ticks are stepped through one (socket,
+    scope) at a time; the estimates are then put back in the order of ticks, sockets and scopes.
+    """
+
+    def __init__(self, formula: SmartWattsFormula, ticks: FrameTicks) -> None:
         self.formula = formula
         self.ticks = ticks
-        self.interval_s = interval_s
-        self.first = first
-        self.rates = ticks.global_counts / interval_s[:, None, None]  # the global features
+        self.compat = formula.compat
+        # The global features: rates per second, or SmartWatts' raw counts in compat mode.
+        self.rates = ticks.global_counts
+        if not self.compat:
+            self.rates = ticks.global_counts / ticks.interval_s[:, None, None]
         base_clock = formula.config.cpu_base_clock
         self.layers = (np.clip(ticks.frequency // base_clock, 1, 100) * base_clock).tolist()
         self.frequency = ticks.frequency.tolist()
         self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
         self.millis = ticks.millis.tolist()
-        self.done: list[FrameEstimate] = []
+        self.done: list[Estimate] = []
         self.coefs: list[FloatArray] = []
         """The coefficients the estimates used, each model's once."""
         self.hashes: list[str] = []
@@ -1060,10 +587,29 @@ class _FrameEstimates:
         self.failed: dict[int, BaseException] = {}
         """The ticks whose model step raised, and the error: each is a dead letter whole."""
 
-    def run(self, socket_at: int, scope_at: int, scope: Scope, energy_j: FloatArray) -> None:
-        """What ``_step`` does, for one socket and scope, tick after tick; the targets'
-        shares are left for :meth:`emit`."""
-        layers = self.formula._layers(scope, self.ticks.sockets[socket_at])
+    def run(self, frame: HWPCFrame, out: Output, rejected: set[tuple[int, str]]) -> Produced:
+        """Step every socket and scope through the ticks; absorb the reports of the ticks that
+        got no estimate, dead-letter those whose step raised; the estimates' frames."""
+        ticks = self.ticks
+        for socket_at in range(len(ticks.sockets)):
+            for scope_at, scope in enumerate(self.formula.scopes):
+                energy = ticks.energy.get(scope.rapl_event)
+                if energy is not None:
+                    self.steps(socket_at, scope_at, scope, energy[:, socket_at] * RAPL_UNIT_J)
+        failed = self.drop_failed()
+        estimated = np.zeros(len(self.millis), dtype=np.bool_)
+        estimated[[estimate.tick for estimate in self.done]] = True
+        estimated[failed] = True
+        out.absorb(int((1 + ticks.targets)[~estimated].sum()))
+        produced = self.frames(frame)
+        if failed:
+            self.reject_failed(frame, out, rejected)
+        return produced
+
+    def steps(self, socket_at: int, scope_at: int, scope: Scope, energy_j: FloatArray) -> None:
+        """One socket and scope's model steps, tick after tick; the targets' shares are left
+        for :meth:`frames`."""
+        layers = self.formula.layers(scope, self.ticks.sockets[socket_at])
         features = layers.features_each(
             self.rates[:, socket_at, :], self.ticks.frequency[:, socket_at]
         )
@@ -1072,15 +618,15 @@ class _FrameEstimates:
             scope_at=scope_at,
             scope=scope,
             layers=layers,
-            rapl_power_w=(energy_j / self.interval_s).tolist(),
+            rapl_power_w=(energy_j / self.ticks.interval_s).tolist(),
             features=features,
             feature_rows=features.tolist(),
             package_frequency_mhz=[row[socket_at] for row in self.frequency],
             layer_mhz=[row[socket_at] for row in self.layers],
         )
         filled = self.filled[socket_at]
-        for tick in range(self.first, len(self.millis)):
-            if not filled[tick]:
+        for tick, rapl_power_w in enumerate(steps.rapl_power_w):
+            if not filled[tick] or rapl_power_w != rapl_power_w:  # no targets, or no energy
                 continue
             try:
                 self._step(steps, tick)
@@ -1088,7 +634,8 @@ class _FrameEstimates:
                 self.fail(tick, failure)
 
     def _step(self, steps: ScopeSteps, tick: int) -> None:
-        """One tick's model step: learn, predict, relearn, and keep the estimate."""
+        """One tick's model step: learn, predict, relearn, and keep the estimate. In compat
+        mode the tick that learns the model gets no estimate, as in SmartWatts."""
         layer = steps.layer_mhz[tick]
         model = steps.layers.model(layer)
         model.use_events(self.ticks.events)
@@ -1096,11 +643,14 @@ class _FrameEstimates:
         features = steps.feature_rows[tick]
         relearning = steps.scope.relearning
         stored = not model.fitted
-        if stored and not model.first_fit(rapl_power_w, features, relearning.max_intercept_w):
+        if stored and (
+            not model.first_fit(rapl_power_w, features, relearning.max_intercept_w) or self.compat
+        ):
             return
         coef_power = self._coef_power(steps, model, tick)
         global_dynamic_w = coef_power.dynamic_w[tick - coef_power.first]
-        global_power_w = global_dynamic_w + model.intercept
+        intercept_w = model.intercept
+        global_power_w = global_dynamic_w + intercept_w
         hash_code = self._hash_code(model.hash)
         error_w = model.track(rapl_power_w, features, global_power_w, relearning, stored=stored)
         description = model_description(
@@ -1111,13 +661,14 @@ class _FrameEstimates:
             steps.package_frequency_mhz[tick],
             error_w,
         )
-        estimate = FrameEstimate(
+        estimate = Estimate(
             tick,
             steps.socket_at,
             steps.scope_at,
             coef_power.coef_code,
             rapl_power_w,
             hash_code,
+            intercept_w,
             global_dynamic_w,
             global_power_w,
         )
@@ -1152,8 +703,7 @@ class _FrameEstimates:
         """A tick's model step raised: the tick is done for, on every socket and scope.
 
         The socket and scope steps made before it keep what they did to their models, and
-        those after it skip the tick, as the report-by-report way leaves them; the estimates
-        it got are dropped (:meth:`drop_failed`).
+        those after it skip the tick; the estimates it got are dropped (:meth:`drop_failed`).
         """
         self.failed[tick] = error
         for filled in self.filled:
@@ -1168,50 +718,44 @@ class _FrameEstimates:
             self.described = [self.described[at] for at in kept]
         return sorted(failed)
 
-    def reject_failed(self, frame: HWPCFrame, out: Output) -> None:
-        """Dead-letter the reports of each tick that failed, naming its error."""
+    def reject_failed(self, frame: HWPCFrame, out: Output, rejected: set[tuple[int, str]]) -> None:
+        """Dead-letter the reports of each tick that failed, naming its error; a report
+        assembly already rejected (``rejected``: tick ms and target) stays that dead letter."""
         errors = {self.millis[tick]: error for tick, error in sorted(self.failed.items())}
         reports: dict[int, list[Report]] = {millis: [] for millis in errors}
-        for report in frame.reports():
-            found = reports.get(to_millis(report.timestamp))
-            if found is not None:
-                found.append(report)
+        for report in frame.of_ticks(np.array(list(errors), dtype=np.int64)).reports():
+            key = (to_millis(report.timestamp), report.target)
+            if key not in rejected:
+                reports[key[0]].append(report)
         for millis, error in errors.items():
             out.fail(reports[millis], error, unit="tick")
 
-    def ticks_estimated(self) -> npt.NDArray[np.bool_]:
-        """Which ticks got at least one estimate."""
-        estimated = np.zeros(len(self.millis), dtype=np.bool_)
-        if self.done:
-            estimated[[estimate.tick for estimate in self.done]] = True
-        return estimated
-
-    def emit(self, frame: HWPCFrame, out: Output) -> None:
-        """Every estimate's global and target PowerReports, in the order ``_step`` makes
-        them (tick, socket, scope; the global report, then the targets), and FormulaReports."""
+    def frames(self, frame: HWPCFrame) -> Produced:
+        """Every estimate's global and target PowerReports, in the order of ticks, sockets and
+        scopes (the global report, then the targets), and its FormulaReport."""
         if not self.done:
-            return
-        order = np.lexsort(
-            (
-                np.array([estimate.scope_at for estimate in self.done]),
-                np.array([estimate.socket_at for estimate in self.done]),
-                np.array([estimate.tick for estimate in self.done]),
-            )
-        ).tolist()
-        columns = _estimate_columns([self.done[at] for at in order])
+            return []
+        done = EstimateColumns(*map(np.array, zip(*self.done, strict=True)))
+        order = np.lexsort((done.scope_at, done.socket_at, done.tick)).tolist()
+        columns = EstimateColumns(*(column[order] for column in done))
         described = [self.described[at] for at in order]
-        out.emit_frame(self._power_frame(frame, columns, self._shares(columns)))
-        out.emit_frame(FormulaFrame(self.formula.sensor, FORMULA_KEYS, described))
+        return [
+            self._power_frame(frame, columns, self._shares(columns)),
+            FormulaFrame(self.formula.sensor, FORMULA_KEYS, described),
+        ]
 
     def _shares(self, columns: EstimateColumns) -> TargetShares:
-        """Each estimate's targets: their rows and their shares of the estimate's power."""
+        """Each estimate's targets: their rows and their shares of the estimate's power (the
+        measured power; in compat mode, SmartWatts' predicted one)."""
         ticks = self.ticks
         start = ticks.block_start[columns.tick, columns.socket_at]
         sizes = ticks.block_stop[columns.tick, columns.socket_at] - start
         estimate = np.repeat(np.arange(len(columns.tick)), sizes)
         first_row = np.cumsum(sizes) - sizes
         rows = start[estimate] + (np.arange(len(estimate)) - first_row[estimate])
-        rates = ticks.counts[rows] / self.interval_s[columns.tick[estimate]][:, None]
+        rates = ticks.counts[rows]
+        if not self.compat:
+            rates = rates / ticks.interval_s[columns.tick[estimate]][:, None]
         dynamic = np.empty(len(rows))
         scope_of = columns.scope_at[estimate]
         for scope_at, scope in enumerate(self.formula.scopes):
@@ -1219,7 +763,7 @@ class _FrameEstimates:
             if not mine.any():
                 continue
             features = rates[mine]
-            if scope.frequency_terms:
+            if scope.frequency_terms and not self.compat:
                 frequency = ticks.frequency[
                     columns.tick[estimate][mine], columns.socket_at[estimate][mine]
                 ]
@@ -1232,7 +776,12 @@ class _FrameEstimates:
         ratio = np.zeros(len(rows))
         np.divide(dynamic, dynamic_global, out=ratio, where=shared)
         power_w = np.zeros(len(rows))
-        np.multiply(ratio, columns.rapl_power_w[estimate], out=power_w, where=shared)
+        if self.compat:  # SmartWatts shares its predicted global power
+            power_w[shared] = (
+                dynamic[shared] + ratio[shared] * columns.intercept_w[estimate][shared]
+            )
+        else:
+            np.multiply(ratio, columns.rapl_power_w[estimate], out=power_w, where=shared)
         return TargetShares(rows, estimate, first_row, sizes, ratio, power_w)
 
     def _power_frame(
@@ -1256,10 +805,13 @@ class _FrameEstimates:
         column_ratio[global_at] = 1.0
         column_ratio[target_at] = shares.ratio
         estimate = np.repeat(np.arange(estimates), shares.sizes + 1)
+        millis = ticks.millis[columns.tick][estimate]
         formula = self.formula
+        inputs = column_target.copy()
+        inputs[global_at] = ticks.global_codes[columns.tick]
         return PowerFrame(
             sensor=formula.sensor,
-            millis=ticks.millis[columns.tick][estimate],
+            millis=millis,
             targets=column_target,
             target_names=names,
             power=column_power,
@@ -1269,24 +821,8 @@ class _FrameEstimates:
                 "formula": Column(columns.hash_code[estimate], self.hashes),
                 "ratio": column_ratio,
             },
+            report_metadata=frame.report_metadata(formula.sensor, millis, inputs),
         )
-
-
-def _estimate_columns(estimates: list[FrameEstimate]) -> EstimateColumns:
-    """The estimates' fields as arrays."""
-    tick, socket_at, scope_at, coef_code, rapl_power_w, hash_code, global_dynamic_w, global_w = zip(
-        *estimates, strict=True
-    )
-    return EstimateColumns(
-        tick=np.array(tick, dtype=np.int64),
-        socket_at=np.array(socket_at, dtype=np.int64),
-        scope_at=np.array(scope_at, dtype=np.int64),
-        coef_code=np.array(coef_code, dtype=np.int64),
-        rapl_power_w=np.array(rapl_power_w),
-        hash_code=np.array(hash_code, dtype=np.int64),
-        global_dynamic_w=np.array(global_dynamic_w),
-        global_power_w=np.array(global_w),
-    )
 
 
 FORMULA_KEYS = (
@@ -1323,50 +859,4 @@ def model_description(
         error_w,
         model.intercept,
         model.coef_text,
-    )
-
-
-def _feature_rows(counts: list[Counts]) -> tuple[tuple[str, ...], FloatArray]:
-    """The targets' counters of one socket as rows under one set of events, after a first row
-    for their sum (the global features); a target without an event counts 0 of it."""
-    events = counts[0][0]
-    if all(c[0] == events for c in counts):
-        rows = np.array([[0.0] * len(events)] + [c[1] for c in counts])
-    else:  # targets reporting different events: align them on the union
-        events = tuple(sorted({e for c in counts for e in c[0]}))
-        rows = np.zeros((len(counts) + 1, len(events)))
-        for row, (own, values) in enumerate(counts, start=1):
-            rows[row, [events.index(e) for e in own]] = values
-    rows[0] = rows[1:].sum(axis=0)
-    return events, rows
-
-
-def _rapl_energy(socket: str, cpus: dict[str, dict[str, int | float]]) -> dict[str, float]:
-    """Each RAPL event's energy on a socket: its first cpu's value, as SmartWatts reads."""
-    energy: dict[str, float] = {}
-    for cpu, events in cpus.items():
-        for event, value in events.items():
-            if event in TIME_EVENTS or event in energy:
-                continue
-            if not 0 <= value < WRAPPED_COUNTER:
-                raise BadCounters(_bad_counter(event, value, socket, cpu))
-            energy[event] = value
-    return energy
-
-
-def _multiplexing_scale(events: dict[str, int | float]) -> float:
-    """time_enabled / time_running of a cpu that perf multiplexed (0 if it never ran), else 1."""
-    enabled = events.get("time_enabled")
-    running = events.get("time_running")
-    if isinstance(enabled, int | float) and isinstance(running, int | float) and running < enabled:
-        return enabled / running if running > 0 else 0.0
-    return 1.0
-
-
-def _bad_counter(event: str, value: float, socket: str, cpu: str) -> str:
-    if value < 0:
-        return f"negative counter delta {value} for {event} on socket {socket} cpu {cpu}"
-    return (
-        f"counter delta {value} for {event} on socket {socket} cpu {cpu} is beyond any real "
-        f"count: the counter wrapped around"
     )

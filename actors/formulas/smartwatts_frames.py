@@ -1,44 +1,72 @@
-"""What SmartWatts reads from a frame of hwpc-sensor reports, as arrays over all its ticks.
+"""SmartWatts' tick assembly: a frame of hwpc-sensor reports into arrays over its ticks.
 
-The formula works tick by tick on (socket, scope) models, but everything around the models is
-the same arithmetic for every tick: each target's counters summed over its cpus (multiplexing
-undone), the sum over targets, RAPL energy, the package frequency. :func:`frame_ticks` computes
-those for every tick of a frame at once, exactly as the report-by-report way computes them
-(the same operations in the same order, so the same bits), or returns ``None`` for anything
-that way would treat otherwise: a dead letter to write, a tick without its global report,
-a duplicate. The formula then takes the frame's reports one by one instead.
+The formula steps one (socket, scope) model after another through the ticks, but everything
+around the models is the same arithmetic for every tick: each target's counters summed over its
+cpus (multiplexing undone), the sum over targets, RAPL energy, the package frequency. So does
+deciding which reports cannot be used, and why: counters that cannot be real, a target without
+a ``core`` group, a global report without RAPL or msr counters, a tick without its global report
+or too soon after the previous one. :func:`assemble` does all of it for every tick of a frame at
+once; whatever a frame holds (reports made into a frame by
+:meth:`~wattflow.formats.frames.HWPCFrame.from_reports` included), this is the only way in.
+
+Sums are added one row after another, in the order the reports give their cpus and targets: the
+watts do not depend on how many ticks a frame holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
-from wattflow.actors.formulas.rapl import GLOBAL_TARGETS
+from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_EVENT_PREFIX, tick_intervals
 from wattflow.formats.frames import EventsTable, FloatArray, HWPCFrame, IntArray, run_starts
+from wattflow.formats.powerapi import datetime_of
 
 WRAPPED_COUNTER = 2**48
-"""The smallest delta taken as a counter that wrapped around (see the SmartWatts formula)."""
+"""No counter delta over one interval comes near this (78 hours of cycles at 1 GHz): a delta this
+large is a counter that wrapped around and was subtracted without care."""
 
 TIME_EVENTS = ("time_enabled", "time_running")
 
-_GROUPS = {"rapl", "msr", "core"}
+Bools = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How a sensor's ticks are timed and what the features are: the formula's mode."""
+
+    previous_ms: int | None
+    """The last tick already processed (default mode); ``None`` for the sensor's first."""
+    period_ms: int
+    """``--sensor-reports-frequency``."""
+    compat: bool
+    """SmartWatts 2.4.1's way: the period is every tick's interval, features are raw counts,
+    multiplexed counters are taken as reported, and there is no first or too-soon tick."""
+    lateness_ms: int
+    """``--tick-lateness-ms``, named by a tick left without its global report."""
+    base_frequency: int
+    """The MHz MPERF counts at."""
 
 
 @dataclass(slots=True, eq=False)
 class FrameTicks:
-    """A frame's ticks as SmartWatts needs them; sockets in the order the RAPL rows give them.
+    """The ticks of a frame that have something to estimate, as SmartWatts needs them.
 
-    Target blocks: ``blocks[t, s]`` is the slice of ``counts`` rows holding tick ``t``'s targets
-    on socket ``s``, in the order the targets' reports come in the tick.
+    Sockets come in the order the global reports' RAPL rows first give them. Target blocks:
+    ``block_start[t, s]:block_stop[t, s]`` are the rows of ``counts`` holding tick ``t``'s
+    targets on socket ``s``, in the order the targets' reports come in the tick.
     """
 
     millis: IntArray  # (ticks,)
+    interval_s: FloatArray  # (ticks,): the time since the previous tick, or the period
+    global_codes: IntArray  # (ticks,): the global report's target, a code into the names
     sockets: list[str]
     events: tuple[str, ...]  # the features, sorted
-    energy: dict[str, IntArray]  # RAPL event → (ticks, sockets)
+    energy: dict[str, FloatArray]  # RAPL event → (ticks, sockets); NaN where it is not given
     frequency: IntArray  # (ticks, sockets): the package frequency in MHz
     targets: IntArray  # (ticks,): target reports in each tick
     counts: FloatArray  # (rows, events): one target's counters on one socket, summed over cpus
@@ -48,13 +76,458 @@ class FrameTicks:
     global_counts: FloatArray  # (ticks, sockets, events): the sum of each block's rows
 
 
-class FrameTables(NamedTuple):
-    """A frame's three groups, when it has exactly those, and the code of its global target."""
+@dataclass(slots=True, eq=False)
+class Assembly:
+    """What :func:`assemble` made of a frame."""
 
-    rapl: EventsTable
-    msr: EventsTable
-    core: EventsTable
-    global_code: int
+    ticks: FrameTicks | None
+    """The ticks to estimate, ``None`` when there is none."""
+    rejected: list[tuple[int, int, str]]
+    """(tick ms, target code, reason) of each report that cannot be used, tick after tick."""
+    absorbed: int
+    """Reports that go into the formula's state without an estimate: a sensor's first tick,
+    the global report of a tick without targets."""
+    last_ms: int | None
+    """The last tick with a report left: the next frame's ticks are timed from it."""
+
+
+class Roles(NamedTuple):
+    """Which of a frame's tables holds what, by name or else by the events it holds."""
+
+    rapl: EventsTable | None
+    msr: EventsTable | None
+    core: EventsTable | None
+    global_codes: IntArray
+    """The codes of the names of the whole-machine report ('all', 'system')."""
+
+
+class ReportIndex(NamedTuple):
+    """One entry per report of a frame, ordered by tick then target code, and each table row's
+    report."""
+
+    millis: IntArray
+    targets: IntArray
+    row_report: dict[str, IntArray]
+    """Group → the report of each of its table's rows."""
+
+
+class Sockets(NamedTuple):
+    """The RAPL sockets of some ticks' global reports, and what they say of each tick's."""
+
+    sockets: IntArray
+    """The socket ids, in the order the RAPL rows first give them."""
+    energy: dict[str, FloatArray]
+    """RAPL event → (ticks, sockets) energy in RAPL units; NaN where the tick has none."""
+    frequency: IntArray
+    """(ticks, sockets) package frequency in MHz."""
+    reasons: list[str | None]
+    """Per tick: why its global report cannot be used, or ``None``."""
+
+
+def roles(frame: HWPCFrame) -> Roles:
+    """The frame's ``rapl``, ``msr`` and ``core`` tables: by name, or else the first that holds
+    RAPL energy, the first that holds APERF and MPERF, and the only one holding targets' rows
+    (PowerAPI's CSV input names each group after its file)."""
+    tables = {table.group: table for table in frame.tables}
+    codes = np.array([at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS])
+    rapl = tables.get("rapl") or _first(
+        frame, lambda t: any(e.startswith(RAPL_EVENT_PREFIX) for e in t.events)
+    )
+    msr = tables.get("msr") or _first(frame, lambda t: {"APERF", "MPERF"} <= set(t.events))
+    core = tables.get("core")
+    if core is None:
+        holding = [t for t in frame.tables if not bool(np.isin(t.targets, codes).all())]
+        core = holding[0] if len(holding) == 1 else None
+    return Roles(rapl, msr, core, codes.astype(np.int64))
+
+
+def _first(frame: HWPCFrame, holds: Callable[[EventsTable], bool]) -> EventsTable | None:
+    return next((table for table in frame.tables if holds(table)), None)
+
+
+def index_reports(frame: HWPCFrame) -> ReportIndex:
+    """Every report of a frame (a frame of one sensor: a report is a tick and a target)."""
+    width = len(frame.names)
+    first = min((int(t.millis[0]) for t in frame.tables if len(t)), default=0)
+    starts = [run_starts(t.millis, t.targets) for t in frame.tables]
+    keys = [
+        (t.millis[at] - first) * width + t.targets[at]
+        for t, at in zip(frame.tables, starts, strict=True)
+    ]
+    unique, inverse = np.unique(np.concatenate([np.empty(0, np.int64), *keys]), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    row_report = {}
+    done = 0
+    for table, at, part in zip(frame.tables, starts, keys, strict=True):
+        runs = np.diff(np.append(at, len(table)))
+        row_report[table.group] = np.repeat(inverse[done : done + len(part)], runs)
+        done += len(part)
+    return ReportIndex(unique // width + first, unique % width, row_report)
+
+
+def is_canonical(frame: HWPCFrame) -> bool:
+    """Whether :func:`assemble` can take a frame as it is: each table's rows in tick order,
+    a report's rows of one socket together and each cpu once among them, one name for the
+    global report. PowerAPI's CSV input may give others (its row-by-row reading merges them);
+    :meth:`~wattflow.formats.frames.HWPCFrame.from_reports` of the frame's reports makes them
+    so."""
+    codes = [at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
+    used = [t.targets for t in frame.tables if len(t)]
+    if len(np.intersect1d(np.concatenate(used), codes)) > 1 if used else False:
+        return False
+    for table in frame.tables:
+        if not len(table):
+            continue
+        if bool((table.millis[1:] < table.millis[:-1]).any()):
+            return False
+        starts = run_starts(table.millis, table.targets, table.sockets)
+        width = int(table.targets.max()) + 1
+        span = int(table.sockets.max()) + 1
+        segment = ((table.millis[starts] - table.millis[0]) * width + table.targets[starts]) * span
+        if len(np.unique(segment + table.sockets[starts])) != len(starts):
+            return False
+        if not _cpus_unique(table.cpus, starts):
+            return False
+    return True
+
+
+def assemble(frame: HWPCFrame, timing: Timing) -> Assembly:
+    """A canonical frame's (:func:`is_canonical`) ticks: the reports that cannot be used, with
+    the reason; those absorbed; and the arrays of the ticks left to estimate."""
+    role = roles(frame)
+    index = index_reports(frame)
+    is_global = np.isin(index.targets, role.global_codes)
+    reasons = _target_reasons(frame, role, index, is_global)
+    alive = np.ones(len(index.millis), dtype=np.bool_)
+    alive[list(reasons)] = False
+    ticks = np.unique(index.millis[alive])
+    tick_of = np.searchsorted(ticks, index.millis)
+    targets = np.bincount(tick_of[alive & ~is_global], minlength=len(ticks))
+    global_of = np.full(len(ticks), -1, dtype=np.int64)
+    alive_globals = np.flatnonzero(alive & is_global)
+    global_of[tick_of[alive_globals]] = alive_globals
+    interval_s, first, too_soon = _timing(ticks, timing)
+    waiting = np.arange(len(ticks)) < first
+    waiting_reports = alive & waiting[np.minimum(tick_of, max(len(ticks) - 1, 0))]
+    rejects = _Rejects(index, timing)
+    rejects.too_soon(np.flatnonzero(too_soon), interval_s, alive, tick_of)
+    timed = ~waiting & ~too_soon
+    rejects.incomplete(np.flatnonzero(timed & (global_of < 0)), alive, tick_of)
+    candidates = np.flatnonzero(timed & (global_of >= 0) & (targets > 0))
+    found = global_sockets(frame, role, index, global_of[candidates], timing.base_frequency)
+    bad = np.array([reason is not None for reason in found.reasons], dtype=np.bool_)
+    for at, reason in enumerate(found.reasons):
+        if reason is not None:
+            tick = int(candidates[at])
+            rejects.global_rejected(tick, int(global_of[tick]), reason, alive, tick_of)
+    rejects.add_targets(reasons, is_global)
+    absorbed = int(waiting_reports.sum()) + int((timed & (global_of >= 0) & (targets == 0)).sum())
+    estimable = candidates[~bad]
+    frame_ticks = None
+    if len(estimable):
+        target_tick = np.where(alive & ~is_global, tick_of, -1)
+        frame_ticks = _frame_ticks(
+            frame, role, index, ticks, estimable, found, ~bad, target_tick, timing
+        )
+        frame_ticks.interval_s = interval_s[estimable]
+        frame_ticks.global_codes = index.targets[global_of[estimable]]
+        frame_ticks.targets = targets[estimable]
+    last_ms = int(ticks[-1]) if len(ticks) else timing.previous_ms
+    return Assembly(frame_ticks, rejects.ordered(), absorbed, last_ms)
+
+
+def _timing(ticks: IntArray, timing: Timing) -> tuple[FloatArray, int, Bools]:
+    """Each tick's interval, the first tick that has one (a sensor's first tick only starts
+    the first interval), and which ticks come too soon after the previous one."""
+    period_s = timing.period_ms / 1000.0
+    if timing.compat or not len(ticks):
+        return np.full(len(ticks), period_s), 0, np.zeros(len(ticks), dtype=np.bool_)
+    interval_s, first = tick_intervals(ticks, timing.previous_ms, timing.period_ms)
+    too_soon = interval_s < period_s / 4
+    too_soon[:first] = False
+    return interval_s, first, too_soon
+
+
+class _Rejects:
+    """The reports a frame's ticks cannot use, with the reason, as they are found."""
+
+    def __init__(self, index: ReportIndex, timing: Timing) -> None:
+        self.index = index
+        self.timing = timing
+        self.found: list[tuple[int, int, int, str]] = []
+        """(tick, 0 for a global report, report, reason)."""
+
+    def ordered(self) -> list[tuple[int, int, str]]:
+        """Tick after tick, the global report first, then the targets."""
+        index = self.index
+        return [
+            (int(index.millis[report]), int(index.targets[report]), reason)
+            for _, _, report, reason in sorted(self.found)
+        ]
+
+    def _add(self, reports: IntArray, reason: str, globals_: bool = False) -> None:
+        millis = self.index.millis
+        self.found.extend((int(millis[r]), int(not globals_), int(r), reason) for r in reports)
+
+    def add_targets(self, reasons: dict[int, str], is_global: Bools) -> None:
+        for report, reason in reasons.items():
+            self._add(np.array([report]), reason, bool(is_global[report]))
+
+    def too_soon(
+        self, ticks: IntArray, interval_s: FloatArray, alive: Bools, tick_of: IntArray
+    ) -> None:
+        for tick in ticks.tolist():
+            reason = (
+                f"tick {interval_s[tick] * 1000:.0f} ms after the previous one, under a "
+                f"quarter of the sensor period ({self.timing.period_ms} ms)"
+            )
+            self._add(np.flatnonzero(alive & (tick_of == tick)), reason)
+
+    def incomplete(self, ticks: IntArray, alive: Bools, tick_of: IntArray) -> None:
+        lateness = self.timing.lateness_ms
+        wait = "" if self.timing.compat else f" within --tick-lateness-ms {lateness} ms"
+        for tick in ticks.tolist():
+            reports = np.flatnonzero(alive & (tick_of == tick))
+            when = datetime_of(int(self.index.millis[reports[0]])).isoformat()
+            reason = f"tick {when} is incomplete: no global report ('all'){wait}"
+            self._add(reports, reason)
+
+    def global_rejected(
+        self, tick: int, report: int, reason: str, alive: Bools, tick_of: IntArray
+    ) -> None:
+        self._add(np.array([report]), reason, True)
+        targets = np.flatnonzero(alive & (tick_of == tick))
+        self._add(
+            targets[targets != report], f"the global report of its tick was rejected: {reason}"
+        )
+
+
+def _target_reasons(
+    frame: HWPCFrame, role: Roles, index: ReportIndex, is_global: Bools
+) -> dict[int, str]:
+    """Why each target report that cannot be used cannot: no ``core`` group, a counter that
+    cannot be real, a socket whose cpus report no counters."""
+    reasons: dict[int, str] = {}
+    has_core = np.zeros(len(index.millis), dtype=np.bool_)
+    core = role.core
+    if core is not None:
+        has_core[index.row_report[core.group]] = True
+    for report in np.flatnonzero(~is_global & ~has_core).tolist():
+        groups = sorted(
+            t.group for t in frame.tables if (index.row_report[t.group] == report).any()
+        )
+        reasons[report] = f"target report without a 'core' group (it has {groups})"
+    if core is None:
+        return reasons
+    row_report = index.row_report[core.group]
+    targets = ~is_global[row_report]
+    columns = [at for at, event in enumerate(core.events) if event not in TIME_EVENTS]
+    values = core.values[:, columns]
+    bad = (values < 0) | (values >= WRAPPED_COUNTER)
+    for row in np.flatnonzero(targets & bad.any(axis=1)).tolist():
+        column = columns[int(np.argmax(bad[row]))]
+        value = frame.value(core, row, column)
+        reasons.setdefault(int(row_report[row]), _bad_counter(core, row, column, value))
+    absent = (
+        np.isnan(values).all(axis=1)
+        if values.dtype.kind == "f"
+        else np.full(len(core), not columns)
+    )
+    if bool(absent.any()):
+        starts = run_starts(core.millis, core.targets, core.sockets)
+        for start in starts[np.logical_and.reduceat(absent, starts) & targets[starts]].tolist():
+            reasons.setdefault(
+                int(row_report[start]),
+                f"no counters on socket {core.sockets[start]}: its cpus report no events",
+            )
+    return reasons
+
+
+def _bad_counter(table: EventsTable, row: int, column: int | str, value: float) -> str:
+    event = column if isinstance(column, str) else table.events[column]
+    where = f"{event} on socket {table.sockets[row]} cpu {table.cpus[row]}"
+    if value < 0:
+        return f"negative counter delta {value} for {where}"
+    return f"counter delta {value} for {where} is beyond any real count: the counter wrapped around"
+
+
+MSR_MISSING = (
+    "global report without an 'msr' group (APERF, MPERF): the package frequency, and so the "
+    "model to use, is unknown"
+)
+RAPL_MISSING = "global report without RAPL energy counters"
+
+
+class _Slots(NamedTuple):
+    """Rows of one table belonging to the chosen global reports, by (tick, socket) slot."""
+
+    rows: IntArray
+    tick: IntArray
+    slot: IntArray
+    """tick × sockets + the socket's place; -1 for a socket RAPL does not give."""
+
+
+Fault = tuple[int, int, int, str]
+"""(kind: 0 energy, 1 no msr rows, 2 negative APERF/MPERF, 3 MPERF zero; slot; row; reason)."""
+
+
+def global_sockets(
+    frame: HWPCFrame, role: Roles, index: ReportIndex, globals_: IntArray, base_frequency: int
+) -> Sockets:
+    """What the global reports ``globals_`` (one per tick) say of each RAPL socket: energy and
+    package frequency; and why a report cannot be used, as SmartWatts finds it: no msr group,
+    no RAPL energy, then socket after socket its energy, then its msr counters."""
+    ticks = len(globals_)
+    place = np.full(len(index.millis), -1, dtype=np.int64)
+    place[globals_] = np.arange(ticks)
+    none = np.empty(0, dtype=np.int64)
+    msr_tick = place[index.row_report[role.msr.group]] if role.msr is not None else none
+    rapl_tick = place[index.row_report[role.rapl.group]] if role.rapl is not None else none
+    reasons: list[str | None] = [None] * ticks
+    for tick in np.setdiff1d(np.arange(ticks), rapl_tick).tolist():
+        reasons[tick] = RAPL_MISSING
+    for tick in np.setdiff1d(np.arange(ticks), msr_tick).tolist():
+        reasons[tick] = MSR_MISSING
+    if role.rapl is None or role.msr is None:
+        return Sockets(none, {}, np.zeros((ticks, 0), dtype=np.int64), reasons)
+    rapl = role.rapl
+    mine = np.flatnonzero(rapl_tick >= 0)
+    ids, first = np.unique(rapl.sockets[mine], return_index=True)
+    sockets = ids[np.argsort(first)]
+    position = {int(socket): at for at, socket in enumerate(sockets.tolist())}
+    size = ticks * len(sockets)
+    slots = _slots(rapl, mine, rapl_tick[mine], position)
+    given = np.zeros(size, dtype=np.bool_)
+    given[slots.slot] = True
+    energy, faults = _energy(frame, rapl, slots, size)
+    mine = np.flatnonzero(msr_tick >= 0)
+    msr_slots = _slots(role.msr, mine, msr_tick[mine], position)
+    frequency = _frequency(frame, role.msr, msr_slots, given, sockets, base_frequency, faults)
+    first_row = np.full(size, len(rapl), dtype=np.int64)
+    np.minimum.at(first_row, slots.slot, slots.rows)
+    for _, _, slot, _, reason in sorted((first_row[f[1]], f[0], f[1], f[2], f[3]) for f in faults):
+        tick = slot // len(sockets)
+        if reasons[tick] is None:
+            reasons[tick] = reason
+    return Sockets(
+        sockets,
+        {event: found.reshape(ticks, len(sockets)) for event, found in energy.items()},
+        frequency.reshape(ticks, len(sockets)),
+        reasons,
+    )
+
+
+def _slots(table: EventsTable, rows: IntArray, tick: IntArray, position: dict[int, int]) -> _Slots:
+    place = _positions(table.sockets[rows], position)
+    return _Slots(rows, tick, np.where(place >= 0, tick * len(position) + place, -1))
+
+
+def _energy(
+    frame: HWPCFrame, rapl: EventsTable, slots: _Slots, size: int
+) -> tuple[dict[str, FloatArray], list[Fault]]:
+    """Each RAPL event's energy per slot: its first cpu's value, as SmartWatts reads it; the
+    values that cannot be real, as faults."""
+    energy: dict[str, FloatArray] = {}
+    faults: list[Fault] = []
+    for column, event in enumerate(rapl.events):
+        if event in TIME_EVENTS:
+            continue
+        values = rapl.values[slots.rows, column]
+        given = ~np.isnan(values) if values.dtype.kind == "f" else np.ones(len(values), np.bool_)
+        slot, first = np.unique(slots.slot[given], return_index=True)
+        rows = slots.rows[given][first]
+        found = np.full(size, np.nan)
+        found[slot] = values[given][first]
+        energy[event] = found
+        bad = (found[slot] < 0) | (found[slot] >= WRAPPED_COUNTER)
+        for at in np.flatnonzero(bad).tolist():
+            row = int(rows[at])
+            reason = _bad_counter(rapl, row, column, frame.value(rapl, row, column))
+            faults.append((0, int(slot[at]), row * len(rapl.events) + column, reason))
+    return energy, faults
+
+
+def _frequency(
+    frame: HWPCFrame,
+    msr: EventsTable,
+    slots: _Slots,
+    given: Bools,
+    sockets: IntArray,
+    base_frequency: int,
+    faults: list[Fault],
+) -> IntArray:
+    """The package frequency per slot: base × ΣAPERF / ΣMPERF over its cpus (an event a cpu
+    lacks counting 0); the msr counters missing, negative or zero of a RAPL socket, as
+    faults."""
+    known = slots.slot >= 0
+    rows, slot = slots.rows[known], slots.slot[known]
+    pair = np.zeros((len(rows), 2))
+    events = [event for event in ("APERF", "MPERF") if event in msr.events]
+    for event in events:
+        pair[:, int(event == "MPERF")] = msr.values[rows, msr.events.index(event)]
+    pair[np.isnan(pair)] = 0.0
+    negative = (pair < 0).any(axis=1)
+    for at in np.flatnonzero(negative).tolist():
+        row = int(rows[at])
+        value = min(frame.value(msr, row, msr.events.index(e)) for e in events)
+        faults.append((2, int(slot[at]), row, _bad_counter(msr, row, "APERF/MPERF", value)))
+    sums = np.zeros((len(given), 2))
+    if len(rows):
+        starts = run_starts(slot)
+        sums[slot[starts]] = ordered_sums(pair, starts, exact=_exact(pair, starts))
+    present = np.zeros(len(given), dtype=np.bool_)
+    present[slot] = True
+    ids = np.tile(sockets, len(given) // max(len(sockets), 1))
+    for at in np.flatnonzero(given & ~present).tolist():
+        faults.append((1, at, 0, f"global report without msr counters for socket {ids[at]}"))
+    for at in np.flatnonzero(given & present & (sums[:, 1] <= 0)).tolist():
+        reason = f"MPERF is zero on socket {ids[at]}: the package frequency is unknown"
+        faults.append((3, at, 0, reason))
+    frequency = np.zeros(len(given), dtype=np.int64)
+    ok = sums[:, 1] > 0
+    frequency[ok] = ((base_frequency * sums[ok, 0]) / sums[ok, 1]).astype(np.int64)
+    return frequency
+
+
+def _frame_ticks(
+    frame: HWPCFrame,
+    role: Roles,
+    index: ReportIndex,
+    ticks: IntArray,
+    estimable: IntArray,
+    found: Sockets,
+    kept: Bools,
+    target_tick: IntArray,
+    timing: Timing,
+) -> FrameTicks:
+    """The arrays of the ticks to estimate (``estimable``, places in ``ticks``; ``kept``, which
+    of the ticks ``found`` describes they are); ``target_tick``: each report's tick, -1 for a
+    report that is not a usable target."""
+    place = np.full(len(ticks), -1, dtype=np.int64)
+    place[estimable] = np.arange(len(estimable))
+    report_tick = np.where(target_tick >= 0, place[np.maximum(target_tick, 0)], -1)
+    core = role.core
+    assert core is not None  # the ticks have targets
+    row_tick = report_tick[index.row_report[core.group]]
+    chosen = row_tick >= 0
+    position = {int(socket): at for at, socket in enumerate(found.sockets.tolist())}
+    rows = _features(core.where(chosen), row_tick[chosen], position, not timing.compat)
+    blocks = _blocks(rows, len(estimable), len(position))
+    return FrameTicks(
+        millis=ticks[estimable],
+        interval_s=np.empty(0),
+        global_codes=np.empty(0, dtype=np.int64),
+        sockets=[str(socket) for socket in found.sockets.tolist()],
+        events=rows.events,
+        energy={event: energy[kept] for event, energy in found.energy.items()},
+        frequency=found.frequency[kept],
+        targets=np.empty(0, dtype=np.int64),
+        counts=rows.counts,
+        target_codes=rows.target_codes,
+        block_start=blocks.start,
+        block_stop=blocks.stop,
+        global_counts=blocks.global_counts,
+    )
 
 
 class TargetRows(NamedTuple):
@@ -70,8 +543,6 @@ class TargetRows(NamedTuple):
     tick_of_row: IntArray
     socket_of_row: IntArray
     """Each row's socket, as its place in the RAPL order."""
-    targets: IntArray
-    """(ticks,): the target reports of each tick."""
 
 
 class TargetBlocks(NamedTuple):
@@ -82,257 +553,45 @@ class TargetBlocks(NamedTuple):
     global_counts: FloatArray
 
 
-class ReadOrder(NamedTuple):
-    """Where each segment (a target's rows of one socket and tick) goes, and the targets."""
-
-    segments: IntArray
-    """The segments on sockets with RAPL rows, in the order SmartWatts reads them."""
-    targets: IntArray
-    """(ticks,): the target reports of each tick, each counted once whatever its sockets."""
-
-
-def frame_ticks(
-    frame: HWPCFrame, base_frequency: int, *, scale_multiplexed: bool
-) -> FrameTicks | None:
-    """The frame's ticks as arrays, or ``None`` when one of its reports needs the slow way."""
-    tables = _tables(frame)
-    if tables is None:
-        return None
-    millis, tick_of_rapl = np.unique(tables.rapl.millis, return_inverse=True)
-    tick_of_rapl = tick_of_rapl.reshape(-1)
-    ticks = len(millis)
-    sockets = _socket_order(tables.rapl.sockets, tick_of_rapl, ticks)
-    if sockets is None:
-        return None
-    position = {socket: at for at, socket in enumerate(sockets)}
-    energy = _energy(tables.rapl, tick_of_rapl, position, ticks)
-
-    frequency = _frequency(tables.msr, millis, position, ticks, base_frequency)
-    if frequency is None:
-        return None
-
-    core = tables.core
-    is_target = core.targets != tables.global_code
-    if not bool(np.isin(core.millis[~is_target], millis).all()):
-        return None  # a global report without RAPL rows
-    rows = _features(core.where(is_target), millis, position, scale_multiplexed)
-    if rows is None:
-        return None
-    blocks = _blocks(rows, ticks, len(sockets))
-    return FrameTicks(
-        millis=millis,
-        sockets=[str(socket) for socket in sockets],
-        events=rows.events,
-        energy=energy,
-        frequency=frequency,
-        targets=rows.targets,
-        counts=rows.counts,
-        target_codes=rows.target_codes,
-        block_start=blocks.start,
-        block_stop=blocks.stop,
-        global_counts=blocks.global_counts,
-    )
-
-
-def _tables(frame: HWPCFrame) -> FrameTables | None:
-    """The frame's rapl, msr and core tables, or ``None`` for anything the slow way treats
-    otherwise: other groups, no RAPL or msr rows, target rows in them, counters that cannot be
-    real (dead letters for the slow way to write, with their reasons)."""
-    tables = {table.group: table for table in frame.tables}
-    if set(tables) != _GROUPS or len(tables) != len(frame.tables):
-        return None
-    rapl, msr, core = tables["rapl"], tables["msr"], tables["core"]
-    if not len(rapl) or not len(msr):
-        return None
-    global_code = _global_code(frame, rapl)
-    if global_code is None:
-        return None
-    for table in (rapl, msr):
-        if not bool((table.targets == global_code).all()):
-            return None
-    if not _counters_real(frame):
-        return None
-    return FrameTables(rapl, msr, core, global_code)
-
-
-def _counters_real(frame: HWPCFrame) -> bool:
-    """Whether no counter of the frame is negative or wrapped around."""
-    return not any(
-        len(table) and (int(table.values.min()) < 0 or int(table.values.max()) >= WRAPPED_COUNTER)
-        for table in frame.tables
-    )
-
-
-def _blocks(rows: TargetRows, ticks: int, sockets: int) -> TargetBlocks:
-    """Each tick and socket's block of target rows, and the sum of each block's rows."""
-    blocks = rows.tick_of_row * sockets + rows.socket_of_row
-    edges = np.searchsorted(blocks, np.arange(ticks * sockets + 1))
-    block_start = edges[:-1].reshape(ticks, sockets)
-    block_stop = edges[1:].reshape(ticks, sockets)
-    global_counts = np.zeros((ticks, sockets, len(rows.events)))
-    filled = block_stop > block_start
-    counts = rows.counts
-    if len(counts):
-        integral = bool((counts == np.floor(counts)).all()) and float(counts.max()) < 2**52
-        sums = ordered_sums(counts, block_start[filled].reshape(-1), exact=integral)
-        global_counts[filled] = sums
-    return TargetBlocks(block_start, block_stop, global_counts)
-
-
-def _global_code(frame: HWPCFrame, rapl: EventsTable) -> int | None:
-    """The one global target name the frame uses ('all', or 'system' in older recordings)."""
-    codes = {code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS}
-    used = set(np.unique(rapl.targets).tolist())
-    if len(used) != 1:
-        return None
-    code = used.pop()
-    if code not in codes:
-        return None
-    for table in frame.tables:  # the other global name would be a report of its own
-        if bool(np.isin(table.targets, list(codes - {code})).any()):
-            return None
-    return int(code)
-
-
-def _socket_order(sockets: IntArray, tick_of_row: IntArray, ticks: int) -> list[int] | None:
-    """The sockets of every tick's RAPL rows, in row order, when it is the same in each."""
-    keys = tick_of_row * (int(sockets.max()) + 1) + sockets
-    _, first = np.unique(keys, return_index=True)
-    first.sort()
-    per_tick = np.bincount(tick_of_row[first], minlength=ticks)
-    width = int(per_tick[0])
-    if not bool((per_tick == width).all()):
-        return None
-    order = sockets[first].reshape(ticks, width)
-    if not bool((order == order[0]).all()):
-        return None
-    return [int(socket) for socket in order[0]]
-
-
-def _energy(
-    rapl: EventsTable, tick_of_row: IntArray, position: dict[int, int], ticks: int
-) -> dict[str, IntArray]:
-    """Each RAPL event's energy per tick and socket: its first cpu's value, as SmartWatts reads."""
-    slot = tick_of_row * len(position) + _positions(rapl.sockets, position)
-    _, first_rows = np.unique(slot, return_index=True)  # every slot has a row (socket order)
-    return {
-        event: rapl.values[first_rows, column].reshape(ticks, len(position))
-        for column, event in enumerate(rapl.events)
-        if event not in TIME_EVENTS
-    }
-
-
-def _frequency(
-    msr: EventsTable,
-    millis: IntArray,
-    position: dict[int, int],
-    ticks: int,
-    base_frequency: int,
-) -> IntArray | None:
-    """The package frequency per tick and socket: base × ΣAPERF / ΣMPERF over its cpus."""
-    if "APERF" not in msr.events or "MPERF" not in msr.events:
-        return None
-    tick = _tick_of_rows(millis, msr.millis)
-    if tick is None:
-        return None  # msr rows of a tick without RAPL rows
-    socket_slot = _positions(msr.sockets, position)
-    known = socket_slot >= 0
-    slot = (tick * len(position) + socket_slot)[known]
-    size = ticks * len(position)
-    rows = np.bincount(slot, minlength=size)
-    # Integer sums: below 2**53, adding them as floats one cpu after another (as the slow way
-    # does) gives the same number.
-    aperf = msr.values[known, msr.events.index("APERF")]
-    mperf = msr.values[known, msr.events.index("MPERF")]
-    aperf_sum = np.zeros(size, dtype=np.int64)
-    mperf_sum = np.zeros(size, dtype=np.int64)
-    np.add.at(aperf_sum, slot, aperf)
-    np.add.at(mperf_sum, slot, mperf)
-    if not bool((rows > 0).all()) or not bool((mperf_sum > 0).all()):
-        return None
-    if int(aperf_sum.max()) >= 2**53 or int(mperf_sum.max()) >= 2**53:
-        return None
-    frequency = (base_frequency * aperf_sum.astype(np.float64)) / mperf_sum.astype(np.float64)
-    return frequency.astype(np.int64).reshape(ticks, len(position))
-
-
-def _tick_of_rows(millis: IntArray, row_millis: IntArray) -> IntArray | None:
-    """Each row's tick (its place in ``millis``), or ``None`` if a row's tick is not there."""
-    ticks = len(millis)
-    tick = np.searchsorted(millis, row_millis)
-    if bool((tick >= ticks).any()) or not bool(
-        (millis[np.minimum(tick, ticks - 1)] == row_millis).all()
-    ):
-        return None
-    return tick
-
-
 def _features(
-    core: EventsTable, millis: IntArray, position: dict[int, int], scale_multiplexed: bool
-) -> TargetRows | None:
-    """Every target's counters per socket, summed over its cpus, in the order SmartWatts reads."""
-    ticks = len(millis)
+    core: EventsTable, tick: IntArray, position: dict[int, int], scale_multiplexed: bool
+) -> TargetRows:
+    """Every target's counters per socket, summed over its cpus (an event a cpu lacks counts
+    0), a multiplexed cpu's scaled by time_enabled/time_running first."""
     events = tuple(sorted(e for e in core.events if e not in TIME_EVENTS))
-    if not events:
-        return None
+    values = core.values[:, [core.events.index(e) for e in events]].astype(np.float64)
+    values[np.isnan(values)] = 0.0
+    scaled = (
+        scale_multiplexed and set(TIME_EVENTS) <= set(core.events) and _unmultiplex(core, values)
+    )
     if not len(core):
         empty = np.empty(0, dtype=np.int64)
-        counts = np.empty((0, len(events)))
-        return TargetRows(events, counts, empty, empty, empty, np.zeros(ticks, np.int64))
-    tick = _tick_of_rows(millis, core.millis)
-    if tick is None:
-        return None  # a target's report in a tick without the global one
-    starts = _segments(core, tick)
-    if starts is None:
-        return None
-    sums = _segment_sums(core, events, starts, scale_multiplexed)
+        return TargetRows(events, np.empty((0, len(events))), empty, empty, empty)
+    starts = run_starts(tick, core.targets, core.sockets)
+    sums = ordered_sums(values, starts, exact=not scaled and _exact(values, starts))
     segment_tick = tick[starts]
     segment_target = core.targets[starts]
     socket_of = _positions(core.sockets[starts], position)
-    order = _read_order(segment_tick, segment_target, socket_of, ticks)
-    segments = order.segments
+    order = _read_order(segment_tick, segment_target, socket_of)
     return TargetRows(
         events,
-        np.ascontiguousarray(sums[segments]),
-        segment_target[segments],
-        segment_tick[segments],
-        socket_of[segments],
-        order.targets,
+        np.ascontiguousarray(sums[order]),
+        segment_target[order],
+        segment_tick[order],
+        socket_of[order],
     )
 
 
-def _segments(core: EventsTable, tick: IntArray) -> IntArray | None:
-    """Where each segment (runs of rows of one tick, target and socket) starts; ``None`` when
-    a segment comes apart or holds a cpu twice (the slow way merges or overwrites them)."""
-    starts = run_starts(tick, core.targets, core.sockets)
-    width = int(core.targets.max()) + 1
-    sockets_span = int(core.sockets.max()) + 1
-    segment_key = (tick[starts] * width + core.targets[starts]) * sockets_span + core.sockets[
-        starts
-    ]
-    if len(np.unique(segment_key)) != len(starts):
-        return None  # one target's rows of a socket apart in a tick: the slow way merges them
-    if not _cpus_unique(core.cpus, starts):
-        return None
-    return starts
-
-
-def _segment_sums(
-    core: EventsTable, events: tuple[str, ...], starts: IntArray, scale_multiplexed: bool
-) -> FloatArray:
-    """Each segment's counters in feature order, summed over its cpus as the slow way adds
-    them; a multiplexed cpu's counters scaled by time_enabled/time_running first."""
-    columns = [core.events.index(e) for e in events]
-    values = core.values[:, columns].astype(np.float64)
-    scaled = False
-    if scale_multiplexed and set(TIME_EVENTS) <= set(core.events):
-        scaled = _unmultiplex(core, values)
-    if (
-        int(core.values[:, columns].max(initial=0)) * (int(np.diff(starts).max(initial=1)) + 1)
-        >= 2**52
-    ):
-        scaled = True  # sums an int64 holds, but a float does not hold exactly
-    return ordered_sums(values, starts, exact=not scaled)
+def _exact(values: FloatArray, starts: IntArray) -> bool:
+    """Whether the runs' sums are exact in floats whatever the order: integers whose sums stay
+    under 2**52."""
+    if not len(values):
+        return True
+    longest = int(np.diff(np.append(starts, len(values))).max())
+    return (
+        bool((values == np.floor(values)).all())
+        and float(np.abs(values).max()) * (longest + 1) < 2**52
+    )
 
 
 def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
@@ -351,31 +610,40 @@ def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
     return True
 
 
-def _read_order(
-    segment_tick: IntArray, segment_target: IntArray, socket_of: IntArray, ticks: int
-) -> ReadOrder:
+def _read_order(segment_tick: IntArray, segment_target: IntArray, socket_of: IntArray) -> IntArray:
     """The segments by tick, socket, then the place of the target's first row in its tick;
     those on a socket without RAPL rows (``socket_of`` -1) left out."""
     width = int(segment_target.max()) + 1
-    # Target reports per tick, each counted once whatever its sockets.
     pair = segment_tick * width + segment_target
     reports, first_segment = np.unique(pair, return_index=True)
-    targets = np.bincount(reports // width, minlength=ticks)
-    # A target's place in its tick: where its first row comes.
-    rank = np.empty(len(segment_tick), dtype=np.int64)
-    rank[:] = first_segment[np.searchsorted(reports, pair)]
+    rank = first_segment[np.searchsorted(reports, pair)]
     known = socket_of >= 0
-    order = np.lexsort((rank, socket_of, segment_tick))
-    return ReadOrder(order[known[order]], targets)
+    order: IntArray = np.lexsort((rank, socket_of, segment_tick))
+    kept: IntArray = order[known[order]]
+    return kept
+
+
+def _blocks(rows: TargetRows, ticks: int, sockets: int) -> TargetBlocks:
+    """Each tick and socket's block of target rows, and the sum of each block's rows."""
+    blocks = rows.tick_of_row * sockets + rows.socket_of_row
+    edges = np.searchsorted(blocks, np.arange(ticks * sockets + 1))
+    block_start = edges[:-1].reshape(ticks, sockets)
+    block_stop = edges[1:].reshape(ticks, sockets)
+    global_counts = np.zeros((ticks, sockets, len(rows.events)))
+    filled = block_stop > block_start
+    if len(rows.counts):
+        starts = block_start[filled].reshape(-1)
+        global_counts[filled] = ordered_sums(rows.counts, starts, exact=_exact(rows.counts, starts))
+    return TargetBlocks(block_start, block_stop, global_counts)
 
 
 def ordered_sums(values: FloatArray, starts: IntArray, *, exact: bool) -> FloatArray:
     """The sum of each run of rows (runs start at ``starts``), added one row after another.
 
-    That is the order the report-by-report way adds in. Integers below 2**52 add up to the same
-    float in any order (``exact``), and numpy's ``reduceat`` is then fastest; otherwise its
-    pairwise order could change the last bit, so the rows are added in order, a run's first
-    rows all at once, then its second rows, and so on.
+    Integers below 2**52 add up to the same float in any order (``exact``), and numpy's
+    ``reduceat`` is then fastest; otherwise its pairwise order could change the last bit, so
+    the rows are added in order, a run's first rows all at once, then its second rows, and so
+    on: the sums do not depend on how many runs a frame holds.
     """
     if exact or not len(values):
         sums: FloatArray = np.add.reduceat(values, starts, axis=0)
@@ -393,14 +661,14 @@ def ordered_sums(values: FloatArray, starts: IntArray, *, exact: bool) -> FloatA
 
 def _positions(sockets: IntArray, position: dict[int, int]) -> IntArray:
     """Each socket's place in the RAPL order, -1 for a socket RAPL does not report."""
-    table = np.full(max(int(sockets.max(initial=0)), *position) + 1, -1, dtype=np.int64)
+    table = np.full(max(int(sockets.max(initial=0)), *position, 0) + 1, -1, dtype=np.int64)
     table[list(position)] = list(position.values())
     found: IntArray = table[sockets]
     return found
 
 
 def _cpus_unique(cpus: IntArray, starts: IntArray) -> bool:
-    """Whether no cpu comes twice in one segment (the slow way would keep its later values)."""
+    """Whether no cpu comes twice in one segment."""
     segment_start = np.zeros(len(cpus), dtype=np.bool_)
     segment_start[starts] = True
     rising = np.empty(len(cpus), dtype=np.bool_)
