@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import shlex
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,11 +66,23 @@ class Outcome:
     startups: list[float] = field(default_factory=list)
     written: int = 0
     walls: list[float] = field(default_factory=list)
+    cpu_s: float = math.nan
+    startup_cpu_s: float = math.nan
 
     @property
     def throughput(self) -> float:
         """Input reports per second, start-up left out (NaN when the input was too small)."""
         working = self.wall_s - self.startup_s
+        return self.reports / working if working > 0 else math.nan
+
+    @property
+    def cpu_throughput(self) -> float:
+        """Input reports per second of CPU time, the start-up's CPU time left out.
+
+        Other work on the machine stretches wall times but hardly CPU times, so on a shared
+        machine this rate moves less; SmartWatts' actors poll while they wait, which counts.
+        """
+        working = self.cpu_s - self.startup_cpu_s
         return self.reports / working if working > 0 else math.nan
 
 
@@ -84,9 +97,12 @@ def smartwatts_python(venv: Path) -> Path:
     environment, kept between runs because installing scikit-learn takes a while.
     """
     python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([python_312(), "-m", "venv", str(venv)], check=True)
+    installed = venv / ".installed"  # written last: an install cut short is done again
+    if not installed.exists():
+        if not python.exists():
+            subprocess.run([python_312(), "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", SMARTWATTS], check=True)
+        installed.write_text(SMARTWATTS + "\n")
     return python
 
 
@@ -145,19 +161,65 @@ def versions(python: Path) -> str:
     return f"Python {python_version}, numpy {numpy_version}"
 
 
-def write_input(directory: Path, args: argparse.Namespace, ticks: int) -> int:
-    """Generate the recording (CSV per group, JSON Lines, truth); return its report count."""
+@dataclass(frozen=True)
+class Shape:
+    """The simulated machine and its load: sockets, cpus per socket, containers per sensor."""
+
+    sockets: int
+    cpus_per_socket: int
+    containers: int
+
+    def __str__(self) -> str:
+        return f"{self.sockets}×{self.cpus_per_socket} cpus, {self.containers} containers"
+
+    @property
+    def slug(self) -> str:
+        """A directory name."""
+        return f"s{self.sockets}-c{self.cpus_per_socket}-k{self.containers}"
+
+
+def shapes_to_run(
+    base: Shape, sockets: list[int], cpus: list[int], containers: list[int], *, grid: bool
+) -> list[Shape]:
+    """Every combination of the values (``grid``), or the base shape and then one dimension
+    varied at a time, the others at the base's values."""
+    if grid:
+        return [Shape(*values) for values in itertools.product(sockets, cpus, containers)]
+    found = [base]
+    found += [replace(base, sockets=n) for n in sockets]
+    found += [replace(base, cpus_per_socket=n) for n in cpus]
+    found += [replace(base, containers=n) for n in containers]
+    return list(dict.fromkeys(found))
+
+
+def shape_ticks(shape: Shape, args: argparse.Namespace) -> int:
+    """Ticks for about ``--shape-reports`` input reports, and at least ``--shape-min-ticks``.
+
+    A budget in reports bounds SmartWatts' time, which goes with the reports it handles;
+    the floor keeps every shape estimating for most of its ticks rather than learning.
+    """
+    per_tick: int = args.sensors * (shape.containers + 1)
+    budget: int = args.shape_reports
+    floor: int = args.shape_min_ticks
+    return max(floor, round(budget / per_tick))
+
+
+def write_input(
+    directory: Path, args: argparse.Namespace, ticks: int, shape: Shape, *, everything: bool = True
+) -> int:
+    """Generate the recording (CSV per group, and with ``everything`` JSON Lines and the
+    truth); return its report count."""
     return record(
         ticks=ticks,
-        containers=args.containers,
-        sockets=args.sockets,
-        cpus_per_socket=args.cpus_per_socket,
+        containers=shape.containers,
+        sockets=shape.sockets,
+        cpus_per_socket=shape.cpus_per_socket,
         sensors=[f"node-{n + 1}" for n in range(args.sensors)],
         multiplex=args.multiplex,
         seed=args.seed,
-        jsonl=directory / "hwpc.jsonl",
+        jsonl=directory / "hwpc.jsonl" if everything else None,
         csv_dir=directory,
-        truth=directory / "truth.csv",
+        truth=directory / "truth.csv" if everything else None,
         phenomena=args.phenomena,
     )
 
@@ -196,12 +258,25 @@ def tree_memory_mb(root: int) -> float:
     return total_kb / 1024
 
 
-def run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float]:
-    """Run a command; return its wall time, its largest process's RSS and its tree's peak PSS.
+@dataclass
+class Run:
+    """One run of a formula."""
 
-    The largest RSS comes from the kernel (``wait4`` reports the maximum over the child and the
-    descendants it waited for); the tree's total is sampled every 0.2 s, so it can miss a
-    short peak.
+    wall_s: float
+    largest_rss_mb: float
+    tree_peak_mb: float
+    cpu_s: float
+    """User and system time of the process and the descendants it waited for: SmartWatts'
+    actors are processes that its main process joins, so they count."""
+
+
+def run_measured(command: list[str], env: dict[str, str], log: Path) -> Run:
+    """Run a command; return its wall time, its largest process's RSS, its tree's peak PSS and
+    its CPU time.
+
+    The largest RSS and the CPU time come from the kernel (``wait4`` reports them over the child
+    and the descendants it waited for); the tree's total is sampled every 0.2 s, so it can miss
+    a short peak.
     """
     peak = 0.0
     done = threading.Event()
@@ -223,7 +298,7 @@ def run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[fl
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"{shlex.join(command)} failed:\n{log.read_text()[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, peak
+    return Run(wall, usage.ru_maxrss / 1024, peak, usage.ru_utime + usage.ru_stime)
 
 
 def formula_flags(args: argparse.Namespace) -> list[str]:
@@ -259,26 +334,29 @@ def command(
     return [*run, *io, *formula_flags(args), *shlex.split(args.wattflow_args)]
 
 
-def startup(name: str, python: Path, work: Path, args: argparse.Namespace) -> list[float]:
-    """Wall times of three runs on the one-tick input: their median is the start-up."""
-    times = []
-    for attempt in range(3):
+def startup(name: str, python: Path, work: Path, args: argparse.Namespace) -> list[Run]:
+    """``--startup-runs`` runs on the one-tick input: their median is the start-up."""
+    runs = []
+    for attempt in range(args.startup_runs):
         out = work / f"{name}-startup-{attempt}"
         shutil.rmtree(out, ignore_errors=True)
         log = work / f"{name}-startup-{attempt}.log"
-        times.append(run_measured(command(name, python, work / "tiny", out, args), ENV, log)[0])
-    return times
+        runs.append(run_measured(command(name, python, work / "tiny", out, args), ENV, log))
+    return runs
 
 
-def full_run(
-    name: str, python: Path, work: Path, args: argparse.Namespace
-) -> tuple[float, float, float]:
-    """One run on the whole input: wall time, largest RSS and tree PSS."""
+def full_run(name: str, python: Path, work: Path, args: argparse.Namespace) -> Run:
+    """One run on the whole input."""
     output = work / f"{name}-out"
     shutil.rmtree(output, ignore_errors=True)  # both formulas append to existing CSV files
     return run_measured(
         command(name, python, work / "input", output, args), ENV, work / f"{name}.log"
     )
+
+
+def median_or_zero(values: list[float]) -> float:
+    """The median, or 0 when there is none (``--startup-runs 0``: start-up not left out)."""
+    return statistics.median(values) if values else 0.0
 
 
 def measure(
@@ -291,7 +369,7 @@ def measure(
     measured; each outcome's wall time is the median of its rounds.
     """
     startups = {name: startup(name, python, work, args) for name in names}
-    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    runs: dict[str, list[Run]] = {name: [] for name in names}
     for _ in range(args.repeat):
         for name in names:
             runs[name].append(full_run(name, python, work, args))
@@ -300,25 +378,60 @@ def measure(
         output = work / f"{name}-out"
         files = sorted({p.name for p in output.glob("*/*")})
         written = sum(sum(1 for _ in p.open()) - 1 for p in output.glob("*/*.csv"))
-        walls = [wall for wall, _, _ in runs[name]]
-        rss = max(r for _, r, _ in runs[name])
-        tree = max(t for _, _, t in runs[name])
+        walls = [run.wall_s for run in runs[name]]
+        starts = [run.wall_s for run in startups[name]]
         outcomes.append(
             Outcome(
                 name,
                 reports,
                 statistics.median(walls),
-                statistics.median(startups[name]),
-                rss,
-                tree,
+                median_or_zero(starts),
+                max(run.largest_rss_mb for run in runs[name]),
+                max(run.tree_peak_mb for run in runs[name]),
                 output,
                 files,
-                startups[name],
+                starts,
                 written,
                 walls,
+                statistics.median(run.cpu_s for run in runs[name]),
+                median_or_zero([run.cpu_s for run in startups[name]]),
             )
         )
     return outcomes
+
+
+def files_written(output: Path) -> dict[str, str]:
+    """Per file a formula wrote (``sensor-target/PowerReport.csv``): its header line."""
+    found = {}
+    for path in sorted(output.glob("*/*")):
+        with path.open() as handle:
+            found[f"{path.parent.name}/{path.name}"] = handle.readline().strip()
+    return found
+
+
+def disagreements(outcomes: list[Outcome]) -> list[str]:
+    """Where the formulas' outputs differ in which files (one per sensor and target) they wrote
+    or in those files' columns; empty when they agree.
+
+    The rows may differ (SmartWatts loses its last ticks and the first ticks of each new model,
+    and the powers are each formula's own estimates), but every target one formula reports, the
+    other must report too, under the same header.
+    """
+    first, *others = outcomes
+    mine = files_written(first.output)
+    found = []
+    for other in others:
+        theirs = files_written(other.output)
+        for name in sorted(mine.keys() - theirs.keys()):
+            found.append(f"only {first.name} wrote {name}")
+        for name in sorted(theirs.keys() - mine.keys()):
+            found.append(f"only {other.name} wrote {name}")
+        for name in sorted(mine.keys() & theirs.keys()):
+            if mine[name] != theirs[name]:
+                found.append(
+                    f"{name}: {first.name}'s header {mine[name]!r}, {other.name}'s {theirs[name]!r}"
+                )
+    return found
 
 
 def power_by_tick(output: Path, scope: str) -> dict[Key, float]:
@@ -414,7 +527,7 @@ def print_accuracy(outcomes: list[Outcome], truth_file: Path, learning_ticks: in
     )
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--ticks", type=int, default=600)
     parser.add_argument("--containers", type=int, default=10)
@@ -451,6 +564,38 @@ def main() -> None:
         default=1,
         help="full runs of each formula, taking turns; wall times are their medians",
     )
+    parser.add_argument(
+        "--startup-runs",
+        type=int,
+        default=3,
+        help="one-tick runs of each formula, whose median is its start-up (0: none, and "
+        "start-up is not left out)",
+    )
+    shapes = parser.add_argument_group(
+        "shapes",
+        "with --shapes, one run per shape of machine and load instead of one run: --sockets, "
+        "--cpus-per-socket and --containers give the base shape, --ticks is left to the budget",
+    )
+    shapes.add_argument(
+        "--shapes",
+        nargs="?",
+        const="axes",
+        choices=("axes", "grid"),
+        help="'axes' (the default): the base shape, then each value of each dimension with the "
+        "others at the base's; 'grid': every combination",
+    )
+    shapes.add_argument("--shape-sockets", type=int_list, default=[1, 2], metavar="N,N")
+    shapes.add_argument("--shape-cpus-per-socket", type=int_list, default=[4, 8, 32])
+    shapes.add_argument("--shape-containers", type=int_list, default=[10, 100, 1000])
+    shapes.add_argument(
+        "--shape-reports",
+        type=int,
+        default=30_000,
+        help="input reports per shape, which set its ticks (SmartWatts takes 15-60 s on 30,000)",
+    )
+    shapes.add_argument(
+        "--shape-min-ticks", type=int, default=30, help="ticks per shape at least (30)"
+    )
     parser.add_argument("--venv", type=Path, default=SMARTWATTS_VENV)
     parser.add_argument(
         "--wattflow-python",
@@ -461,16 +606,20 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="write inputs, outputs and logs here, and keep them"
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
-    keep_off_the_measured_core()
-    python = smartwatts_python(args.venv)
-    if args.wattflow_python is None:
-        args.wattflow_python = wattflow_python(WATTFLOW_VENV)
-    work = args.keep or Path(tempfile.mkdtemp(prefix="wattflow-side-by-side-"))
-    work.mkdir(parents=True, exist_ok=True)
-    reports = write_input(work / "input", args, args.ticks)
-    write_input(work / "tiny", args, 1)
+
+def int_list(text: str) -> list[int]:
+    """``1,2,4`` as integers."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def run_one(python: Path, work: Path, args: argparse.Namespace) -> list[str]:
+    """The single-input report: speed, memory, output and accuracy of both formulas; returns
+    where their outputs disagree."""
+    shape = Shape(args.sockets, args.cpus_per_socket, args.containers)
+    reports = write_input(work / "input", args, args.ticks, shape)
+    write_input(work / "tiny", args, 1, shape)
     outcomes = measure(["SmartWatts", "wattflow"], python, work, args, reports)
 
     shows = (
@@ -503,7 +652,7 @@ def main() -> None:
     )
     for o in outcomes:
         runs = ", ".join(f"{s:.2f}" for s in o.startups)
-        print(f"{o.name} one-tick runs: {runs} s (the median is its start-up)")
+        print(f"{o.name} one-tick runs: {runs or 'none'} s (the median is its start-up)")
     smartwatts, wattflow = outcomes
     if args.repeat > 1:
         for o in outcomes:
@@ -516,16 +665,145 @@ def main() -> None:
         print(f"ratio per round: {', '.join(f'{r:.2f}×' for r in rounds)}")
     ratio = wattflow.throughput / smartwatts.throughput
     print(f"\nthroughput ratio wattflow / SmartWatts: {ratio:.2f}×")
+    cpu_ratio = wattflow.cpu_throughput / smartwatts.cpu_throughput
+    print(
+        f"by CPU time (start-up's left out): {cpu_ratio:.2f}× "
+        f"(SmartWatts {smartwatts.cpu_s:.2f} s, wattflow {wattflow.cpu_s:.2f} s)"
+    )
     if any(o.wall_s < 2 * o.startup_s for o in outcomes):
         print(
             "note: a run took less than twice its start-up, so reports/s is mostly noise; "
             "SmartWatts runs about 5 s between starting its actors and stopping them even on one "
             "tick, and processes a small input within that time: use more --ticks"
         )
-
+    found = disagreements(outcomes)
+    if not found:
+        print(f"outputs: both wrote the same {len(files_written(wattflow.output))} files")
     print_accuracy(outcomes, work / "input" / "truth.csv", args.learning_ticks)
-    print(f"\ninputs, outputs and logs in {work}")
+    return found
+
+
+@dataclass
+class ShapeResult:
+    """One shape's measurement."""
+
+    shape: Shape
+    ticks: int
+    smartwatts: Outcome
+    wattflow: Outcome
+    files: int
+    disagreements: list[str]
+    load: float
+    """The machine's 1-minute load average when the shape's runs ended."""
+
+    @property
+    def ratio(self) -> float:
+        return self.wattflow.throughput / self.smartwatts.throughput
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.wattflow.cpu_throughput / self.smartwatts.cpu_throughput
+
+    @property
+    def short(self) -> bool:
+        """A run took less than twice its start-up: its rate is mostly noise."""
+        return any(o.wall_s < 2 * o.startup_s for o in (self.smartwatts, self.wattflow))
+
+
+SHAPE_HEADER = (
+    f"{'shape':30} {'ticks':>6} {'reports':>8} {'SmartWatts/s':>12} {'wattflow/s':>11} "
+    f"{'ratio':>8} {'CPU ratio':>9} {'files':>6} {'load':>5}"
+)
+
+
+def shape_row(result: ShapeResult) -> str:
+    """A line of the shapes table."""
+    sw, wf = result.smartwatts, result.wattflow
+    agree = "same" if not result.disagreements else f"{len(result.disagreements)} differ"
+    mark = "*" if result.short else " "
+    return (
+        f"{result.shape!s:30} {result.ticks:6d} {sw.reports:8d} {sw.throughput:12,.0f} "
+        f"{wf.throughput:11,.0f} {result.ratio:7.1f}×{mark}{result.cpu_ratio:8.1f}× "
+        f"{result.files:6d} {result.load:5.1f}   {agree}"
+    )
+
+
+def measure_shape(shape: Shape, python: Path, work: Path, args: argparse.Namespace) -> ShapeResult:
+    """Generate the shape's recordings in ``work`` and run both formulas on them."""
+    ticks = shape_ticks(shape, args)
+    reports = write_input(work / "input", args, ticks, shape, everything=False)
+    write_input(work / "tiny", args, 1, shape, everything=False)
+    smartwatts, wattflow = measure(["SmartWatts", "wattflow"], python, work, args, reports)
+    found = disagreements([smartwatts, wattflow])
+    files = len(files_written(wattflow.output))
+    return ShapeResult(shape, ticks, smartwatts, wattflow, files, found, os.getloadavg()[0])
+
+
+def run_shapes(python: Path, work: Path, args: argparse.Namespace) -> list[ShapeResult]:
+    """Measure every shape, printing each one's line of the table as it ends."""
+    base = Shape(args.sockets, args.cpus_per_socket, args.containers)
+    shapes = shapes_to_run(
+        base,
+        args.shape_sockets,
+        args.shape_cpus_per_socket,
+        args.shape_containers,
+        grid=args.shapes == "grid",
+    )
+    print(
+        f"{len(shapes)} shapes ({args.shapes}), about {args.shape_reports:,} input reports each "
+        f"and at least {args.shape_min_ticks} ticks, {args.sensors} sensor(s); "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; flags: {shlex.join(formula_flags(args))}"
+    )
+    print(
+        f"wattflow pinned to one core (extra flags: {args.wattflow_args or 'none'}; "
+        f"{versions(args.wattflow_python)}); SmartWatts on all {os.cpu_count()} cores; "
+        f"{args.startup_runs} one-tick run(s) and {args.repeat} full run(s) each\n"
+    )
+    print(SHAPE_HEADER, flush=True)
+    results = []
+    for shape in shapes:
+        shape_work = work / shape.slug
+        result = measure_shape(shape, python, shape_work, args)
+        results.append(result)
+        print(shape_row(result), flush=True)
+        if not args.keep:
+            shutil.rmtree(shape_work, ignore_errors=True)
+    print(
+        "\nreports/s: input reports over wall time less the start-up (median of the one-tick "
+        "runs); ratio: wattflow's over SmartWatts'; CPU ratio: the same by CPU time (user + "
+        "system, every process), start-ups' left out; files: PowerReport files (one per sensor "
+        "and target) wattflow wrote, 'same' when SmartWatts wrote the same ones with the same "
+        "columns; load: the 1-minute load average at the shape's end"
+    )
+    if any(r.short for r in results):
+        print("*: a run took less than twice its start-up, so its rate is mostly noise")
+    for result in results:
+        for line in result.disagreements:
+            print(f"{result.shape}: {line}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; the exit status is 1 when the formulas' outputs disagree."""
+    args = parse_args(argv)
+    keep_off_the_measured_core()
+    python = smartwatts_python(args.venv)
+    if args.wattflow_python is None:
+        args.wattflow_python = wattflow_python(WATTFLOW_VENV)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="wattflow-side-by-side-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.shapes:
+        found = [line for r in run_shapes(python, work, args) for line in r.disagreements]
+    else:
+        found = run_one(python, work, args)
+        for line in found:
+            print(f"outputs differ: {line}")
+    if args.keep or not args.shapes:
+        print(f"\ninputs, outputs and logs in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
