@@ -155,24 +155,8 @@ class Pipeline:
             PusherActor(p, queue=self.queue, ledger=self.ledger, dead_letters=self.dead_letters)
             for p in pushers
         ]
-        given = {puller.config.model for puller in pullers}
-        formulas = [(f, c) for f, c in formulas if _fed(f, given)]
-        for formula, config in formulas:
-            formula.prepare(config)
-        self.formulas = [
-            FormulaActor(
-                formula,
-                config,
-                queue=self.queue,
-                ledger=self.ledger,
-                dead_letters=self.dead_letters,
-                dispatch=self._dispatch,
-            )
-            for formula, config in formulas
-        ]
-        for formula_actor in self.formulas:
-            formula_actor.on_done = self._formula_done
-        self._formulas_running = len(self.formulas)
+        self._pushers_by_kind: dict[str, list[PusherActor]] = {}
+        self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
         self._wire_second_stage()
         self.router = Router(
             list(self.formulas),
@@ -181,17 +165,37 @@ class Pipeline:
             dead_letters=self.dead_letters,
         )
         self.pullers = [PullerActor(p, _Emitter(self, f"puller:{p.config.name}")) for p in pullers]
-        self._pushers_by_kind: dict[str, list[PusherActor]] = {}
-        self.passed_through = {
-            puller.config.model
-            for puller in pullers
-            if any(actor.pusher.accepts(puller.config.model) for actor in self.pushers)
-        }
+        self.passed_through = self._passed_through({p.config.model for p in pullers})
         """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
         to a GPUReport output), besides what the formulas make of them."""
-        if self.passed_through:
-            # The pullers feed the outputs too: those close after the pullers are done as well.
-            self._formulas_running += 1
+        # Producers the outputs wait for: each formula, and the pullers when they feed the
+        # outputs too (those then close after the pullers are done as well).
+        self._formulas_running = len(self.formulas) + (1 if self.passed_through else 0)
+
+    def _formula_actors(
+        self, formulas: list[tuple[type[Formula[Any]], FormulaConfig]], given: set[str]
+    ) -> list[FormulaActor]:
+        """An actor for each formula that the inputs (which give the kinds ``given``) feed."""
+        actors = []
+        for formula, config in formulas:
+            if not _fed(formula, given):
+                continue
+            formula.prepare(config)
+            actor = FormulaActor(
+                formula,
+                config,
+                queue=self.queue,
+                ledger=self.ledger,
+                dead_letters=self.dead_letters,
+                dispatch=self._dispatch,
+            )
+            actor.on_done = self._formula_done
+            actors.append(actor)
+        return actors
+
+    def _passed_through(self, given: set[str]) -> set[str]:
+        """The input kinds that an output takes as they are."""
+        return {kind for kind in given if self._pushers_for(kind)}
 
     def _pushers_for(self, kind: str) -> list[PusherActor]:
         found = self._pushers_by_kind.get(kind)
@@ -215,19 +219,24 @@ class Pipeline:
         if any(isinstance(item, Frame) for item in reports):
             await self._dispatch_frames(reports)
             return
+        for actor, batch in self._shares(reports):  # type: ignore[arg-type]
+            self.ledger.dispatched += len(batch)
+            await actor.mailbox.put(batch)
+
+    def _shares(self, reports: list[Report]) -> list[tuple[PusherActor, list[Report]]]:
+        """Each pusher's share of a batch of reports, in order, the whole batch where a pusher
+        takes every kind in it; the reports that no pusher takes are counted as unrequested."""
         counts = Counter(map(_kind, reports))
         takers = {kind: self._pushers_for(kind) for kind in counts}
         self.ledger.unrequested += sum(counts[kind] for kind, found in takers.items() if not found)
+        shares: list[tuple[PusherActor, list[Report]]] = []
         for actor in self.pushers:
             accepted = {kind for kind, found in takers.items() if actor in found}
-            if not accepted:
-                continue
             if len(accepted) == len(counts):
-                batch = reports
-            else:
-                batch = [report for report in reports if report.kind in accepted]
-            self.ledger.dispatched += len(batch)
-            await actor.mailbox.put(batch)
+                shares.append((actor, reports))
+            elif accepted:
+                shares.append((actor, [report for report in reports if report.kind in accepted]))
+        return shares
 
     async def _dispatch_frames(self, items: list[Report | Frame]) -> None:
         plain: list[Report] = []
