@@ -5,6 +5,11 @@ reading and hand on what they decoded, then the router, the formulas (which flus
 hold) and the pushers (which flush their sinks) each finish their mailbox before the next stage
 is closed. The :class:`~wattflow.actors.runtime.Ledger` then shows that every report that entered
 left as output or as a dead letter.
+
+A drain asked for by :meth:`Pipeline.stop` (SIGTERM, SIGINT) is bounded by ``drain_timeout_s``:
+past it the outputs stop writing and what they have not written becomes dead letters, the rest of
+the pipeline flows through to them, and the ledger still balances. An actor still running
+:data:`DRAIN_SETTLE_S` after that is cancelled and what it held is dead-lettered too.
 """
 
 from __future__ import annotations
@@ -37,6 +42,16 @@ logger = logging.getLogger(__name__)
 
 _kind = attrgetter("kind")
 
+DRAIN_SETTLE_S = 5.0
+"""Seconds the pipeline may still take once its drain deadline has passed and the outputs have
+stopped writing: the time to run what is queued through to dead letters. An actor still running
+after that (stuck in a blocking call) is cancelled. A supervisor's grace period must cover the
+drain deadline plus this."""
+
+
+class DrainDeadline(Exception):
+    """The drain deadline passed while an actor was still running; its work is dead-lettered."""
+
 
 def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
     """Whether an input gives one of the kinds the formula needs to report anything.
@@ -62,12 +77,16 @@ class _Emitter:
         self.stopping = pipeline.stopping
         self.emitted = 0
         """Reports this puller handed to the router."""
+        self.pending: Sequence[Report] | Sequence[Frame] = ()
+        """A batch waiting for room in the router's mailbox (dead-lettered if never taken)."""
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if batch:
+            self.pending = batch
             if self._pipeline.passed_through:
                 await self._pipeline.pass_through(expand(batch))
             await self._pipeline.router.mailbox.put(batch)
+            self.pending = ()
             size = batch_size(batch)
             self._pipeline.ledger.entered += size
             self.emitted += size
@@ -96,6 +115,11 @@ class PipelineResult:
     ledger: Ledger
     failures: dict[str, str] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    past_deadline: int = 0
+    """Reports dead-lettered because the drain deadline passed before they were written."""
+    deadline_passed: bool = False
+    """Whether the drain deadline passed: writes in progress were cancelled, and a thread may
+    still be stuck in a sink, so the program should not wait for its threads."""
 
     @property
     def ok(self) -> bool:
@@ -115,8 +139,13 @@ class Pipeline:
         queue: QueueConfig | None = None,
         dead_letters: DeadLetters | None = None,
         restart_policy: RestartPolicy | None = None,
+        drain_timeout_s: float | None = None,
     ) -> None:
         self.queue = queue or QueueConfig()
+        self.drain_timeout_s = drain_timeout_s
+        """Seconds a drain asked for by :meth:`stop` may take before the outputs stop writing;
+        None: no deadline (each batch is still bounded by its output's ``retry_for_s``)."""
+        self._past_deadline_reason: str | None = None
         self.ledger = Ledger()
         self.dead_letters = dead_letters or DeadLetters()
         self.stopping = asyncio.Event()
@@ -126,24 +155,8 @@ class Pipeline:
             PusherActor(p, queue=self.queue, ledger=self.ledger, dead_letters=self.dead_letters)
             for p in pushers
         ]
-        given = {puller.config.model for puller in pullers}
-        formulas = [(f, c) for f, c in formulas if _fed(f, given)]
-        for formula, config in formulas:
-            formula.prepare(config)
-        self.formulas = [
-            FormulaActor(
-                formula,
-                config,
-                queue=self.queue,
-                ledger=self.ledger,
-                dead_letters=self.dead_letters,
-                dispatch=self._dispatch,
-            )
-            for formula, config in formulas
-        ]
-        for formula_actor in self.formulas:
-            formula_actor.on_done = self._formula_done
-        self._formulas_running = len(self.formulas)
+        self._pushers_by_kind: dict[str, list[PusherActor]] = {}
+        self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
         self._wire_second_stage()
         self.router = Router(
             list(self.formulas),
@@ -152,17 +165,37 @@ class Pipeline:
             dead_letters=self.dead_letters,
         )
         self.pullers = [PullerActor(p, _Emitter(self, f"puller:{p.config.name}")) for p in pullers]
-        self._pushers_by_kind: dict[str, list[PusherActor]] = {}
-        self.passed_through = {
-            puller.config.model
-            for puller in pullers
-            if any(actor.pusher.accepts(puller.config.model) for actor in self.pushers)
-        }
+        self.passed_through = self._passed_through({p.config.model for p in pullers})
         """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
         to a GPUReport output), besides what the formulas make of them."""
-        if self.passed_through:
-            # The pullers feed the outputs too: those close after the pullers are done as well.
-            self._formulas_running += 1
+        # Producers the outputs wait for: each formula, and the pullers when they feed the
+        # outputs too (those then close after the pullers are done as well).
+        self._formulas_running = len(self.formulas) + (1 if self.passed_through else 0)
+
+    def _formula_actors(
+        self, formulas: list[tuple[type[Formula[Any]], FormulaConfig]], given: set[str]
+    ) -> list[FormulaActor]:
+        """An actor for each formula that the inputs (which give the kinds ``given``) feed."""
+        actors = []
+        for formula, config in formulas:
+            if not _fed(formula, given):
+                continue
+            formula.prepare(config)
+            actor = FormulaActor(
+                formula,
+                config,
+                queue=self.queue,
+                ledger=self.ledger,
+                dead_letters=self.dead_letters,
+                dispatch=self._dispatch,
+            )
+            actor.on_done = self._formula_done
+            actors.append(actor)
+        return actors
+
+    def _passed_through(self, given: set[str]) -> set[str]:
+        """The input kinds that an output takes as they are."""
+        return {kind for kind in given if self._pushers_for(kind)}
 
     def _pushers_for(self, kind: str) -> list[PusherActor]:
         found = self._pushers_by_kind.get(kind)
@@ -186,19 +219,24 @@ class Pipeline:
         if any(isinstance(item, Frame) for item in reports):
             await self._dispatch_frames(reports)
             return
+        for actor, batch in self._shares(reports):  # type: ignore[arg-type]
+            self.ledger.dispatched += len(batch)
+            await actor.mailbox.put(batch)
+
+    def _shares(self, reports: list[Report]) -> list[tuple[PusherActor, list[Report]]]:
+        """Each pusher's share of a batch of reports, in order, the whole batch where a pusher
+        takes every kind in it; the reports that no pusher takes are counted as unrequested."""
         counts = Counter(map(_kind, reports))
         takers = {kind: self._pushers_for(kind) for kind in counts}
         self.ledger.unrequested += sum(counts[kind] for kind, found in takers.items() if not found)
+        shares: list[tuple[PusherActor, list[Report]]] = []
         for actor in self.pushers:
             accepted = {kind for kind, found in takers.items() if actor in found}
-            if not accepted:
-                continue
             if len(accepted) == len(counts):
-                batch = reports
-            else:
-                batch = [report for report in reports if report.kind in accepted]
-            self.ledger.dispatched += len(batch)
-            await actor.mailbox.put(batch)
+                shares.append((actor, reports))
+            elif accepted:
+                shares.append((actor, [report for report in reports if report.kind in accepted]))
+        return shares
 
     async def _dispatch_frames(self, items: list[Report | Frame]) -> None:
         plain: list[Report] = []
@@ -296,23 +334,132 @@ class Pipeline:
         Process-wide settings (the garbage collector's, signal handlers) are left to the program
         that runs the pipeline: ``wattflow run`` tunes the collector for itself.
         """
+        self._start_actors()
+        drained = asyncio.ensure_future(self._drain())
+        try:
+            await self._within_deadline(drained)
+        except BaseException:
+            drained.cancel()
+            raise
+        self.dead_letters.close()
+        return self._result()
+
+    def _start_actors(self) -> None:
+        """Start every stage, back to front, so each consumer runs before its producers."""
         supervisor = self.supervisor
         for pusher in self.pushers:
             supervisor.start(pusher)
         for formula in self.formulas:
             supervisor.start(formula)
         supervisor.start(self.router)
-        if not self.formulas and not self.passed_through:
-            await self._formula_done_without_formulas()
         for puller in self.pullers:
             supervisor.start(puller, restart=False)
-        await supervisor.wait([p.name for p in self.pullers])
+
+    async def _drain(self) -> None:
+        """Wait for the inputs to end, then close each stage once its producers are done."""
+        if not self.formulas and not self.passed_through:
+            await self._formula_done_without_formulas()
+        await self.supervisor.wait([p.name for p in self.pullers])
         if self.passed_through:
             await self._formula_done()
         await self.router.mailbox.close()
-        await supervisor.wait()
-        self.dead_letters.close()
-        result = PipelineResult(self.ledger, dict(supervisor.failures), dict(supervisor.restarts))
+        await self.supervisor.wait()
+
+    async def _within_deadline(self, drained: asyncio.Future[None]) -> None:
+        """Wait for the drain; once :meth:`stop` is called, for ``drain_timeout_s`` at most.
+
+        Past the deadline the outputs stop writing (:meth:`PusherActor.give_up`), so what is
+        queued runs through to dead letters; whatever still runs :data:`DRAIN_SETTLE_S` later
+        is cancelled (:meth:`_cancel_after_deadline`).
+        """
+        if self.drain_timeout_s is not None:
+            stopped: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
+            await asyncio.wait({drained, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not drained.done():
+                await asyncio.wait({drained}, timeout=self.drain_timeout_s)
+            if not drained.done():
+                self._stop_writing(self.drain_timeout_s)
+                await asyncio.wait({drained}, timeout=DRAIN_SETTLE_S)
+            if not drained.done():
+                await self._cancel_after_deadline(drained)
+                return
+        await drained
+
+    def _stop_writing(self, timeout_s: float) -> None:
+        reason = f"not written within the drain deadline (--drain-timeout-s {timeout_s:g})"
+        logger.warning(
+            "the drain has taken %g s: the outputs stop writing; what they have not written "
+            "becomes dead letters",
+            timeout_s,
+        )
+        self._past_deadline_reason = reason
+        for actor in self.pushers:
+            actor.give_up(reason)
+
+    async def _cancel_after_deadline(self, drained: asyncio.Future[None]) -> None:
+        """Cancel the actors still running after the deadline, and dead-letter what they held:
+        batches waiting for room, in flight, or queued in their mailboxes."""
+        still = sorted(self.supervisor.started() - self.supervisor.finished())
+        logger.error(
+            "%s still running %g s after the drain deadline: cancelling them",
+            ", ".join(still),
+            DRAIN_SETTLE_S,
+        )
+        drained.cancel()
+        await self.supervisor.cancel_all()
+        error = DrainDeadline(self._past_deadline_reason or "drain deadline")
+        reason = str(error)
+        for puller in self.pullers:
+            if puller.emitter.pending:
+                pending = batch_size(puller.emitter.pending)
+                self.ledger.entered += pending
+                self.ledger.sorted += pending
+                self.dead_letters.add_all(puller.name, reason, puller.emitter.pending)
+        actors: list[Actor] = [self.router, *self.formulas, *self.pushers]
+        for actor in actors:
+            if actor.name in still:
+                await actor.on_crash(error)
+        await self._dead_letter_queued(reason)
+
+    async def _dead_letter_queued(self, reason: str) -> None:
+        """Dead-letter what is still queued in every mailbox, counted where its stage counts."""
+        mailbox = self.router.mailbox
+        while len(mailbox):
+            batch = await mailbox.get(self.queue.max_batch)
+            assert batch is not None
+            self.ledger.sorted += batch_size(batch)
+            self.dead_letters.add_all(self.router.name, reason, batch)
+        for formula in self.formulas:
+            while len(formula.mailbox):
+                pairs = await formula.mailbox.get(self.queue.max_batch)
+                assert pairs is not None
+                reports = expand([report for _, report in pairs])
+                self.ledger.dead_in += len(reports)
+                self.dead_letters.add_all(formula.name, reason, reports)
+        for pusher in self.pushers:
+            while len(pusher.mailbox):
+                batch = await pusher.mailbox.get(self.queue.max_batch)
+                assert batch is not None
+                self.ledger.dead_out += batch_size(batch)
+                self.dead_letters.add_all(pusher.name, reason, batch)
+
+    def _result(self) -> PipelineResult:
+        supervisor = self.supervisor
+        past_deadline = 0
+        if self._past_deadline_reason is not None:
+            past_deadline = sum(
+                count
+                for key, count in self.dead_letters.by_reason.items()
+                if key.endswith(self._past_deadline_reason)
+            )
+        result = PipelineResult(
+            self.ledger,
+            dict(supervisor.failures),
+            dict(supervisor.restarts),
+            past_deadline=past_deadline,
+            deadline_passed=self._past_deadline_reason is not None,
+        )
         logger.info("pipeline drained: %s", self.ledger.summary())
         if not self.ledger.balanced():
             logger.error("ledger does not balance: %s", self.ledger)

@@ -17,8 +17,12 @@ from wattflow.formats.reports import Report
 
 
 def is_reports_document(path: Path) -> bool:
-    """Whether a file is a single ``{"reports": [...]}`` document rather than JSON Lines."""
-    with path.open(encoding="utf-8") as handle:
+    """Whether a file is a single ``{"reports": [...]}`` document rather than JSON Lines.
+
+    Only the start is looked at, and bytes that are not UTF-8 there (a bad line, or a character
+    cut at the end of the start) are no reason to refuse the file: they are its lines' business.
+    """
+    with path.open(encoding="utf-8", errors="replace") as handle:
         head = handle.read(4096).lstrip()
     if not head.startswith("{"):
         return False

@@ -301,12 +301,11 @@ def run_command(argv: Sequence[str]) -> int:
         _fail(str(interrupted), 1)
         # A thread may be stuck in the sink (that is why the operator insisted): leave without
         # joining it, which asyncio.run and a normal exit would both wait for.
-        logging.shutdown()
-        sys.stderr.flush()
-        os._exit(1)
-    loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.run_until_complete(loop.shutdown_default_executor())
-    loop.close()
+        _exit_now(1)
+    if not result.deadline_passed:  # else a thread may be stuck in a sink: do not join it
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
     ledger = result.ledger
     problems = list(result.failures.values())
     if ledger.dead_out:
@@ -315,7 +314,20 @@ def run_command(argv: Sequence[str]) -> int:
         problems.append(f"reports unaccounted for: {ledger.summary()}")
     for problem in problems:
         _fail(problem, 1)
-    return 1 if problems else 0
+    code = 1 if problems else 0
+    if result.deadline_passed:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Leave without joining threads: one may be stuck in a sink that never answers (a second
+    signal, or a drain deadline that cancelled writes in progress), and a normal exit would wait for
+    it."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _reasons(pipeline: Pipeline) -> str:

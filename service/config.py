@@ -121,6 +121,14 @@ class ServiceConfig(BaseModel):
         description="Address the --http-port endpoint listens on; 0.0.0.0 in a container, for "
         "probes and scrapes from outside it.",
     )
+    drain_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="Longest drain after SIGTERM or SIGINT: past it, the outputs stop writing "
+        "(and retrying) and what they have not written becomes dead letters; the service exits "
+        "at most 5 s later. Keep it under the grace period of what stops the service "
+        "(Kubernetes' terminationGracePeriodSeconds, 30 s by default) minus those 5 s.",
+    )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
 

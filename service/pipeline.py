@@ -49,6 +49,7 @@ def assemble(config: ServiceConfig) -> Pipeline:
         pusher_objects,
         queue=config.queue,
         dead_letters=DeadLetters(config.dead_letters),
+        drain_timeout_s=config.drain_timeout_s,
     )
 
 

@@ -168,3 +168,12 @@ class Service:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def drained_ledger(log: str) -> dict[str, int]:
+    """The counts of the ledger line a drained pipeline logs (``pipeline drained: entered=10
+    … dead_out=0``), by field name; the test fails if the log holds no such line."""
+    lines = [line for line in log.splitlines() if "pipeline drained: " in line]
+    assert lines, f"no ledger line in the log:\n{log[-4000:]}"
+    fields = lines[-1].split("pipeline drained: ", 1)[1].replace("(", "").replace(")", "")
+    return {name: int(value) for name, value in (f.split("=") for f in fields.split())}

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from wattflow.actors.pipeline import DRAIN_SETTLE_S
 from wattflow.service.config import ServiceConfig
 
 from .deployment import (
@@ -123,8 +124,25 @@ def test_each_profile_combination_starts_a_wattflow_its_cli_accepts(
                 continue
             environment = {k: str(v) for k, v in service.get("environment", {}).items()}
             config = check_wattflow_command(service["command"], environment, mounts)
+            assert_grace_covers_the_drain(compose_seconds(service["stop_grace_period"]), config)
             if name == "wattflow":
                 check_formula_service(config, stack_input, stack_output)
+
+
+def compose_seconds(duration: str) -> float:
+    """A Compose duration (``30s``, ``1m30s``) in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert duration, "an empty duration"
+    assert parts is not None, f"not a duration of minutes and seconds: {duration}"
+    minutes, seconds = (int(part or 0) for part in parts.groups())
+    return 60.0 * minutes + seconds
+
+
+def assert_grace_covers_the_drain(grace_s: float, config: ServiceConfig) -> None:
+    """What stops the service waits longer than its drain may take: the drain deadline, then
+    the settling time after it; and no longer than Kubernetes' default of 30 s (an output that
+    is down should not hold a rollout for minutes)."""
+    assert config.drain_timeout_s + DRAIN_SETTLE_S < grace_s <= 30
 
 
 def check_formula_service(config: ServiceConfig, stack_input: str, stack_output: str) -> None:
@@ -247,6 +265,7 @@ def test_the_daemonset_runs_a_wattflow_its_cli_accepts_beside_hwpc_sensor(
     environment = _config_map(documents, "wattflow-settings")
     args = [arg.replace("$(NODE_NAME)", "node-1") for arg in formula["args"]]
     config = check_wattflow_command(args, environment, {})
+    assert_grace_covers_the_drain(pod["terminationGracePeriodSeconds"], config)
     assert (directory == "overlays/nvml") == ("nvml" in {i.type for i in config.inputs.values()})
     assert (directory == "overlays/nvml") == (pod.get("runtimeClassName") == "nvidia")
     socket = next(i for i in config.inputs.values() if i.type == "socket")
@@ -293,7 +312,5 @@ def test_the_systemd_unit_runs_a_wattflow_its_cli_accepts(tmp_path: Path) -> Non
     files = {"/etc/wattflow/wattflow.toml": SYSTEMD / "wattflow.toml"}
     config = check_wattflow_command(argv, {}, files)
     assert [i.type for i in config.inputs.values()] == ["socket"]
-    # Stopping waits for the drain: longer than an output's retries.
     stop_s = int(re.search(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE)[1])  # type: ignore[index]
-    retry_s = max(getattr(o, "retry_for_s", 0) for o in config.outputs.values())
-    assert stop_s > retry_s
+    assert_grace_covers_the_drain(stop_s, config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -114,6 +115,11 @@ class PusherActor(Actor):
         """Times the sink became unreachable: a failed write after the last one that worked."""
         self.unreachable: str | None = None
         """Why the sink is unreachable, from the first failed write until one works again."""
+        self.given_up: str | None = None
+        """Why the output stopped writing before its mailbox closed (the drain deadline)."""
+        self._task: asyncio.Task[Any] | None = None
+        self._busy = False
+        """Whether the actor is opening the sink or writing a batch (not waiting for one)."""
 
     def not_ready(self) -> str | None:
         """Why the output cannot take reports yet, or None (``/ready``).
@@ -132,30 +138,62 @@ class PusherActor(Actor):
             self.outages += 1
         self.unreachable = str(error)
 
+    def give_up(self, reason: str) -> None:
+        """Stop writing: the batch being written or retried, and every batch after it, become
+        dead letters with ``reason``; the mailbox is still read to its end, so the stages
+        before it drain. The pipeline calls it when its drain deadline has passed."""
+        self.given_up = reason
+        if self._busy and self._task is not None:
+            self._task.cancel(reason)
+
     async def run(self) -> None:
+        self._task = asyncio.current_task()
+        try:
+            await self._write_all()
+        except asyncio.CancelledError:
+            # Only the cancel that give_up sent is ours to absorb; any other one goes on.
+            if self.given_up is None or self._task is None or self._task.uncancel() > 0:
+                raise
+            self._busy = False
+            self._reject(self._in_flight, self.given_up)
+            self._in_flight = []
+            while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+                self._reject(batch, self.given_up)
+        await self.pusher.close()
+
+    async def _write_all(self) -> None:
+        self._busy = True
         if not self._opened:
             await self.pusher.open()
             self._opened = True
+        self._busy = False
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            self._busy = True
             self._in_flight = batch
-            try:
-                refused = await retry_with_backoff(
-                    lambda: self.pusher.write(batch),  # type: ignore[arg-type]
-                    retryable=lambda error: getattr(error, "retryable", False),
-                    give_up_after_s=self.pusher.config.retry_for_s,
-                    on_retry=self._retrying,
-                )
-            except PushError as error:
-                self._reject(batch, str(error))
+            if self.given_up is not None:
+                self._reject(batch, self.given_up)
             else:
-                self.unreachable = None
-                for report, reason in refused:
-                    self._reject([report], reason)
-                written = batch_size(batch) - len(refused)
-                self.ledger.delivered += written
-                self.ledger.delivered_by_pusher[self.pusher.config.name] += written
+                await self._write(batch)
             self._in_flight = []
-        await self.pusher.close()
+            self._busy = False
+
+    async def _write(self, batch: list[Report | Frame]) -> None:
+        try:
+            refused = await retry_with_backoff(
+                lambda: self.pusher.write(batch),  # type: ignore[arg-type]
+                retryable=lambda error: getattr(error, "retryable", False),
+                give_up_after_s=self.pusher.config.retry_for_s,
+                on_retry=self._retrying,
+            )
+        except PushError as error:
+            self._reject(batch, str(error))
+        else:
+            self.unreachable = None
+            for report, reason in refused:
+                self._reject([report], reason)
+            written = batch_size(batch) - len(refused)
+            self.ledger.delivered += written
+            self.ledger.delivered_by_pusher[self.pusher.config.name] += written
 
     def _reject(self, batch: list[Report | Frame] | list[Report], reason: str) -> None:
         self.ledger.dead_out += batch_size(batch)
