@@ -48,9 +48,12 @@ from wattflow.actors.connections import describe_driver_error, read_secret, reda
 from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.formats import powerapi
-from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import Report, report_kind
+from wattflow.formats.json_frames import (
+    Layout,
+    decode_document_reports,
+    decode_hwpc_document_frames,
+)
+from wattflow.formats.reports import HWPCReport, Report, report_kind
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +181,8 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         self._down_since: float | None = None
         self._backoff = 0.1
         self._reached = False
+        self._layouts: dict[str, Layout] = {}
+        """Each sensor's groups, remembered from one batch to the next."""
 
     async def probe(self) -> str:
         """Ping the server and say what it is."""
@@ -370,12 +375,18 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
 
     async def _emit(self, documents: list[Document], kind: type[Report], emitter: Emitter) -> None:
-        reports: list[Report] = []
-        for document in documents:
-            try:
-                reports.append(powerapi.from_mongodb(kind, document, self.source))
-            except DecodeError as error:
-                emitter.reject(printable(document), str(error))
+        """Hand a batch on as the JSON inputs do: hwpc-sensor's documents as one frame per
+        sensor when the batch is plain, else document by document, each document that is not
+        a report dead-lettered."""
+        if kind is HWPCReport:
+            frames = decode_hwpc_document_frames(documents, self._layouts)
+            if frames is not None:
+                for frame in frames:
+                    await emitter.emit([frame])
+                return
+        reports, errors = decode_document_reports(kind, documents, self.source)
+        for error, document in errors:
+            emitter.reject(printable(document), str(error))
         await emitter.emit(reports)
 
     # --- the overlap between backlog and stream -----------------------------------------------
