@@ -21,7 +21,9 @@ Stream mode, step by step:
    write each report once all the same).
 
 A server that goes away is waited for, with backoff, for as long as the service runs; the
-change stream resumes from its token, so an outage loses nothing.
+change stream resumes from its token, so an outage loses nothing. A token the server refuses
+(history lost, damaged, another collection's) sends the input back to step 2 from the last id
+it handed on, with a fresh change stream: the stream is never stranded on a bad token.
 """
 
 from __future__ import annotations
@@ -63,6 +65,18 @@ _NO_CHANGE_STREAMS = {40573, 40415, 136}
 """Server error codes meaning "no change streams here" (standalone server, or disabled)."""
 
 _AUTHENTICATION_FAILED = {18, 13}
+
+_TOKEN_REFUSED = {9, 260, 280, 286}
+"""Server error codes meaning "not from this token": FailedToParse, InvalidResumeToken,
+ChangeStreamFatalError (e.g. a token of another collection), ChangeStreamHistoryLost (the oplog
+rolled over past it)."""
+
+
+def refuses_token(error: OperationFailure) -> bool:
+    """Whether the server refused to resume a change stream from the token it was given (some
+    servers answer a token of another namespace with code 13, naming the token)."""
+    message = str(error.details.get("errmsg", "") if error.details else error)
+    return error.code in _TOKEN_REFUSED or "resume token" in message.lower()
 
 
 class MongoDBPullerConfig(PullerConfig):
@@ -332,12 +346,19 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     ) -> None:
         inserts = [{"$match": {"operationType": "insert"}}]
         wait_ms = int(self.config.poll_interval_s * 1000)
-        async with await collection.watch(
-            inserts,
-            resume_after=position.token,
-            max_await_time_ms=wait_ms,
-            batch_size=self.config.max_batch,
-        ) as changes:
+        try:
+            stream = await collection.watch(
+                inserts,
+                resume_after=position.token,
+                max_await_time_ms=wait_ms,
+                batch_size=self.config.max_batch,
+            )
+        except OperationFailure as error:
+            if not refuses_token(error):
+                raise
+            self._read_ids_again(position, error)
+            return
+        async with stream as changes:
             self._back_up()
             while not emitter.stopping.is_set():
                 documents: list[Document] = []
@@ -350,12 +371,28 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                         documents.append(document)
                 if documents:
                     await self._emit(documents, kind, emitter)
+                    position.last_id = documents[-1]["_id"]
                 elif self._recent:
                     # Caught up: every document the backlog read is behind us in the stream.
                     self._forget_backlog()
                 position.token = changes.resume_token
                 self._note(position)
                 await self._save_due(checkpoints)
+
+    def _read_ids_again(self, position: _Position, error: OperationFailure) -> None:
+        """The server refused the saved token: read by ``_id`` after the last document handed
+        on (the checkpoint's, at a start), then follow a fresh change stream, as on a first
+        start. Nothing is lost or read twice as long as ids grow in insertion order."""
+        logger.warning(
+            "%s: the server refused to resume the change stream (%s); reading by _id after %s, "
+            "then following a new change stream",
+            self.source,
+            error.details.get("errmsg") if error.details else error,
+            position.last_id if position.last_id is not None else "the first document",
+        )
+        position.token = None
+        position.backlog_done = False
+        self._forget_backlog()
 
     async def _poll(
         self,
