@@ -50,6 +50,7 @@ from wattflow.actors.connections import describe_driver_error, read_secret, reda
 from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
+from wattflow.actors.runtime import Backoff
 from wattflow.formats.json_frames import (
     Layout,
     decode_document_reports,
@@ -193,7 +194,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         self._pending: deque[tuple[float, Document]] = deque()
         self._saved_at = 0.0
         self._down_since: float | None = None
-        self._backoff = 0.1
+        self._backoff = Backoff(0.1, 5.0)
         self._reached = False
         self._layouts: dict[str, Layout] = {}
         """Each sensor's groups, remembered from one batch to the next."""
@@ -511,19 +512,19 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     # --- outages -------------------------------------------------------------------------------
 
     async def _wait_for_server(self, error: PyMongoError, emitter: Emitter) -> None:
-        """Log the outage once, then wait a little longer each time, until stopped."""
+        """Log the outage once, then wait a little longer each time (:class:`Backoff`), until
+        stopped."""
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
-            self._backoff = 0.1
+            self._backoff.reset()
             logger.warning(
                 "%s: server unavailable (%s); retrying until it is back",
                 self.source,
                 describe_driver_error(error),
             )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(emitter.stopping.wait(), self._backoff)
-        self._backoff = min(self._backoff * 2, 5.0)
+            await asyncio.wait_for(emitter.stopping.wait(), self._backoff.next_s())
 
     def not_ready(self) -> str | None:
         if self._down_since is not None:
