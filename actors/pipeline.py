@@ -34,6 +34,7 @@ from wattflow.actors.runtime import (
     QueueConfig,
     RestartPolicy,
     Supervisor,
+    retry_with_backoff,
 )
 from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
@@ -105,7 +106,15 @@ class PullerActor(Actor):
         self.emitter = emitter
 
     async def run(self) -> None:
-        await self.puller.pull(self.emitter)
+        """Pull; an error the puller marks retryable (:class:`PullUnavailable`) is retried with
+        backoff for ``retry_for_s``, and ends the input only after that, or at a stop."""
+        await retry_with_backoff(
+            lambda: self.puller.pull(self.emitter),
+            retryable=lambda error: (
+                getattr(error, "retryable", False) and not self.emitter.stopping.is_set()
+            ),
+            give_up_after_s=self.puller.config.retry_for_s,
+        )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from abc import ABC, abstractmethod
 from collections import Counter, deque
@@ -353,7 +354,7 @@ class Supervisor:
 
     async def _supervise(self, actor: Actor, restart: bool) -> None:
         failures: deque[float] = deque()
-        backoff = self.policy.initial_backoff_s
+        backoff = Backoff(self.policy.initial_backoff_s, self.policy.max_backoff_s)
         while True:
             try:
                 await actor.run()
@@ -379,9 +380,8 @@ class Supervisor:
                 logger.warning("actor %s failed: %r; restarting", actor.name, error, exc_info=error)
                 self.restarts[actor.name] += 1
                 self.restarting[actor.name] = repr(error)
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(backoff.next_s())
                 del self.restarting[actor.name]
-                backoff = min(backoff * 2, self.policy.max_backoff_s)
                 continue
             await actor.on_finished()
             return
@@ -409,6 +409,31 @@ class Supervisor:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
 
+class Backoff:
+    """Exponential backoff with jitter, the one every retry in wattflow waits with.
+
+    Each delay is drawn between half and all of the current step ("equal jitter"), and the
+    step doubles up to ``max_s``: inputs, outputs and actors that failed at the same moment
+    (a server that went down for all of them) do not all retry at the same moment, and each
+    still waits at least half its step.
+    """
+
+    def __init__(self, initial_s: float = 0.1, max_s: float = 5.0) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self._step_s = initial_s
+
+    def next_s(self) -> float:
+        """The delay before the next attempt; the step after it is doubled."""
+        step = self._step_s
+        self._step_s = min(step * 2, self.max_s)
+        return random.uniform(step / 2, step)
+
+    def reset(self) -> None:
+        """Start again from the first step (after a success)."""
+        self._step_s = self.initial_s
+
+
 async def retry_with_backoff(
     attempt: Callable[[], Awaitable[T]],
     *,
@@ -419,7 +444,7 @@ async def retry_with_backoff(
     max_backoff_s: float = 5.0,
     on_retry: Callable[[BaseException], None] | None = None,
 ) -> T:
-    """Call ``attempt`` until it succeeds, retrying retryable errors with exponential backoff.
+    """Call ``attempt`` until it succeeds, retrying retryable errors with :class:`Backoff`.
 
     Retries stop after ``attempts`` calls or once ``give_up_after_s`` seconds have passed since
     the first call, whichever comes first; with neither, they go on until the call succeeds.
@@ -428,7 +453,7 @@ async def retry_with_backoff(
     Raises:
         The last error, once the budget is spent or an error is not retryable.
     """
-    backoff = initial_backoff_s
+    backoff = Backoff(initial_backoff_s, max_backoff_s)
     deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
     number = 0
     while True:
@@ -436,12 +461,12 @@ async def retry_with_backoff(
         try:
             return await attempt()
         except Exception as error:
+            delay_s = backoff.next_s()
             out_of_attempts = attempts is not None and number >= attempts
-            out_of_time = deadline is not None and time.monotonic() + backoff > deadline
+            out_of_time = deadline is not None and time.monotonic() + delay_s > deadline
             if out_of_attempts or out_of_time or not retryable(error):
                 raise
-            logger.warning("retrying in %.1f s after: %s (attempt %d)", backoff, error, number)
+            logger.warning("retrying in %.1f s after: %s (attempt %d)", delay_s, error, number)
             if on_retry is not None:
                 on_retry(error)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, max_backoff_s)
+            await asyncio.sleep(delay_s)

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from itertools import chain
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -41,9 +42,10 @@ from wattflow.formats.powerapi import (
     decode_hwpc_document,
     decode_json_lines,
     format_timestamp,
+    from_mongodb,
     utc_or_none,
 )
-from wattflow.formats.reports import HWPCReport, Report, to_millis
+from wattflow.formats.reports import HWPCReport, Report, to_millis, to_utc
 
 
 class _NotPlain(Exception):
@@ -356,3 +358,163 @@ def _float_column(values: FloatArray) -> list[bytes]:
     """Each float as orjson writes a Python float, formatted in one call from the array."""
     contiguous = np.ascontiguousarray(values, dtype=np.float64)
     return orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+
+
+# --- MongoDB documents ------------------------------------------------------------------------
+
+_NO_TEXT = Annotated[str, msgspec.Meta(pattern="^(?!)")]
+"""A text no string matches: beside ``int`` in a lax conversion, it keeps strings from being
+read as numbers, so that only doubles are made integers."""
+
+_WholeGroups = dict[str, dict[str, dict[str, dict[str, int | _NO_TEXT]]]]
+"""hwpc-sensor's groups with integer counters: converted laxly, a double that holds a whole
+number of at most 2⁵³ becomes that integer, and any other double, a string, a boolean or
+anything else is refused."""
+
+_LARGEST_WHOLE_DOUBLE = 2.0**53
+"""The largest double below which every whole number is one: msgspec's lax conversion reads
+whole doubles up to it as integers, and :func:`whole_counters` does the same."""
+
+
+def decode_hwpc_document_frames(
+    documents: Sequence[dict[str, Any]], layouts: dict[str, Layout] | None = None
+) -> list[HWPCFrame] | None:
+    """The frames of a batch of hwpc-sensor's MongoDB documents, as pymongo decodes them, or
+    ``None`` when a document is not plain or there is none: then decode the batch document by
+    document with :func:`decode_document_reports`.
+
+    A document is plain when a JSON line of the same report would be (see the module's
+    docstring) and its timestamp is a BSON date. hwpc-sensor's MongoDB output stores its
+    integer counters as doubles: a double that holds a whole number (of at most 2⁵³, where
+    every whole number is a double) is read as that integer, as
+    :func:`decode_document_reports` reads it too, so that the frame stands for exactly the
+    reports of the batch, and for the reports the sensor's JSON gives. Frames are one per
+    sensor, in the order the documents came, and ``layouts`` is what the input remembers of
+    each sensor's groups, as for :func:`decode_hwpc_frames`.
+    """
+    plain = _plain_documents(documents)
+    if plain is None:
+        return None
+    known = {} if layouts is None else layouts
+    frames = _document_frames(plain, known)
+    if frames is None and known:  # a sensor whose groups changed: learn them again
+        known.clear()
+        frames = _document_frames(plain, known)
+    return frames
+
+
+def _plain_documents(documents: Sequence[dict[str, Any]]) -> list[HwpcDocument] | None:
+    """Each document as the JSON way holds a line (its timestamp in Unix milliseconds, its
+    counters integers), or ``None`` when one is not plain. The groups are checked and
+    converted by msgspec in C; the rest is a few look-ups per document."""
+    convert = msgspec.convert
+    millis_of: dict[datetime, int] = {}
+    plain: list[HwpcDocument] = []
+    for document in documents:
+        timestamp = document.get("timestamp")
+        sensor = document.get("sensor")
+        target = document.get("target")
+        if (
+            type(timestamp) is not datetime
+            or type(sensor) is not str
+            or type(target) is not str
+            or not sensor
+            or not target
+            or document.get("metadata", {}) != {}
+        ):
+            return None
+        try:
+            # Integers only: no text ever matches ``_NO_TEXT``.
+            groups: dict[str, Any] = convert(document.get("groups"), _WholeGroups, strict=False)
+        except msgspec.ValidationError:
+            return None
+        if not groups:
+            return None
+        millis = millis_of.get(timestamp)
+        if millis is None:
+            if timestamp.microsecond % 1000:
+                return None
+            millis = millis_of[timestamp] = to_millis(to_utc(timestamp))
+        plain.append(HwpcDocument(millis, sensor, target, groups))
+    return plain
+
+
+def _document_frames(
+    documents: list[HwpcDocument], layouts: dict[str, Layout]
+) -> list[HWPCFrame] | None:
+    """:func:`decode_hwpc_frames`' pass over documents already checked and parsed."""
+    done: dict[str, list[HWPCFrame]] = {}
+    sensors: dict[str, _Batch] = {}
+    try:
+        for document in documents:
+            batch = sensors.get(document.sensor)
+            if batch is None:
+                batch = sensors[document.sensor] = _Batch(layouts.get(document.sensor, ()))
+            try:
+                batch.add(document)
+            except _Cut:
+                done.setdefault(document.sensor, []).append(batch.frame())
+                batch = sensors[document.sensor] = batch.next()
+                batch.add(document)
+        frames = [
+            frame
+            for sensor, batch in sensors.items()
+            for frame in [*done.get(sensor, ()), batch.frame()]
+        ]
+    except (_NotPlain, _Cut, KeyError):  # KeyError: a cpu lacking one of its group's events
+        return None
+    for sensor, batch in sensors.items():
+        layouts[sensor] = batch.layout()
+    return frames or None
+
+
+def decode_document_reports(
+    kind: type[Report], documents: Sequence[dict[str, Any]], source: str
+) -> tuple[list[Report], list[tuple[DecodeError, dict[str, Any]]]]:
+    """Decode MongoDB documents one by one into reports of ``kind``
+    (:func:`~wattflow.formats.powerapi.from_mongodb`), and name each document that is not one,
+    with its error. HWPCReports' counters are read as :func:`decode_hwpc_document_frames`
+    reads them (:func:`whole_counters`), so that a batch gives the same reports either way."""
+    reports: list[Report] = []
+    errors: list[tuple[DecodeError, dict[str, Any]]] = []
+    for document in documents:
+        try:
+            report = from_mongodb(kind, document, source)
+        except DecodeError as error:
+            errors.append((error, document))
+            continue
+        if isinstance(report, HWPCReport):
+            report = whole_counters(report)
+        reports.append(report)
+    return reports, errors
+
+
+def whole_counters(report: HWPCReport) -> HWPCReport:
+    """The report with each double counter that holds a whole number of at most 2⁵³ made that
+    integer (hwpc-sensor's MongoDB output stores integer counters as doubles); the report
+    itself when it has none."""
+    if not any(
+        type(value) is float
+        for sockets in report.groups.values()
+        for cpus in sockets.values()
+        for events in cpus.values()
+        for value in events.values()
+    ):
+        return report
+    groups = {
+        group: {
+            socket: {
+                cpu: {event: _whole(value) for event, value in events.items()}
+                for cpu, events in cpus.items()
+            }
+            for socket, cpus in sockets.items()
+        }
+        for group, sockets in report.groups.items()
+    }
+    return report.model_copy(update={"groups": groups})
+
+
+def _whole(value: int | float) -> int | float:
+    if type(value) is float and value.is_integer() and abs(value) <= _LARGEST_WHOLE_DOUBLE:
+        return int(value)
+    return value

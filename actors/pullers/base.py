@@ -26,6 +26,12 @@ class PullerConfig(BackendConfig):
         description="Report kind the input holds.",
         json_schema_extra={"flags": ["-m", "--model"]},
     )
+    retry_for_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long an input that is unavailable for now (its port busy, its server "
+        "down) is retried, with backoff, before the run fails.",
+    )
 
 
 class Emitter(Protocol):

@@ -21,7 +21,9 @@ Stream mode, step by step:
    write each report once all the same).
 
 A server that goes away is waited for, with backoff, for as long as the service runs; the
-change stream resumes from its token, so an outage loses nothing.
+change stream resumes from its token, so an outage loses nothing. A token the server refuses
+(history lost, damaged, another collection's) sends the input back to step 2 from the last id
+it handed on, with a fresh change stream: the stream is never stranded on a bad token.
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ from wattflow.actors.connections import describe_driver_error, read_secret, reda
 from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.formats import powerapi
-from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import Report, report_kind
+from wattflow.actors.runtime import Backoff
+from wattflow.formats.json_frames import (
+    Layout,
+    decode_document_reports,
+    decode_hwpc_document_frames,
+)
+from wattflow.formats.reports import HWPCReport, Report, report_kind
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +66,18 @@ _NO_CHANGE_STREAMS = {40573, 40415, 136}
 """Server error codes meaning "no change streams here" (standalone server, or disabled)."""
 
 _AUTHENTICATION_FAILED = {18, 13}
+
+_TOKEN_REFUSED = {9, 260, 280, 286}
+"""Server error codes meaning "not from this token": FailedToParse, InvalidResumeToken,
+ChangeStreamFatalError (e.g. a token of another collection), ChangeStreamHistoryLost (the oplog
+rolled over past it)."""
+
+
+def refuses_token(error: OperationFailure) -> bool:
+    """Whether the server refused to resume a change stream from the token it was given (some
+    servers answer a token of another namespace with code 13, naming the token)."""
+    message = str(error.details.get("errmsg", "") if error.details else error)
+    return error.code in _TOKEN_REFUSED or "resume token" in message.lower()
 
 
 class MongoDBPullerConfig(PullerConfig):
@@ -176,8 +194,10 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         self._pending: deque[tuple[float, Document]] = deque()
         self._saved_at = 0.0
         self._down_since: float | None = None
-        self._backoff = 0.1
+        self._backoff = Backoff(0.1, 5.0)
         self._reached = False
+        self._layouts: dict[str, Layout] = {}
+        """Each sensor's groups, remembered from one batch to the next."""
 
     async def probe(self) -> str:
         """Ping the server and say what it is."""
@@ -327,12 +347,19 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     ) -> None:
         inserts = [{"$match": {"operationType": "insert"}}]
         wait_ms = int(self.config.poll_interval_s * 1000)
-        async with await collection.watch(
-            inserts,
-            resume_after=position.token,
-            max_await_time_ms=wait_ms,
-            batch_size=self.config.max_batch,
-        ) as changes:
+        try:
+            stream = await collection.watch(
+                inserts,
+                resume_after=position.token,
+                max_await_time_ms=wait_ms,
+                batch_size=self.config.max_batch,
+            )
+        except OperationFailure as error:
+            if not refuses_token(error):
+                raise
+            self._read_ids_again(position, error)
+            return
+        async with stream as changes:
             self._back_up()
             while not emitter.stopping.is_set():
                 documents: list[Document] = []
@@ -345,12 +372,28 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                         documents.append(document)
                 if documents:
                     await self._emit(documents, kind, emitter)
+                    position.last_id = documents[-1]["_id"]
                 elif self._recent:
                     # Caught up: every document the backlog read is behind us in the stream.
                     self._forget_backlog()
                 position.token = changes.resume_token
                 self._note(position)
                 await self._save_due(checkpoints)
+
+    def _read_ids_again(self, position: _Position, error: OperationFailure) -> None:
+        """The server refused the saved token: read by ``_id`` after the last document handed
+        on (the checkpoint's, at a start), then follow a fresh change stream, as on a first
+        start. Nothing is lost or read twice as long as ids grow in insertion order."""
+        logger.warning(
+            "%s: the server refused to resume the change stream (%s); reading by _id after %s, "
+            "then following a new change stream",
+            self.source,
+            error.details.get("errmsg") if error.details else error,
+            position.last_id if position.last_id is not None else "the first document",
+        )
+        position.token = None
+        position.backlog_done = False
+        self._forget_backlog()
 
     async def _poll(
         self,
@@ -370,12 +413,18 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
 
     async def _emit(self, documents: list[Document], kind: type[Report], emitter: Emitter) -> None:
-        reports: list[Report] = []
-        for document in documents:
-            try:
-                reports.append(powerapi.from_mongodb(kind, document, self.source))
-            except DecodeError as error:
-                emitter.reject(printable(document), str(error))
+        """Hand a batch on as the JSON inputs do: hwpc-sensor's documents as one frame per
+        sensor when the batch is plain, else document by document, each document that is not
+        a report dead-lettered."""
+        if kind is HWPCReport:
+            frames = decode_hwpc_document_frames(documents, self._layouts)
+            if frames is not None:
+                for frame in frames:
+                    await emitter.emit([frame])
+                return
+        reports, errors = decode_document_reports(kind, documents, self.source)
+        for error, document in errors:
+            emitter.reject(printable(document), str(error))
         await emitter.emit(reports)
 
     # --- the overlap between backlog and stream -----------------------------------------------
@@ -463,19 +512,19 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     # --- outages -------------------------------------------------------------------------------
 
     async def _wait_for_server(self, error: PyMongoError, emitter: Emitter) -> None:
-        """Log the outage once, then wait a little longer each time, until stopped."""
+        """Log the outage once, then wait a little longer each time (:class:`Backoff`), until
+        stopped."""
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
-            self._backoff = 0.1
+            self._backoff.reset()
             logger.warning(
                 "%s: server unavailable (%s); retrying until it is back",
                 self.source,
                 describe_driver_error(error),
             )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(emitter.stopping.wait(), self._backoff)
-        self._backoff = min(self._backoff * 2, 5.0)
+            await asyncio.wait_for(emitter.stopping.wait(), self._backoff.next_s())
 
     def not_ready(self) -> str | None:
         if self._down_since is not None:
