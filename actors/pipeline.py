@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from wattflow.actors.formulas.base import Formula, FormulaActor, FormulaConfig
+from wattflow.actors.partition import Partition
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pushers.base import Pusher, PusherActor
 from wattflow.actors.router import Router
@@ -53,8 +54,20 @@ def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
     return False
 
 
+def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partition | None:
+    """Tell each puller the partition it reads for; none when there is only one."""
+    taken = None if partition is None or partition.count == 1 else partition
+    for puller in pullers:
+        puller.partition = taken
+    return taken
+
+
 class _Emitter:
-    """The router's mailbox as one puller sees it."""
+    """The router's mailbox as one puller sees it.
+
+    With a partition, the reports of sensors other instances take are let go here, right
+    after decoding, whatever the input: counted as skipped, never entered.
+    """
 
     def __init__(self, pipeline: Pipeline, name: str) -> None:
         self._pipeline = pipeline
@@ -62,8 +75,25 @@ class _Emitter:
         self.stopping = pipeline.stopping
         self.emitted = 0
         """Reports this puller handed to the router."""
+        self.skipped = 0
+        """Reports of other partitions' sensors this puller read and let go."""
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+        partition = self._pipeline.partition
+        if partition is None or not batch:
+            await self._emit(batch)
+            return
+        taken, skipped = partition.select(batch)
+        self.skip(skipped)
+        for part in taken:
+            await self._emit(part)
+
+    def skip(self, count: int) -> None:
+        """Count reports of other partitions that the puller let go before decoding them."""
+        self.skipped += count
+        self._pipeline.ledger.skipped += count
+
+    async def _emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if batch:
             if self._pipeline.passed_through:
                 await self._pipeline.pass_through(expand(batch))
@@ -115,8 +145,11 @@ class Pipeline:
         queue: QueueConfig | None = None,
         dead_letters: DeadLetters | None = None,
         restart_policy: RestartPolicy | None = None,
+        partition: Partition | None = None,
     ) -> None:
         self.queue = queue or QueueConfig()
+        self.partition = _assign(partition, pullers)
+        """The sensors this instance takes (``--partition``); None: every sensor."""
         self.ledger = Ledger()
         self.dead_letters = dead_letters or DeadLetters()
         self.stopping = asyncio.Event()

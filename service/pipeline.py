@@ -49,6 +49,7 @@ def assemble(config: ServiceConfig) -> Pipeline:
         pusher_objects,
         queue=config.queue,
         dead_letters=DeadLetters(config.dead_letters),
+        partition=config.partition_spec(),
     )
 
 
