@@ -23,6 +23,7 @@ from operator import attrgetter
 from typing import Any
 
 from wattflow.actors.formulas.base import Formula, FormulaActor, FormulaConfig
+from wattflow.actors.partition import Partition
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pushers.base import Pusher, PusherActor
 from wattflow.actors.router import Router
@@ -69,8 +70,20 @@ def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
     return False
 
 
+def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partition | None:
+    """Tell each puller the partition it reads for; none when there is only one."""
+    taken = None if partition is None or partition.count == 1 else partition
+    for puller in pullers:
+        puller.partition = taken
+    return taken
+
+
 class _Emitter:
-    """The router's mailbox as one puller sees it."""
+    """The router's mailbox as one puller sees it.
+
+    With a partition, the reports of sensors other instances take are let go here, right
+    after decoding, whatever the input: counted as skipped, never entered.
+    """
 
     def __init__(self, pipeline: Pipeline, name: str) -> None:
         self._pipeline = pipeline
@@ -80,8 +93,25 @@ class _Emitter:
         """Reports this puller handed to the router."""
         self.pending: Sequence[Report] | Sequence[Frame] = ()
         """A batch waiting for room in the router's mailbox (dead-lettered if never taken)."""
+        self.skipped = 0
+        """Reports of other partitions' sensors this puller read and let go."""
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+        partition = self._pipeline.partition
+        if partition is None or not batch:
+            await self._emit(batch)
+            return
+        taken, skipped = partition.select(batch)
+        self.skip(skipped)
+        for part in taken:
+            await self._emit(part)
+
+    def skip(self, count: int) -> None:
+        """Count reports of other partitions that the puller let go before decoding them."""
+        self.skipped += count
+        self._pipeline.ledger.skipped += count
+
+    async def _emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if batch:
             self.pending = batch
             if self._pipeline.passed_through:
@@ -149,8 +179,11 @@ class Pipeline:
         dead_letters: DeadLetters | None = None,
         restart_policy: RestartPolicy | None = None,
         drain_timeout_s: float | None = None,
+        partition: Partition | None = None,
     ) -> None:
         self.queue = queue or QueueConfig()
+        self.partition = _assign(partition, pullers)
+        """The sensors this instance takes (``--partition``); None: every sensor."""
         self.drain_timeout_s = drain_timeout_s
         """Seconds a drain asked for by :meth:`stop` may take before the outputs stop writing;
         None: no deadline (each batch is still bounded by its output's ``retry_for_s``)."""

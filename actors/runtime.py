@@ -246,6 +246,8 @@ class Ledger:
     Attributes:
         rejected_input: input that never became a report (an undecodable line), dead-lettered.
         entered: reports pullers handed to the router.
+        skipped: reports of sensors another instance takes (``--partition``): read and let
+            go, neither entered nor dead letters.
         sorted: reports the router has dispatched or dead-lettered.
         unused: reports that no enabled formula takes (a per-container report while only the
             RAPL formula runs), counted by reason and named in the log, not dead-lettered.
@@ -263,6 +265,7 @@ class Ledger:
 
     rejected_input: int = 0
     entered: int = 0
+    skipped: int = 0
     sorted: int = 0
     unused: Counter[str] = field(default_factory=Counter)
     routed: int = 0
@@ -288,6 +291,7 @@ class Ledger:
         """One line for the log at the end of a run."""
         return (
             f"entered={self.entered} rejected_input={self.rejected_input} "
+            f"skipped={self.skipped} "
             f"unused={sum(self.unused.values())} consumed={self.consumed} "
             f"(absorbed={self.absorbed}) "
             f"dead_in={self.dead_in} produced={self.produced} delivered={self.delivered} "

@@ -43,7 +43,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wattflow_actor_reports_in_total": (
         "counter",
         ("actor",),
-        "Reports the actor took in: read by an input (dead letters included), queued for "
+        "Reports the actor took in: read by an input (dead letters and skipped included), "
+        "queued for "
         "the router, a formula or an output.",
     ),
     "wattflow_actor_reports_out_total": (
@@ -61,6 +62,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter",
         ("actor",),
         "Reports the router had no enabled formula for (counted, not dead letters).",
+    ),
+    "wattflow_actor_reports_skipped_total": (
+        "counter",
+        ("actor",),
+        "Reports an input read and let go because another instance takes their sensor "
+        "(--partition; counted, not dead letters).",
     ),
     "wattflow_reports_unrequested_total": (
         "counter",
@@ -263,7 +270,8 @@ class PipelineStatus:
         flows: list[tuple[str, int, int]] = []
         for puller in pipeline.pullers:
             emitted = puller.emitter.emitted
-            flows.append((puller.name, emitted + dead[puller.name], emitted))
+            taken = emitted + dead[puller.name] + puller.emitter.skipped
+            flows.append((puller.name, taken, emitted))
         router = pipeline.router
         flows.append((router.name, router.mailbox.received, router.delivered))
         flows += [(f.name, f.mailbox.received, f.produced) for f in pipeline.formulas]
@@ -275,6 +283,9 @@ class PipelineStatus:
             families.add("wattflow_actor_reports_in_total", [name], taken)
             families.add("wattflow_actor_reports_out_total", [name], handed)
             families.add("wattflow_actor_reports_dead_total", [name], dead[name])
+        for puller in pipeline.pullers:
+            skipped = puller.emitter.skipped
+            families.add("wattflow_actor_reports_skipped_total", [puller.name], skipped)
         unused = sum(pipeline.ledger.unused.values())
         families.add("wattflow_actor_reports_unused_total", [router.name], unused)
         families.add("wattflow_reports_unrequested_total", (), pipeline.ledger.unrequested)

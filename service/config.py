@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 from wattflow.actors.backend import CommaList
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import FormulaConfig
+from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Puller, PullerConfig
 from wattflow.actors.pushers import pushers
@@ -129,7 +130,24 @@ class ServiceConfig(BaseModel):
         "at most 5 s later. Keep it under the grace period of what stops the service "
         "(Kubernetes' terminationGracePeriodSeconds, 30 s by default) minus those 5 s.",
     )
+    partition: str | None = Field(
+        default=None,
+        description="Take only this instance's share of the sensors: i/N is partition i "
+        "(0 to N-1) of N instances reading one input. A sensor's partition is the CRC-32 of "
+        "its name modulo N; reports of other partitions are skipped, not dead letters.",
+    )
     queue: QueueConfig = Field(default_factory=QueueConfig)
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_form(cls, text: str | None) -> str | None:
+        if text is None:
+            return None
+        return str(Partition.parse(text))
+
+    def partition_spec(self) -> Partition | None:
+        """The parsed ``--partition``, or None when this instance takes every sensor."""
+        return None if self.partition is None else Partition.parse(self.partition)
 
 
 def normalise(key: str) -> str:

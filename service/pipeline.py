@@ -50,6 +50,7 @@ def assemble(config: ServiceConfig) -> Pipeline:
         queue=config.queue,
         dead_letters=DeadLetters(config.dead_letters),
         drain_timeout_s=config.drain_timeout_s,
+        partition=config.partition_spec(),
     )
 
 

@@ -204,7 +204,9 @@ def test_interpolation_follows_compose_rules() -> None:
 
 # --- Kubernetes ------------------------------------------------------------------------------
 
-KUSTOMIZATIONS = ("base", "overlays/nvml")
+DAEMONSETS = ("base", "overlays/nvml")
+"""Kustomizations that run wattflow beside hwpc-sensor on every node."""
+KUSTOMIZATIONS = (*DAEMONSETS, "overlays/statefulset")
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")
 """The oldest release the manifests promise (native runtime classes and Pod Security labels
 are older) and the newest kubernetes-validate knows."""
@@ -225,7 +227,8 @@ def test_kustomize_builds_manifests_that_kubernetes_schemas_accept_strictly(
 ) -> None:
     path, documents = kustomize(directory, tmp_path)
     kinds = sorted(document["kind"] for document in documents)
-    assert kinds == ["ConfigMap", "ConfigMap", "DaemonSet", "Namespace", "Service"]
+    central = ["StatefulSet"] if directory == "overlays/statefulset" else []
+    assert kinds == ["ConfigMap", "ConfigMap", "DaemonSet", "Namespace", "Service", *central]
     for version in KUBERNETES_VERSIONS:
         result = tool("kubernetes-validate", "--strict", "--quiet", "-k", version, path)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -248,7 +251,7 @@ def _config_map(documents: list[dict[str, Any]], prefix: str) -> dict[str, str]:
     return data
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+@pytest.mark.parametrize("directory", DAEMONSETS)
 def test_the_daemonset_runs_a_wattflow_its_cli_accepts_beside_hwpc_sensor(
     directory: str, tmp_path: Path
 ) -> None:
@@ -285,6 +288,62 @@ def test_the_daemonset_runs_a_wattflow_its_cli_accepts_beside_hwpc_sensor(
     power_port = formula["args"][formula["args"].index("prometheus") + 4]  # --addr A --port P
     (service,) = [d for d in documents if d["kind"] == "Service"]
     assert [str(p["port"]) for p in service["spec"]["ports"]] == [http_port, power_port]
+
+
+def test_the_statefulset_runs_one_partition_per_pod_on_the_collection_hwpc_sensor_fills(
+    tmp_path: Path,
+) -> None:
+    """Each of the N pods runs a wattflow its CLI accepts, following the collection that
+    hwpc-sensor (alone on every node) writes to, with partition <its ordinal>/N; the Service
+    selects these pods, not the sensors'."""
+    _, documents = kustomize("overlays/statefulset", tmp_path)
+    (statefulset,) = [d for d in documents if d["kind"] == "StatefulSet"]
+    (service,) = [d for d in documents if d["kind"] == "Service"]
+    (daemonset,) = [d for d in documents if d["kind"] == "DaemonSet"]
+    assert [c["name"] for c in _pod(documents)["containers"]] == ["hwpc-sensor"]
+    pod = statefulset["spec"]["template"]
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    selector = service["spec"]["selector"].items()
+    assert selector <= pod["metadata"]["labels"].items()
+    assert not selector <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    (formula,) = pod["spec"]["containers"]
+    env = {variable["name"]: variable for variable in formula["env"]}
+    # The ordinal, from the label Kubernetes (1.28 and later) puts on each StatefulSet pod.
+    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    count = int(env["PARTITION_COUNT"]["value"])
+    assert count == statefulset["spec"]["replicas"] >= 2
+    mounts = {m["name"]: m["mountPath"] for m in formula["volumeMounts"]}
+    secrets = {
+        v["name"]: v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v
+    }
+    hwpc = json.loads(_config_map(documents, "hwpc-sensor")["hwpc-sensor.json"])
+    assert hwpc["output"]["type"] == "mongodb"
+    partitions = []
+    for ordinal in range(count):
+        args = [
+            arg.replace("$(POD_INDEX)", str(ordinal)).replace("$(PARTITION_COUNT)", str(count))
+            for arg in formula["args"]
+        ]
+        config = check_wattflow_command(args, _config_map(documents, "wattflow-settings"), {})
+        assert config.stream
+        partitions.append(config.partition)
+        (source,) = config.inputs.values()
+        assert source.type == "mongodb"
+        assert (getattr(source, "db", None), getattr(source, "collection", None)) == (
+            hwpc["output"]["database"],
+            hwpc["output"]["collection"],
+        )
+        uri_file = Path(str(getattr(source, "uri_file", "")))
+        assert any(uri_file.parent == Path(mounts[name]) for name in secrets)
+    assert partitions == [f"{ordinal}/{count}" for ordinal in range(count)]
+    probes = {
+        formula["readinessProbe"]["httpGet"]["path"],
+        formula["livenessProbe"]["httpGet"]["path"],
+    }
+    assert probes == {"/ready", "/health"}
+    assert formula["securityContext"]["runAsNonRoot"] is True
 
 
 # --- systemd ---------------------------------------------------------------------------------

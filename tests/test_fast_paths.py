@@ -381,12 +381,16 @@ class _Emitter:
         self.stopping = asyncio.Event()
         self.reports: list[Report] = []
         self.rejected: list[tuple[Any, str]] = []
+        self.skipped = 0
 
     async def emit(self, batch: list[Report]) -> None:
         self.reports.extend(batch)
 
     def reject(self, payload: Any, reason: str) -> None:
         self.rejected.append((payload, reason))
+
+    def skip(self, count: int) -> None:
+        self.skipped += count
 
 
 def line(index: int) -> bytes:

@@ -53,6 +53,7 @@ class Collector:
         self.stopping = asyncio.Event()
         self.reports: list[Report] = []
         self.rejected: list[tuple[Any, str]] = []
+        self.skipped = 0
         self.slow_s = slow_s
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
@@ -62,6 +63,9 @@ class Collector:
 
     def reject(self, payload: Any, reason: str) -> None:
         self.rejected.append((payload, reason))
+
+    def skip(self, count: int) -> None:
+        self.skipped += count
 
     def received(self, skip_target: str = "warm-up") -> list[Report]:
         return [r for r in self.reports if r.target != skip_target]

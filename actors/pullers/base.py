@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
+from wattflow.actors.partition import Partition
 from wattflow.formats.frames import Frame
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames
 from wattflow.formats.powerapi import decode_json_lines
@@ -49,6 +50,12 @@ class Emitter(Protocol):
 
     def reject(self, payload: Any, reason: str) -> None:
         """Dead-letter input that could not become a report, naming where it came from."""
+
+    def skip(self, count: int) -> None:
+        """Count reports of other partitions' sensors let go without decoding them.
+
+        ``emit`` lets such reports go by itself; a puller calls this only when it can tell
+        whose they are before decoding (a ZeroMQ topic)."""
 
 
 class LineOutbox:
@@ -108,6 +115,11 @@ class Puller(ABC, Generic[C]):
     """
 
     config_model: ClassVar[type[PullerConfig]]
+
+    partition: Partition | None = None
+    """The sensors this instance takes (``--partition``), set by the pipeline before ``pull``:
+    ``emit`` already lets the others go; an input uses it to keep a position of its own (the
+    MongoDB checkpoint) or to avoid decoding what is not its own."""
 
     def __init__(self, config: C, *, stream: bool = False) -> None:
         self.config = config

@@ -453,7 +453,11 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
 
     @property
     def _checkpoint_id(self) -> str:
-        return f"{self.config.name}:{self.config.db}.{self.config.collection}"
+        """The checkpoint's key: the input and its collection, and the partition when there
+        is one, so that N instances following one collection (``--partition i/N``) each keep
+        their own position rather than overwrite each other's."""
+        key = f"{self.config.name}:{self.config.db}.{self.config.collection}"
+        return key if self.partition is None else f"{key}:partition-{self.partition}"
 
     async def _load_checkpoint(
         self, checkpoints: AsyncCollection[Document], emitter: Emitter

@@ -221,6 +221,8 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         """Hand on what messages hold: hwpc-sensor's plain reports as frames (one per sensor,
         :func:`~wattflow.formats.json_frames.decode_hwpc_frames`), anything else message by
         message."""
+        if self.partition is not None:
+            messages = self._of_partition(messages, emitter)
         if kind is HWPCReport and all(len(message) <= 2 for message in messages):
             lines = [line for message in messages for line in message[-1].bytes.split(b"\n")]
             frames = decode_hwpc_frames(lines, self._layouts)
@@ -232,6 +234,29 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         for message in messages:
             reports += self._decode(kind, message, where, emitter)
         await emitter.emit(reports)
+
+    def _of_partition(
+        self, messages: list[list[zmq.Frame]], emitter: Emitter
+    ) -> list[list[zmq.Frame]]:
+        """The messages not known to be another partition's.
+
+        A message whose topic names its sensor as wattflow's ZeroMQ output sets it
+        (``<kind>:<sensor>``, the kind this input reads) is let go undecoded when the sensor
+        is another instance's: its lines are counted as skipped. Other messages are decoded,
+        and the emitter lets go the reports of other sensors.
+        """
+        assert self.partition is not None
+        prefix = f"{self.config.model}:".encode()
+        kept: list[list[zmq.Frame]] = []
+        for message in messages:
+            topic = message[0].bytes if len(message) == 2 else b""
+            sensor = topic.removeprefix(prefix).decode("utf-8", "replace")
+            if not topic.startswith(prefix) or self.partition.owns(sensor):
+                kept.append(message)
+                continue
+            lines = message[1].bytes.split(b"\n")
+            emitter.skip(sum(1 for line in lines if line.strip()))
+        return kept
 
     def _decode(
         self, kind: type[Report], frames: list[zmq.Frame], where: str, emitter: Emitter

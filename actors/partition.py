@@ -1,0 +1,102 @@
+"""Which sensors an instance takes: ``--partition i/N``.
+
+N instances of the service share one stream of reports (one MongoDB collection, one ZeroMQ
+publisher) by sensor: each takes the sensors whose hash falls to it and lets the others go.
+Every report of a sensor (its hwpc-sensor reports, its GPU and meter reports) goes to the same
+instance, so the formulas' state for that sensor lives in one place.
+
+The hash is CRC-32 of the sensor's name in UTF-8, modulo N: stable across processes, machines
+and Python versions (Python's own ``hash()`` of a string is salted per process, so two
+instances would not agree). This module is the one place that maps a sensor to a partition.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.reports import Report
+
+_FORMAT = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+def partition_of(sensor: str, count: int) -> int:
+    """The partition (``0`` to ``count - 1``) that takes ``sensor``'s reports."""
+    return _crc32(sensor) % count
+
+
+@lru_cache(maxsize=65_536)
+def _crc32(sensor: str) -> int:
+    """A sensor's hash, cached: a stream holds few sensors, each in many reports."""
+    return zlib.crc32(sensor.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """Partition ``index`` of ``count``: the sensors this instance takes."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"the number of partitions must be 1 or more, got {self.count}")
+        if not 0 <= self.index < self.count:
+            raise ValueError(
+                f"partition {self.index} of {self.count} does not exist: give 0 to {self.count - 1}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> Partition:
+        """``"i/N"``, e.g. ``"0/3"``.
+
+        Raises:
+            ValueError: not of that form, or ``i`` not in ``0 … N-1``.
+        """
+        match = _FORMAT.match(text)
+        if match is None:
+            raise ValueError(f"expected i/N (e.g. 0/3: the first of 3 instances), got {text!r}")
+        return cls(int(match[1]), int(match[2]))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def owns(self, sensor: str) -> bool:
+        """Whether this instance takes ``sensor``'s reports."""
+        return self.count == 1 or _crc32(sensor) % self.count == self.index
+
+    def select(
+        self, batch: Sequence[Report] | Sequence[Frame]
+    ) -> tuple[list[list[Report] | list[Frame]], int]:
+        """This partition's share of a batch: the batches to hand on, and how many reports
+        were left to the other partitions.
+
+        A frame travels alone; one holding sensors of several partitions becomes one frame per
+        sensor taken.
+        """
+        if len(batch) == 1 and isinstance(batch[0], Frame):
+            return self._select_frame(batch[0])
+        reports: list[Report] = [r for r in batch if isinstance(r, Report)]
+        if len(reports) != len(batch):  # frames among reports: not how pullers emit
+            raise TypeError("a batch is reports, or one frame alone")
+        kept = [report for report in reports if self.owns(report.sensor)]
+        return ([kept] if kept else []), len(reports) - len(kept)
+
+    def _select_frame(self, frame: Frame) -> tuple[list[list[Report] | list[Frame]], int]:
+        if isinstance(frame, HWPCFrame):
+            sensors = frame.sensors()
+            taken = [sensor for sensor in sensors if self.owns(sensor)]
+            whole: list[Frame] = [frame]
+            if len(taken) == len(sensors):
+                return [whole], 0
+            parts: list[Frame] = [frame.of_sensor(sensor) for sensor in taken]
+            return [[part] for part in parts], len(frame) - sum(map(len, parts))
+        sensor = getattr(frame, "sensor", None)
+        if isinstance(sensor, str):  # frames of one sensor (PowerFrame, FormulaFrame)
+            return ([[frame]], 0) if self.owns(sensor) else ([], len(frame))
+        kept = [report for report in frame.reports() if self.owns(report.sensor)]
+        return ([kept] if kept else []), len(frame) - len(kept)

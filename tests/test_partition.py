@@ -1,0 +1,333 @@
+"""``wattflow run --partition i/N``: N instances share one input by sensor.
+
+The instances of one stream together write exactly what one instance without the option
+writes (no report missing, none twice), each takes only its own sensors, reports of the other
+sensors are counted as skipped (not dead letters), and on MongoDB each keeps a checkpoint of
+its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from wattflow.actors.partition import Partition, partition_of
+from wattflow.formats import powerapi
+from wattflow.formats.reports import HWPCReport
+
+from .conftest import Service, wait_until, wattflow
+from .servers import ServerProcess, free_port, mongodb_uri
+from .test_influxdb import power_reports
+from .test_mongodb import client_of, hwpc_sensor_document
+from .test_status_server import get, samples, value
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from generate_hwpc import record
+
+SENSORS = tuple(f"node-{number}" for number in range(1, 7))
+TICKS = 20
+SETTINGS = ("--learn-min-samples-required", "5", "--learn-history-window-size", "10")
+
+Document = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """hwpc-sensor's reports of six machines, three containers each, in one JSON Lines file
+    (and PowerAPI's CSV files beside it)."""
+    directory = tmp_path_factory.mktemp("recording")
+    jsonl = directory / "hwpc.jsonl"
+    record(ticks=TICKS, containers=3, sensors=SENSORS, jsonl=jsonl, csv_dir=directory)
+    taken = {partition_of(sensor, 2) for sensor in SENSORS}
+    assert taken == {0, 1}, "each partition of two takes some of the sensors"
+    return jsonl
+
+
+def read_jsonl(path: Path) -> list[Document]:
+    """The complete lines of a JSON Lines file (one being written may end mid-line)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
+
+
+def written(path: Path) -> Counter[tuple[Any, ...]]:
+    """Each PowerReport written, with its figure, counted."""
+    return Counter(
+        (
+            d["timestamp"],
+            d["sensor"],
+            d["target"],
+            d["metadata"].get("scope"),
+            d["metadata"].get("socket"),
+            d["power"],
+        )
+        for d in read_jsonl(path)
+    )
+
+
+def reports_per_sensor(recording: Path) -> Counter[str]:
+    return Counter(json.loads(line)["sensor"] for line in recording.read_text().splitlines())
+
+
+def skipped_in(log: str) -> int:
+    """The ledger's ``skipped`` in the line the service logs once drained."""
+    found = re.findall(r"pipeline drained: .*skipped=(\d+)", log)
+    assert len(found) == 1, log[-3000:]
+    return int(found[0])
+
+
+def output_flags(directory: Path, name: str) -> list[str]:
+    return [
+        *SETTINGS,
+        "--output", "jsonl", "--file", str(directory / f"{name}.jsonl"),
+        "--dead-letters", str(directory / f"{name}-dead.jsonl"),
+    ]  # fmt: skip
+
+
+def check_partitions_make_the_whole(
+    directory: Path, names: list[str], whole: str, per_sensor: Counter[str], logs: list[str]
+) -> None:
+    """The partitions' outputs, together, are the whole run's, each report once; each took
+    only its own sensors and counted the others' reports as skipped; nothing was dead."""
+    expected = written(directory / f"{whole}.jsonl")
+    assert len({key[1] for key in expected}) == len(SENSORS), "every sensor has power"
+    together: Counter[tuple[Any, ...]] = Counter()
+    for index, (name, log) in enumerate(zip(names, logs, strict=True)):
+        part = written(directory / f"{name}.jsonl")
+        partition = Partition(index, len(names))
+        assert part, f"partition {partition} wrote nothing"
+        assert {key[1] for key in part} == {s for s in SENSORS if partition.owns(s)}
+        others = sum(count for sensor, count in per_sensor.items() if not partition.owns(sensor))
+        assert skipped_in(log) == others
+        assert read_jsonl(directory / f"{name}-dead.jsonl") == []
+        together += part
+    assert together == expected
+
+
+@pytest.mark.parametrize("source", ["jsonl", "csv"])
+def test_the_partitions_of_a_recording_together_give_the_whole_run(
+    source: str, recording: Path, tmp_path: Path
+) -> None:
+    if source == "jsonl":
+        files = str(recording)
+    else:
+        files = ",".join(str(recording.parent / f"{g}.csv") for g in ("rapl", "msr", "core"))
+    whole = wattflow("run", "--input", source, "--files", files, *output_flags(tmp_path, "whole"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert skipped_in(whole.stderr) == 0
+    logs = []
+    for index in range(2):
+        part = wattflow(
+            "run", "--partition", f"{index}/2", "--input", source, "--files", files,
+            *output_flags(tmp_path, f"part{index}"),
+        )  # fmt: skip
+        assert part.returncode == 0, part.stderr[-3000:]
+        logs.append(part.stderr)
+    per_sensor = reports_per_sensor(recording)
+    check_partitions_make_the_whole(tmp_path, ["part0", "part1"], "whole", per_sensor, logs)
+
+
+def test_a_partition_takes_its_sensors_from_the_socket_and_counts_the_rest(
+    recording: Path, tmp_path: Path
+) -> None:
+    """Every machine sends to one socket; partition 1 of 2 writes what the whole run writes for
+    its sensors and says, in its metrics and its ledger, how many reports it let go."""
+    whole = wattflow(
+        "run", "--input", "jsonl", "--files", str(recording), "--disable-smartwatts-formula",
+        *output_flags(tmp_path, "whole"),
+    )  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    partition = Partition(1, 2)
+    expected = Counter(
+        {key: n for key, n in written(tmp_path / "whole.jsonl").items() if partition.owns(key[1])}
+    )
+    per_sensor = reports_per_sensor(recording)
+    others = sum(count for sensor, count in per_sensor.items() if not partition.owns(sensor))
+    port = free_port()
+    http = f"http://127.0.0.1:{port}"
+    with Service(
+        tmp_path / "service.log", "run", "--partition", "1/2", "--http-port", str(port),
+        "--input", "socket", "--port", "0", "--disable-smartwatts-formula",
+        *output_flags(tmp_path, "part"),
+    ) as service:  # fmt: skip
+        service.wait_for_log("listening for hwpc-sensor on ")
+        found = re.search(r"listening for hwpc-sensor on [^:\s]+:(\d+)", service.text())
+        assert found, service.text()
+        with socket.create_connection(("127.0.0.1", int(found[1])), timeout=30) as connection:
+            connection.sendall(recording.read_bytes())
+        # RAPL holds nothing back: once every report was read, all of its power is written.
+        service.wait_for_lines(tmp_path / "part.jsonl", sum(expected.values()))
+
+        def metric(name: str) -> float | None:
+            service.alive()
+            return value(samples(get(http + "/metrics")[1]), name, actor="puller:puller_socket")
+
+        wait_until(
+            lambda: metric("wattflow_actor_reports_skipped_total") == others,
+            30,
+            "the skipped reports in the metrics",
+        )
+        assert metric("wattflow_actor_reports_out_total") == per_sensor.total() - others
+        assert metric("wattflow_actor_reports_dead_total") == 0
+        log = service.stop()
+    assert written(tmp_path / "part.jsonl") == expected
+    assert skipped_in(log) == others
+    assert read_jsonl(tmp_path / "part-dead.jsonl") == []
+
+
+def test_two_partitions_following_one_mongodb_write_what_one_instance_writes(
+    recording: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """hwpc-sensor's documents of six machines in one collection, half of them there before
+    the instances start and half inserted while they follow it; each instance keeps its own
+    checkpoint beside the collection."""
+    documents = [
+        hwpc_sensor_document(powerapi.decode_json(HWPCReport, line, "recording", None))  # type: ignore[arg-type]
+        for line in recording.read_bytes().splitlines()
+    ]
+    database = client_of(mongodb_server)["powerapi"]
+    half = len(documents) // 2
+    database["hwpc"].insert_many(documents[:half])
+    uri = mongodb_uri(mongodb_server)
+    source = ["--input", "mongodb", "-u", uri, "-d", "powerapi", "-c", "hwpc"]
+    ports = [free_port(), free_port()]
+    services = [
+        Service(
+            tmp_path / f"part{index}.log",
+            *("run", "-s", "--partition", f"{index}/2", "--http-port", str(ports[index])),
+            *(*source, "--checkpoint-interval-s", "0.2", *output_flags(tmp_path, f"part{index}")),
+        )
+        for index in range(2)
+    ]
+    logs = []
+    try:
+        for service in services:
+            service.wait_for_log("health, readiness and metrics on")
+        for start in range(half, len(documents), 40):
+            database["hwpc"].insert_many(documents[start : start + 40])
+
+        def read_everything() -> bool:
+            """Whether each instance has read every document: taken or skipped."""
+            names = ("wattflow_actor_reports_out_total", "wattflow_actor_reports_skipped_total")
+            for service, port in zip(services, ports, strict=True):
+                service.alive()
+                found = samples(get(f"http://127.0.0.1:{port}/metrics")[1])
+                read = sum(value(found, n, actor="puller:puller_mongodb") or 0 for n in names)
+                if read != len(documents):
+                    return False
+            return True
+
+        wait_until(read_everything, 60, "both partitions reading every document")
+        logs = [service.stop() for service in services]
+    finally:
+        for service in services:
+            service.kill()
+    checkpoints = {d["_id"]: d for d in database["wattflow_checkpoints"].find()}
+    assert set(checkpoints) == {
+        "puller_mongodb:powerapi.hwpc:partition-0/2",
+        "puller_mongodb:powerapi.hwpc:partition-1/2",
+    }
+    assert all(d["backlog_done"] and d["token"] for d in checkpoints.values())
+    whole = wattflow("run", *source, *output_flags(tmp_path, "whole"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    per_sensor = reports_per_sensor(recording)
+    check_partitions_make_the_whole(tmp_path, ["part0", "part1"], "whole", per_sensor, logs)
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ("2/2", "partition 2 of 2 does not exist: give 0 to 1"),
+        ("1/0", "the number of partitions must be 1 or more"),
+        ("one/two", "expected i/N"),
+        ("-1/2", "expected i/N"),
+    ],
+)
+def test_a_partition_that_does_not_exist_is_a_one_line_error(given: str, error: str) -> None:
+    for how in ([f"--partition={given}"], []):
+        done = wattflow(
+            "run", *how, "--input", "jsonl", "--files", "absent.jsonl", "--output", "table",
+            env={} if how else {"WATTFLOW_PARTITION": given},
+        )  # fmt: skip
+        assert done.returncode == 2
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("wattflow: error: partition: ")
+        assert error in line
+
+
+def test_every_process_puts_a_sensor_in_the_same_partition() -> None:
+    """Python salts its own string hash per process; the partition must not depend on it."""
+    program = (
+        "from wattflow.actors.partition import partition_of;"
+        "print([partition_of(f'node-{n}', 7) for n in range(50)])"
+    )
+    answers = {
+        subprocess.run(
+            [sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(answers) == 1
+    spread = Counter(json.loads(answers.pop()))
+    assert set(spread) == set(range(7)), "fifty sensors fall into every one of 7 partitions"
+
+
+def test_a_partition_lets_other_sensors_zeromq_messages_go_by_their_topic(tmp_path: Path) -> None:
+    """Messages with wattflow's topic (``<kind>:<sensor>``) of another partition's sensor are
+    let go undecoded (a bad line in one is no dead letter); messages without a topic are
+    decoded and their reports of other sensors let go. Either way they count as skipped."""
+    partition = Partition(0, 2)
+    by_sensor = {
+        sensor: [report.model_copy(update={"sensor": sensor}) for report in power_reports(ticks=4)]
+        for sensor in SENSORS
+    }
+    lines = {s: [powerapi.encode_json(r).encode() for r in rs] for s, rs in by_sensor.items()}
+    others = [sensor for sensor in SENSORS if not partition.owns(sensor)]
+    uri = f"tcp://127.0.0.1:{free_port()}"
+    output = tmp_path / "power.jsonl"
+    letters = tmp_path / "dead.jsonl"
+    with Service(
+        tmp_path / "service.log", "run", "--partition", str(partition),
+        "--input", "zeromq", "--uri", uri, "--socket-type", "PULL", "--bind",
+        "--model", "PowerReport",
+        "--output", "jsonl", "--model", "PowerReport", "--file", str(output),
+        "--dead-letters", str(letters),
+    ) as service:  # fmt: skip
+        context = zmq.Context()
+        push = context.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        try:
+            push.connect(uri)
+            for sensor in SENSORS:  # with a topic, and a bad line for another's sensor
+                garbage = [b"{not json"] if sensor == others[0] else []
+                payload = b"\n".join(lines[sensor][:2] + garbage)
+                push.send_multipart([f"PowerReport:{sensor}".encode(), payload])
+            # without a topic, every sensor's reports in one message
+            push.send(b"\n".join(line for sensor in SENSORS for line in lines[sensor][2:]))
+            taken = sum(len(lines[s]) for s in SENSORS if partition.owns(s))
+            service.wait_for_lines(output, taken)
+        finally:
+            push.close()
+            context.term()
+        log = service.stop()
+    expected = sorted(
+        powerapi.encode_json(r) for s in SENSORS if partition.owns(s) for r in by_sensor[s]
+    )
+    assert sorted(output.read_text().splitlines()) == expected
+    assert read_jsonl(letters) == []
+    assert skipped_in(log) == sum(len(lines[s]) for s in others) + 1  # the bad line too
