@@ -129,6 +129,19 @@ class ServiceConfig(BaseModel):
         "at most 5 s later. Keep it under the grace period of what stops the service "
         "(Kubernetes' terminationGracePeriodSeconds, 30 s by default) minus those 5 s.",
     )
+    state_file: Path | None = Field(
+        default=None,
+        description="File that keeps the formulas' learned state (checkpointed every few "
+        "seconds and at a clean stop, restored at start), so a restart estimates at once. "
+        "Without it, a MongoDB input in stream mode keeps the state in its checkpoint "
+        "document; otherwise it is lost at a restart.",
+    )
+    state_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds between checkpoints of the formulas' state (and the inputs' "
+        "positions); unset: the MongoDB input's --checkpoint-interval-s, else 5.",
+    )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
 
