@@ -136,6 +136,19 @@ class ServiceConfig(BaseModel):
         "(0 to N-1) of N instances reading one input. A sensor's partition is the CRC-32 of "
         "its name modulo N; reports of other partitions are skipped, not dead letters.",
     )
+    state_file: Path | None = Field(
+        default=None,
+        description="File that keeps the formulas' learned state (checkpointed every few "
+        "seconds and at a clean stop, restored at start), so a restart estimates at once. "
+        "Without it, a MongoDB input in stream mode keeps the state in its checkpoint "
+        "document; otherwise it is lost at a restart.",
+    )
+    state_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds between checkpoints of the formulas' state (and the inputs' "
+        "positions); unset: the MongoDB input's --checkpoint-interval-s, else 5.",
+    )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
     @field_validator("partition")
