@@ -56,6 +56,7 @@ from wattflow.formats.runs import (
     RunData,
     Series,
     TimelinePage,
+    TimelineRow,
     series_of,
 )
 
@@ -565,16 +566,17 @@ class SqliteRunStore(RunStore):
 
     def _timeline_pages(self, run: str, start: int, end: int) -> Iterator[TimelinePage]:
         series = _SqliteSeries(self.db, run)
-        # One statement: SQLite merges the two tables' index orders.
+        # One statement: SQLite merges the two tables' index orders. The rows end with the
+        # columns they are ordered by (TimelineRow), so they go out as SQLite hands them over.
         cursor = self.db.execute(
-            "SELECT ts, seq, ts * 1000 + us, series, power, processed / 1e6 FROM power_reports "
+            "SELECT ts * 1000 + us, series, power, processed / 1e6, ts, seq FROM power_reports "
             "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 UNION ALL "
-            f"SELECT ts, seq, ts * 1000 + us, {NOT_POWER}, 0.0, processed / 1e6 FROM reports "
-            "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 ORDER BY 1, 2",
+            f"SELECT ts * 1000 + us, {NOT_POWER}, 0.0, processed / 1e6, ts, seq FROM reports "
+            "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 ORDER BY 5, 6",
             (run, start, end),
         )
         while rows := cursor.fetchmany(PAGE):
-            yield TimelinePage([row[2:] for row in rows], series)
+            yield TimelinePage(rows, series)
 
     def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
         series = _SqliteSeries(self.db, run)
@@ -789,7 +791,7 @@ class MongoRunStore(RunStore):
         ids: dict[Series, int] = {}
         series: dict[int, Series] = {}
 
-        def power() -> Iterator[tuple[int, int, tuple[int, int, float, float | None]]]:
+        def power() -> Iterator[TimelineRow]:
             fields = (*self._SERIES_FIELDS, "us", "power", "processed")
             for page in self._pages("run_power", run, (start, end), fields=fields):
                 for d in page:
@@ -799,23 +801,24 @@ class MongoRunStore(RunStore):
                         number = ids[key] = len(ids)
                         series[number] = key
                     processed = d.get("processed")
-                    yield d["ts"], d["seq"], (
+                    yield (
                         d["ts"] * 1000 + d["us"], number, d["power"],
-                        None if processed is None else processed / 1e6,
+                        None if processed is None else processed / 1e6, d["ts"], d["seq"],
                     )  # fmt: skip
 
-        def others() -> Iterator[tuple[int, int, tuple[int, int, float, float | None]]]:
+        def others() -> Iterator[TimelineRow]:
             fields = ("us", "processed", "report.timestamp")
             for page in self._pages("run_reports", run, (start, end), fields=fields):
                 for d in page:
                     micros = d["ts"] * 1000 + _sub_millisecond(d)
                     processed = d.get("processed")
-                    yield d["ts"], d["seq"], (
-                        micros, NOT_POWER, 0.0, None if processed is None else processed / 1e6
+                    yield (
+                        micros, NOT_POWER, 0.0, None if processed is None else processed / 1e6,
+                        d["ts"], d["seq"],
                     )  # fmt: skip
 
-        merged = heapq.merge(power(), others(), key=lambda row: (row[0], row[1]))
-        while rows := [row for _, _, row in islice(merged, PAGE)]:
+        merged = heapq.merge(power(), others(), key=lambda row: (row[4], row[5]))
+        while rows := list(islice(merged, PAGE)):
             yield TimelinePage(rows, series)
 
     def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
