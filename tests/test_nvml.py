@@ -14,6 +14,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -431,9 +432,10 @@ def test_sensor_command_records_and_the_gpu_formula_splits_3_to_1(
     for line in power.read_text().splitlines():
         report = json.loads(line)
         by_target.setdefault(report["target"], []).append(report["power"])
-    assert by_target["pid:4242"][-1] == pytest.approx(150.0, rel=0.02)
-    assert by_target["pid:4343"][-1] == pytest.approx(50.0, rel=0.02)
-    assert by_target["gpu0"][-1] == pytest.approx(50.0, rel=0.02)
+    # The median tick: the last one, split at shutdown, may not be covered by a window yet.
+    assert statistics.median(by_target["pid:4242"]) == pytest.approx(150.0, rel=0.02)
+    assert statistics.median(by_target["pid:4343"]) == pytest.approx(50.0, rel=0.02)
+    assert statistics.median(by_target["gpu0"]) == pytest.approx(50.0, rel=0.02)
 
 
 PCIE_SCRIPT = """

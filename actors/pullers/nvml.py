@@ -299,8 +299,11 @@ class NvmlSampler:
                     readings[name] = float(value)
             state.pcie = readings  # one assignment: a tick sees the old pair or the new one
 
-    def _call(self, state: _DeviceState, reading: str, function: Any, *args: Any) -> Any:
-        """One NVML call; ``None`` when it fails, so the reading is left out of the report.
+    def _call(
+        self, state: _DeviceState, reading: str, function: Any, *args: Any, not_found: Any = None
+    ) -> Any:
+        """One NVML call; ``None`` when it fails, so the reading is left out of the report, and
+        ``not_found`` when the driver answers NOT_FOUND (nothing new since the timestamp given).
 
         NOT_SUPPORTED is remembered per reading; any other error is logged and tried again
         next tick (a GPU busy resetting, say, answers again later).
@@ -310,10 +313,13 @@ class NvmlSampler:
         try:
             return function(state.handle, *args)
         except self.nvml.NVMLError as error:
-            if getattr(error, "value", None) in self._not_supported:
+            code = getattr(error, "value", None)
+            if code in self._not_supported:
                 state.unsupported.add(reading)
                 logger.info("GPU %d: %s not supported; left out", state.index, reading)
-            elif getattr(error, "value", None) != self.nvml.NVML_ERROR_NOT_FOUND:
+            elif code == self.nvml.NVML_ERROR_NOT_FOUND:
+                return not_found
+            else:
                 logger.debug("GPU %d: %s failed: %s", state.index, reading, error)
             return None
 
@@ -341,7 +347,7 @@ class NvmlSampler:
             fields["samples"] = samples
         processes = self._processes(state, rejected)
         if processes is not None:
-            fields["processes"] = processes
+            fields["processes"], fields["process_window"] = processes
         # Every value above is already a float, int, bool or a checked list: skip validation.
         return GPUDevice.model_construct(**fields)
 
@@ -402,40 +408,58 @@ class NvmlSampler:
 
     def _processes(
         self, state: _DeviceState, rejected: list[tuple[Any, str]]
-    ) -> list[GPUProcess] | None:
-        """Per-process utilisation since the last tick, averaged over the samples of each pid.
+    ) -> tuple[list[GPUProcess], tuple[int, int]] | None:
+        """The driver's per-process utilisation since its previous answer, and the window it
+        covers: (previous answer's newest sample, this answer's newest sample].
 
-        None where the device cannot tell (left out of the report); an empty list where it
-        can and no process used it (the driver's NOT_FOUND).
+        The driver records every ~200 ms which one process holds the engine; NVML gives each
+        process's mean over the samples of the window (a sample naming another process
+        counts as 0), one entry per process. A driver that gives several entries for a pid is
+        averaged over them. When nothing is new the window has no length; when the driver
+        answers NOT_FOUND for longer than ``PROCESS_SETTLE_US`` (no process used the SMs), the
+        window runs to that margin before now with no process in it.
 
-        The driver samples processes several times per tick at 10 Hz; the average is the
-        process's share over the whole interval, which is what the GPU formula divides power
-        by. A process that ran during only some of those samples is averaged over the samples
-        it appears in.
+        None where the device cannot tell (left out of the report).
         """
+        start = state.last_process_us
         answer = self._call(
             state,
             "processes",
             self.nvml.nvmlDeviceGetProcessUtilization,
-            state.last_process_us,
+            start,
+            not_found=(),
         )
         if "processes" in state.unsupported:
             return None
+        if answer is None:  # failed this time: the next answer covers this window too
+            return [], (start, start)
         if not answer:
-            return []
-        last = state.last_process_us
+            end = _now_us() - PROCESS_SETTLE_US
+            if end <= start:
+                return [], (start, start)
+            state.last_process_us = end
+            return [], (start, end)
         sums: dict[int, list[float]] = {}
-        newest = last
+        end = start
         for sample in answer:
-            stamp = sample.timeStamp
-            if stamp <= last:
+            stamp = int(sample.timeStamp)
+            if stamp <= start:
                 continue
-            newest = max(newest, int(stamp))
+            end = max(end, stamp)
             totals = sums.setdefault(int(sample.pid), [0.0, 0.0, 0])
             totals[0] += sample.smUtil
             totals[1] += sample.memUtil
             totals[2] += 1
-        state.last_process_us = newest
+        state.last_process_us = end
+        return self._named(state, sums, rejected), (start, end)
+
+    def _named(
+        self, state: _DeviceState, sums: dict[int, list[float]], rejected: list[tuple[Any, str]]
+    ) -> list[GPUProcess]:
+        """The window's processes with their cgroups, impossible readings dead-lettered.
+
+        A cgroup is read when a process appears and kept while the process is in every
+        window; a pid missing from a window is read afresh if it comes back (pid reuse)."""
         processes = []
         known = state.cgroups
         state.cgroups = {}
@@ -559,6 +583,11 @@ async def _stop_when_asked(stopping: asyncio.Event, pacer: _Pacer) -> None:
     await stopping.wait()
     pacer.stop()
 
+
+PROCESS_SETTLE_US = 1_000_000
+"""How long after a moment the sampler takes the driver's NOT_FOUND for "no process used the
+SMs up to then": a driver publishes its samples a little after taking them, and a window
+once closed is never reopened."""
 
 STOP_CHECK_S = 0.25
 """Longest the sampler's thread sleeps without looking whether it should stop."""
