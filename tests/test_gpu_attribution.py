@@ -87,10 +87,13 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def energies_mj(run: Attribution) -> tuple[dict[str, float], int, int]:
     """Each target's energy in mJ (Σ W·Δt, Δt from each tick to the previous one), and the
-    span it covers in Unix µs: from the first report's tick to the last."""
+    span it covers in Unix µs: from the first report's tick to the last one that a process
+    window covers (the ticks after it were split at the stop, before their window came)."""
+    covered = max(r["devices"]["0"]["process_window"][1] for r in run.gpu)
     by_tick: dict[int, dict[str, float]] = defaultdict(dict)
     for report in run.power:
-        by_tick[micros(report)][report["target"]] = report["power"]
+        if micros(report) <= covered:
+            by_tick[micros(report)][report["target"]] = report["power"]
     stamps = sorted(by_tick)
     energy: dict[str, float] = defaultdict(float)
     for earlier, later in itertools.pairwise(stamps):
@@ -129,21 +132,30 @@ def test_a_70_30_time_sliced_split_reaches_the_processes(
     assert reached <= 1.02
 
 
-def test_targets_add_up_to_the_device_power_on_every_tick(fake_nvml: Path, tmp_path: Path) -> None:
-    """Per tick, the processes and the device target add up to the energy counter's power."""
+def test_targets_add_up_to_the_energy_counter_between_its_readings(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """The sampler reads the counter once a second and power every tick; between two counter
+    readings, the ticks' targets (processes and device) add up to the counter's increase."""
     run = attribute(fake_nvml, tmp_path, ["util_sample_ms=200", *SEVENTY_THIRTY.lines()], seconds=6)
     by_tick: dict[int, float] = defaultdict(float)
     for report in run.power:
         by_tick[micros(report)] += report["power"]
-    counter = {micros(r): r["devices"]["0"]["total_energy"] for r in run.gpu}
-    stamps = sorted(counter)
+    stamps = sorted(micros(r) for r in run.gpu)
+    counter = {micros(r): r["devices"]["0"]["total_energy"] for r in run.gpu
+               if "total_energy" in r["devices"]["0"]}  # fmt: skip
+    readings = sorted(counter)
+    assert 4 <= len(readings) <= len(stamps) // 8, "the counter is read about once a second"
     checked = 0
-    for earlier, later in itertools.pairwise(stamps):
-        if later in by_tick:
-            device_w = (counter[later] - counter[earlier]) / (later - earlier) * 1000.0
-            assert by_tick[later] == pytest.approx(device_w, rel=1e-9, abs=1e-9)
-            checked += 1
-    assert checked >= len(stamps) - 3
+    for earlier, later in itertools.pairwise(readings):
+        ticks = [t for t in stamps if earlier < t <= later]
+        if not all(t in by_tick for t in ticks):
+            continue  # the last span: not all of its ticks were released before the stop
+        previous = {t: stamps[stamps.index(t) - 1] for t in ticks}
+        energy_mj = sum(by_tick[t] * (t - previous[t]) / 1000.0 for t in ticks)
+        assert energy_mj == pytest.approx(counter[later] - counter[earlier], rel=1e-9)
+        checked += 1
+    assert checked >= len(readings) - 3
 
 
 def test_one_second_ticks_give_the_same_shares(fake_nvml: Path, tmp_path: Path) -> None:
@@ -195,8 +207,10 @@ def test_idle_stretches_teach_idle_power_and_leave_active_energy_to_the_process(
     device_target = [r["power"] for r in run.power if r["target"] == "gpu0"]
     # Ticks after the first idle stretch carry the learned idle; the counter steps every
     # 100 ms, so a tick's power is within a few percent of the true 60 W.
-    assert sorted(device_target)[len(device_target) // 2] == pytest.approx(60.0, rel=0.08)
+    median_w = sorted(device_target)[len(device_target) // 2]
     _, reached = shares_against_truth(run, bursts)
+    print(f"device target median {median_w:.2f} W, reached {reached:.4f}")
+    assert median_w == pytest.approx(60.0, rel=0.08)
     assert 0.9 <= reached <= 1.1
 
 

@@ -224,3 +224,32 @@ def test_a_reused_pid_in_another_cgroup_is_another_target() -> None:
     assert powers_at(out, 1) == pytest.approx({"/a.slice": 100.0, "gpu0": 100.0})
     assert powers_at(out, 2) == pytest.approx({"/b.slice": 80.0, "gpu0": 120.0})
     assert powers_at(out, 3) == pytest.approx({"/b.slice": 100.0, "gpu0": 100.0})
+
+
+def test_ticks_between_counter_readings_share_its_increase_by_their_readings() -> None:
+    """The counter read once a second, power every 0.25 s: the four ticks of a second share
+    the counter's 400 J in proportion to their readings (100, 100, 300, 300 W → 50, 50, 150,
+    150 % of the mean), and their targets add up to the counter over the span."""
+    reports = [tick(0, energy_j=0.0, power_w=200)]
+    readings = [100.0, 100.0, 300.0, 300.0]
+    for i, watts in enumerate(readings, start=1):
+        energy = 400.0 if i == 4 else None
+        reports.append(tick(i / 4, energy_j=energy, power_w=watts))
+    out = run(reports, gpu_idle_power_w=0)
+    powers = [sum(powers_at(out, i / 4).values()) for i in range(1, 5)]
+    assert powers == pytest.approx([200.0, 200.0, 600.0, 600.0])
+    assert sum(p * 0.25 for p in powers) == pytest.approx(400.0)
+
+
+def test_a_tick_the_counter_does_not_reach_in_time_keeps_its_own_reading() -> None:
+    """No counter reading within --gpu-hold-ms: the tick is released with its own reading,
+    and the next reading shares only what that tick did not already take."""
+    reports = [tick(0, energy_j=0.0, power_w=100)]
+    reports += [tick(i, power_w=100) for i in (1, 2, 3, 4)]
+    reports.append(tick(5, energy_j=1000.0, power_w=100))
+    out = run(reports, gpu_idle_power_w=0, gpu_hold_ms=2500)
+    powers = {i: sum(powers_at(out, i).values()) for i in range(1, 6)}
+    assert powers[1] == pytest.approx(100.0)  # 3 s old at tick 4: released on its reading
+    # The others were still held when the counter came: they share the 900 J left.
+    assert [powers[i] for i in (2, 3, 4, 5)] == pytest.approx([225.0] * 4)
+    assert sum(powers.values()) == pytest.approx(1000.0)  # the counter's increase, over all

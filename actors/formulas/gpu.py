@@ -2,9 +2,13 @@
 
 For each device and sampling tick (τ0, τ1]:
 
-1. **Device power** is the energy counter's increase over the real interval (Volta and newer),
-   else the mean of the driver's power samples taken within the interval, else the power
-   reading itself. The first tick of a device with only an energy counter starts its interval.
+1. **Device power** comes from the energy counter (Volta and newer): the NVML input reads it
+   once per window (``--window-ms``, a second) and power every tick, so the ticks between two
+   counter readings take the counter's increase over that span, shared in proportion to their
+   power readings (the mean of the driver's power samples in the tick, else the power
+   reading); a tick waits for the counter reading that ends its span, within
+   ``--gpu-hold-ms``. Without a counter, a tick's power is its reading. The first tick of a
+   device with only an energy counter starts its interval.
 2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned: the
    lowest device power of ticks during which no process used the SMs (per the process windows
    below, and device utilisation at most ``--gpu-idle-util``), over the last
@@ -111,15 +115,25 @@ class _Window:
 
 @dataclass(slots=True)
 class _Tick:
-    """A device's tick, waiting for the windows that cover it."""
+    """A device's tick, waiting for the windows that cover it and the counter reading that
+    settles its power."""
 
     report: GPUReport
     start_us: int
     end_us: int
-    power_w: float
+    reading_w: float | None
+    """The tick's own power reading; ``None`` where the device gave only its counter."""
     util_gpu: float | None
     waits: bool
     """False where the device gives no per-process utilisation (MIG): nothing to wait for."""
+    power_w: float = 0.0
+    """The tick's power, once settled."""
+    settled: bool = False
+    """Whether ``power_w`` is final: scaled to the energy counter, or the device has none."""
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_us - self.start_us) / 1e6
 
 
 @dataclass
@@ -127,7 +141,14 @@ class _DeviceState:
     """What a device's previous ticks left behind."""
 
     timestamp: datetime | None = None
-    energy_mj: float | None = None
+    counter_mj: float | None = None
+    """The energy counter's last reading, and when (the tick's end, µs)."""
+    counter_us: int | None = None
+    spent_mj: float = 0.0
+    """Energy of the ticks released since the last counter reading before it settled them."""
+    counter_w: float | None = None
+    """Mean power between the last two counter readings: what a tick with no reading of its
+    own gets when released before the counter settles it."""
     idle_readings: deque[float] = field(default_factory=deque)
     windows: deque[_Window] = field(default_factory=deque)
     covered_us: int | None = None
@@ -194,17 +215,20 @@ class GpuFormula(Formula[GpuConfig]):
         """Take the device's tick; emit the reports of the ticks that can now be split."""
         state = self.devices.setdefault(index, _DeviceState())
         end_us = _micros(report.timestamp)
-        start_us = _micros(state.timestamp) if state.timestamp is not None else end_us - 1
-        power_w = self._device_power(report.timestamp, device, state)
+        first = state.timestamp is None
+        _interval_s(state.timestamp, report.timestamp)  # rejects a tick not after the last
+        start_us = end_us - 1 if state.timestamp is None else _micros(state.timestamp)
+        state.timestamp = report.timestamp
+        reading_w = _reading_power_w(device)
         waits = device.processes is not None
         if waits:
             self._add_window(device, state, start_us, end_us)
-        if power_w is not None:
-            state.held.append(_Tick(report, start_us, end_us, power_w, device.util_gpu, waits))
+        _hold(state, _Tick(report, start_us, end_us, reading_w, device.util_gpu, waits),
+              device.total_energy, first)  # fmt: skip
         hold_us = self.config.gpu_hold_ms * 1000
         emitted = 0
         while state.held and (
-            _covered(state.held[0], state)
+            (state.held[0].settled and _covered(state.held[0], state))
             or end_us - state.held[0].end_us >= hold_us
             or len(state.held) > MAX_HELD_TICKS
         ):
@@ -232,6 +256,9 @@ class GpuFormula(Formula[GpuConfig]):
     def _release(self, tick: _Tick, state: _DeviceState, index: str, out: Output) -> int:
         """Split one tick's active energy among its windows' targets; emit one report for each
         and one for the device, which keeps the rest. Returns how many reports."""
+        if not tick.settled:  # the counter did not answer in time: the tick's own reading
+            tick.power_w = _unsettled_w(tick, state)
+            state.spent_mj += tick.power_w * tick.seconds * 1000.0
         fractions, covered, resting = _split(tick, state.windows)
         idle_w = min(self._idle(tick, resting, state), tick.power_w)
         active_w = tick.power_w - idle_w
@@ -260,21 +287,6 @@ class GpuFormula(Formula[GpuConfig]):
                 index,
                 count,
             )
-
-    def _device_power(
-        self, timestamp: datetime, device: GPUDevice, state: _DeviceState
-    ) -> float | None:
-        """The device's power in W over the interval that ends at ``timestamp`` (step 1 of the
-        module's description); ``None`` for the first reading of an energy counter. The state
-        keeps this reading for the next tick."""
-        previous_time, previous_energy = state.timestamp, state.energy_mj
-        state.timestamp = timestamp
-        state.energy_mj = device.total_energy
-        interval_s = _interval_s(previous_time, timestamp)
-        counted_w = _counter_power_w(device.total_energy, previous_energy, interval_s)
-        if counted_w is not None:
-            return counted_w
-        return _reading_power_w(device)
 
     def _idle(self, tick: _Tick, resting: bool, state: _DeviceState) -> float:
         """Idle power in W: configured, else the lowest power of the last resting ticks, else
@@ -368,19 +380,58 @@ def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:
     return interval_s
 
 
-def _counter_power_w(
-    energy_mj: float | None, previous_mj: float | None, interval_s: float | None
-) -> float | None:
-    """Power in W from the energy counter's increase over the interval; ``None`` without two
-    readings of it, or when it went back (a reset): then the other readings stand in."""
-    if (
-        energy_mj is not None
-        and previous_mj is not None
-        and interval_s is not None
-        and energy_mj >= previous_mj
-    ):
-        return (energy_mj - previous_mj) / 1000.0 / interval_s
-    return None
+def _hold(state: _DeviceState, tick: _Tick, energy_mj: float | None, first: bool) -> None:
+    """Hold a tick until it can be split; a counter reading settles the ticks before it."""
+    if energy_mj is not None:
+        if not (first and tick.reading_w is None):  # else the first reading only starts it
+            state.held.append(tick)
+        _settle(state, energy_mj, tick.end_us)
+    elif tick.reading_w is not None:
+        if state.counter_us is None:  # a device without counter: the reading is its power
+            tick.power_w, tick.settled = tick.reading_w, True
+        state.held.append(tick)
+
+
+def _settle(state: _DeviceState, energy_mj: float, end_us: int) -> None:
+    """A counter reading at ``end_us``: the held ticks since the previous one share its
+    increase, in proportion to their power readings (by length where a tick has none). The
+    ticks released before it came used their own readings (``spent_mj``): the rest is shared.
+
+    The first reading, or one lower than the last (a driver reload), has no increase to share:
+    the ticks keep their own readings.
+    """
+    pending = [tick for tick in state.held if not tick.settled]
+    previous_mj, previous_us = state.counter_mj, state.counter_us
+    state.counter_mj, state.counter_us = energy_mj, end_us
+    spent_mj, state.spent_mj = state.spent_mj, 0.0
+    if previous_mj is None or previous_us is None or energy_mj < previous_mj:
+        for tick in pending:
+            tick.power_w, tick.settled = _unsettled_w(tick, state), True
+        return
+    span_s = (end_us - previous_us) / 1e6
+    state.counter_w = (energy_mj - previous_mj) / 1000.0 / span_s if span_s > 0 else None
+    if pending:
+        _share(pending, max(energy_mj - previous_mj - spent_mj, 0.0) / 1000.0)
+
+
+def _share(pending: list[_Tick], left_j: float) -> None:
+    """Share ``left_j`` joules among ticks by their readings × length (by length alone where
+    a tick has no reading)."""
+    weights = [(tick.reading_w or 0.0) * tick.seconds for tick in pending]
+    if any(tick.reading_w is None for tick in pending) or sum(weights) <= 0:
+        weights = [tick.seconds for tick in pending]
+    total = sum(weights)
+    for tick, weight in zip(pending, weights, strict=True):
+        tick.power_w = left_j * weight / total / tick.seconds if total > 0 else 0.0
+        tick.settled = True
+
+
+def _unsettled_w(tick: _Tick, state: _DeviceState) -> float:
+    """A tick's power without a counter reading to scale it: its own reading, else the
+    counter's mean over its last span, else 0 W."""
+    if tick.reading_w is not None:
+        return tick.reading_w
+    return state.counter_w if state.counter_w is not None else 0.0
 
 
 def _reading_power_w(device: GPUDevice) -> float | None:

@@ -28,6 +28,12 @@
  *       processes
  *   dN.proc=1234:60:10              a process (pid:sm%:mem%) in every sample, sharing the GPU
  *                                   with the others (MPS-like); repeat the key for more processes
+ *   dN.fail=energy:GPU_IS_LOST,...  calls (by the names of call_cost_us) that fail with this
+ *                                   NVML error every time (NO_PERMISSION, NOT_SUPPORTED,
+ *                                   GPU_IS_LOST, TIMEOUT, UNKNOWN...); `energy` also fails the
+ *                                   energy field of nvmlDeviceGetFieldValues
+ *   dN.mig=1                        MIG mode on: nvmlDeviceGetMigMode answers 1 and the
+ *                                   per-process utilisation NOT_SUPPORTED, as the driver does
  *
  * Time-slicing, as the driver sees it (replaces dN.proc and dN.power for that device):
  *
@@ -59,11 +65,15 @@
  *
  *   call_costs=h100                 busy-spin per C call like an idle NVIDIA H100's driver
  *                                   (energy 4 ms, each C call of a utilisation buffer or of
- *                                   process utilisation 1.2 ms, app clocks 1 ms; H100_COST_US)
+ *                                   process utilisation 1.2 ms, app clocks 1 ms; H100_COST_US;
+ *                                   field values 0.25 ms + 0.05 ms per field, + the energy
+ *                                   call's cost when the energy field is asked: 4.35 ms)
  *   call_cost_us=energy:4300,...    per call name (the `unsupported` names, plus field_values):
  *                                   CPU time each C call spins; overrides the preset
  *   FAKE_NVML_CALLS=path            (environment) at nvmlShutdown, write `name count` per
- *                                   entry point: every C call, sizing calls included
+ *                                   entry point: every C call, sizing calls included;
+ *                                   `field_values_energy` counts the field-values calls that
+ *                                   asked for the energy counter
  *
  * The curve is a function of absolute time (CLOCK_REALTIME, like NVML's CPU timestamps), so a
  * test can compute the expected value of any sample from its timestamp. The energy counter is
@@ -88,8 +98,10 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -166,22 +178,29 @@ static const struct { const char *name; unsigned bit; } UNSUPPORTED_NAMES[] = {
 enum {
     C_POWER_USAGE, C_ENERGY, C_FIELD_VALUES, C_UTILIZATION, C_CLOCK, C_APP_CLOCK, C_POWER_LIMIT,
     C_POWER_STATE, C_TEMPERATURE, C_PCIE, C_SAMPLES_POWER, C_SAMPLES_UTIL, C_SAMPLES_MEM,
-    C_PROCESSES, C_COUNT
+    C_PROCESSES, C_FIELD_ENERGY, C_COUNT
 };
 static const char *CALL_NAMES[C_COUNT] = {
     "power_usage", "energy", "field_values", "utilization", "clock", "app_clock", "power_limit",
     "power_state", "temperature", "pcie", "samples_power", "samples_util", "samples_mem",
-    "processes",
+    "processes", "field_values_energy",
 };
+/* Field values cost their base (call_cost_us[C_FIELD_VALUES]) plus this per field, plus the
+ * energy call's cost when they include the energy field (energy is what costs there). */
+static unsigned long long field_cost_us;
+
 /* CPU µs per C call on an idle NVIDIA H100 (driver 580.159.04), from the project's timings of
  * pynvml's calls (2026-11-24): pynvml's buffer readers make two C calls each (size, then
- * fill), so each of those C calls is half its figure. Field values are the cost without the
- * energy field (with it, a call costs about what the energy call does). */
+ * fill), so each of those C calls is half its figure (an assumption: the driver does not say
+ * what the sizing call costs alone). Field values with the energy field took 4.4 ms, 6 fields
+ * with it 4.7 ms: the base here, with field_cost_us per field and the energy call's cost. */
 static const unsigned long long H100_COST_US[C_COUNT] = {
     /* power_usage energy field_values utilization clock app_clock power_limit */
-    55, 4000, 200, 50, 50, 1000, 150,
+    55, 4000, 250, 50, 50, 1000, 150,
     /* power_state temperature pcie samples_power samples_util samples_mem processes */
     50, 50, 800, 145, 1200, 1200, 1150,
+    /* field_values_energy: counted only (the cost is in field_values) */
+    0,
 };
 static unsigned long long call_cost_us[C_COUNT];
 static unsigned long long call_count[C_COUNT];
@@ -214,6 +233,8 @@ struct fake_device {
     int pid_powers;
     fake_pid_power pid_power[MAX_PROCS];
     unsigned int idle_mw, busy_mw;
+    int fail[C_COUNT];                  /* NVML error each entry point fails with; 0: none */
+    int mig;
     unsigned long long cache_ms;        /* energy integral up to cache_ms, in mW·ms */
     unsigned __int128 cache_energy;
     unsigned __int128 init_energy;      /* energy_to(init_us) */
@@ -374,7 +395,21 @@ static int parse_error(const char *name) {
     if (!strcmp(name, "LIBRARY_NOT_FOUND")) return NVML_ERROR_LIBRARY_NOT_FOUND;
     if (!strcmp(name, "DRIVER_NOT_LOADED")) return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!strcmp(name, "NO_PERMISSION")) return NVML_ERROR_NO_PERMISSION;
+    if (!strcmp(name, "NOT_SUPPORTED")) return NVML_ERROR_NOT_SUPPORTED;
+    if (!strcmp(name, "GPU_IS_LOST")) return NVML_ERROR_GPU_IS_LOST;
+    if (!strcmp(name, "TIMEOUT")) return NVML_ERROR_TIMEOUT;
     return NVML_ERROR_UNKNOWN;
+}
+
+/* `energy:GPU_IS_LOST,processes:UNKNOWN`: entry points that fail, and how. */
+static void parse_fail(struct fake_device *d, char *value) {
+    for (char *item = strtok(value, ","); item; item = strtok(NULL, ",")) {
+        char *colon = strchr(item, ':');
+        if (!colon) continue;
+        *colon = 0;
+        for (int i = 0; i < C_COUNT; i++)
+            if (!strcmp(item, CALL_NAMES[i])) d->fail[i] = parse_error(colon + 1);
+    }
 }
 
 static void parse_power(struct fake_device *d, char *value) {
@@ -456,6 +491,8 @@ static void device_key(struct fake_device *d, const char *key, char *value) {
     else if (!strcmp(key, "pcie_tx")) d->pcie_tx = (unsigned)v;
     else if (!strcmp(key, "pcie_rx")) d->pcie_rx = (unsigned)v;
     else if (!strcmp(key, "unsupported")) parse_unsupported(d, value);
+    else if (!strcmp(key, "fail")) parse_fail(d, value);
+    else if (!strcmp(key, "mig")) d->mig = (int)v;
     else if (!strcmp(key, "proc") && d->procs < MAX_PROCS) {
         fake_proc *p = &d->proc[d->procs];
         if (sscanf(value, "%u:%u:%u", &p->pid, &p->sm, &p->mem) == 3) d->procs++;
@@ -483,6 +520,7 @@ static void defaults(void) {
         d->busy_mw = 200000;
     }
     memset(call_cost_us, 0, sizeof call_cost_us);
+    field_cost_us = 0;
     device_count = 0;
     energy_step_us = 0;
     power_sample_us = 20000;
@@ -516,8 +554,10 @@ static nvmlReturn_t load_scenario(void) {
         else if (!strcmp(key, "buffer_samples")) buffer_samples = v ? v : 100;
         else if (!strcmp(key, "pcie_delay_ms")) pcie_delay_us = v * 1000ULL;
         else if (!strcmp(key, "energy_step_ms")) energy_step_us = v * 1000ULL;
-        else if (!strcmp(key, "call_costs") && !strcmp(value, "h100"))
+        else if (!strcmp(key, "call_costs") && !strcmp(value, "h100")) {
             memcpy(call_cost_us, H100_COST_US, sizeof call_cost_us);
+            field_cost_us = 50;
+        }
         else if (!strcmp(key, "call_cost_us")) parse_call_costs(value);
         else if (sscanf(key, "d%u.%n", &index, &used) == 1 && used && index < MAX_DEVICES)
             device_key(&devices[index], key + used, value);
@@ -577,6 +617,8 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
     }
 }
@@ -609,6 +651,7 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
         if (!initialised) return NVML_ERROR_UNINITIALIZED;                 \
         if (!(device) || !(out)) return NVML_ERROR_INVALID_ARGUMENT;       \
         if ((device)->unsupported & (bit)) return NVML_ERROR_NOT_SUPPORTED; \
+        if ((device)->fail[which]) return (device)->fail[which];           \
     } while (0)
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
@@ -625,6 +668,13 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
     DEVICE_CALL(device, values, 0, C_FIELD_VALUES);
+    int energy_asked = 0;
+    for (int i = 0; i < count; i++)
+        energy_asked |= values[i].fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
+                        values[i].fieldId == NVML_FI_DEV_ENERGY;
+    if (energy_asked) __atomic_add_fetch(&call_count[C_FIELD_ENERGY], 1, __ATOMIC_RELAXED);
+    spin(field_cost_us * (unsigned long long)(count > 0 ? count : 0) +
+         (energy_asked ? call_cost_us[C_ENERGY] : 0));
     unsigned long long now = now_us();
     for (int i = 0; i < count; i++) {
         nvmlFieldValue_t *v = &values[i];
@@ -635,6 +685,9 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
         if (v->fieldId == NVML_FI_DEV_POWER_INSTANT && !(device->unsupported & U_POWER_INSTANT)) {
             v->value.uiVal = power_at(device, now);
             v->nvmlReturn = NVML_SUCCESS;
+        } else if ((v->fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
+                    v->fieldId == NVML_FI_DEV_ENERGY) && device->fail[C_ENERGY]) {
+            v->nvmlReturn = (unsigned)device->fail[C_ENERGY];
         } else if ((v->fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
                     v->fieldId == NVML_FI_DEV_ENERGY) && !(device->unsupported & U_ENERGY)) {
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
@@ -840,6 +893,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                              unsigned int *processSamplesCount,
                                              unsigned long long lastSeenTimeStamp) {
     DEVICE_CALL(device, processSamplesCount, U_PROCESSES, C_PROCESSES);
+    if (device->mig) return NVML_ERROR_NOT_SUPPORTED;
     if (device->slice_ms)
         return slice_processes(device, utilization, processSamplesCount, lastSeenTimeStamp);
     unsigned long long now = moment(device, 3, utilization == NULL);
@@ -868,5 +922,35 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         }
     }
     *processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* ---- identity and MIG, for `wattflow check` ---- */
+
+static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, text);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return copy_text("580.159.04-stand-in", version, length);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    return copy_text("13.580.159.04-stand-in", version, length);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    return copy_text("NVML stand-in GPU", name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = (unsigned)device->mig;
     return NVML_SUCCESS;
 }
