@@ -613,3 +613,16 @@ def test_each_reading_is_asked_only_as_often_as_it_changes(fake_nvml: Path, tmp_
     assert rate["power_limit"] <= 0.25
     assert rate["pcie"] <= 0.9  # two calls every 5 s, on their own thread
     assert rate["power_usage"] == 0
+
+
+def test_the_real_gpu_benchmark_imports_and_explains_itself_without_a_gpu() -> None:
+    """`benchmarks/nvml_real_gpu.py --help` works on a node without NVIDIA driver: the lead
+    runs it on GPU nodes, and it must not need the driver to say how."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "nvml_real_gpu.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--gpu-idle-power-w" in done.stdout
+    assert "--duty" in done.stdout
