@@ -238,6 +238,12 @@ class GPUDevice(BaseModel):
         default=None,
         description="Per-process utilisation; absent where the device cannot tell (MIG).",
     )
+    process_window: tuple[int, int] | None = Field(
+        default=None,
+        description="[start_us, end_us]: the driver samples `processes` averages, those after "
+        "start up to end; start = end when the driver had nothing new. Absent in recordings "
+        "that predate it, whose processes cover their own tick.",
+    )
 
 
 class GPUReport(Report):
