@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from wattflow.actors.checkpoints import STATE_VERSION, decode_checkpoint, encode_checkpoint
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.gpu import GpuConfig, GpuFormula
 from wattflow.formats import powerapi
@@ -147,3 +148,57 @@ def test_the_gpu_formula_runs_from_the_command_line(tmp_path: Path) -> None:
     assert {w["target"]: w["power"] for w in written[-3:]} == pytest.approx(
         {"pid:10": 120.0, "pid:11": 40.0, "gpu0": 40.0}
     )
+
+
+def stream_with_an_idle_spell() -> list[GPUReport]:
+    """Energy-counter ticks of one device: busy, idle for two ticks (35 W), busy again."""
+    busy = [(7, 50.0, "/web")]
+    watts = [120.0, 40.0, 35.0, 135.0, 140.0, 130.0, 150.0]
+    reports = []
+    energy_j = 0.0
+    for second, power_w in enumerate(watts):
+        energy_j += power_w
+        idle = power_w < 100
+        reports.append(
+            tick(second, energy_j=energy_j, util=0 if idle else 50, processes=() if idle else busy)
+        )
+    return reports
+
+
+def summary(out: Output) -> list[tuple[datetime, str, float]]:
+    return [(r.timestamp, r.target, r.power) for r in out.reports if isinstance(r, PowerReport)]
+
+
+def test_a_restored_gpu_formula_goes_on_with_the_idle_power_it_learned() -> None:
+    """The state, through a checkpoint's encoding, carries the learned idle power and the
+    energy counter's last reading: split anywhere, the two halves give one run's reports."""
+    reports = stream_with_an_idle_spell()
+    whole = run(reports)
+    for cut in range(1, len(reports)):
+        first = GpuFormula(GpuConfig(), "node-1")
+        out = Output()
+        first.process(list(reports[:cut]), out)
+        saved = decode_checkpoint(encode_checkpoint({"version": STATE_VERSION, "s": first.state()}))
+        assert saved is not None
+        second = GpuFormula(GpuConfig(), "node-1")
+        second.restore(saved["s"])
+        second.process(list(reports[cut:]), out)
+        assert summary(out) == summary(whole), f"cut after tick {cut}"
+    # Without the state, the part after the idle spell starts from nothing: its first tick only
+    # starts the counter's interval, and the idle power is not known.
+    fresh = run(reports[4:])
+    assert powers_at(fresh, 4) == {}
+    assert powers_at(whole, 5)["gpu0"] == pytest.approx(35.0)
+    assert powers_at(fresh, 5)["gpu0"] != pytest.approx(35.0)
+
+
+def test_the_gpu_state_is_bounded_by_the_window_and_versioned() -> None:
+    formula = GpuFormula(GpuConfig(gpu_idle_window=600), "node-1")
+    idle = [tick(second, power_w=30.0 + second, util=0) for second in range(20)]
+    formula.process(list(idle), Output())
+    state = formula.state()
+    narrower = GpuFormula(GpuConfig(gpu_idle_window=5), "node-1")
+    narrower.restore(state)
+    assert list(narrower.devices["0"].idle_readings) == [45.0, 46.0, 47.0, 48.0, 49.0]
+    with pytest.raises(ValueError, match="version"):
+        GpuFormula(GpuConfig(), "node-1").restore({**state, "version": 0})

@@ -23,6 +23,11 @@ Limits: SM utilisation is a time share, not an energy share, so a memory-bound p
 compute-bound one at the same utilisation get the same power. Under MIG the driver reports no
 per-process utilisation: everything above idle stays with the device target. Processes that
 run between two samples of the driver's utilisation buffer are not seen.
+
+State (:meth:`GpuFormula.state`, kept by checkpoints): per device, the last tick's time and
+energy counter (so the first tick after a restart has its interval at once), the idle
+readings of the window and the lowest power seen (so the learned idle power is not learned
+again). At most ``--gpu-idle-window`` readings per device are kept.
 """
 
 from __future__ import annotations
@@ -31,15 +36,19 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, PositiveInt
 
+from wattflow.actors.checkpoints import pack_floats, unpack_floats
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.formats.reports import GPUDevice, GPUReport, PowerReport, Report
 
 FORMULA_NAME = "gpu"
+
+STATE_VERSION = 1
+"""The layout of :meth:`GpuFormula.state`; a state of another version is not restored."""
 
 
 class GpuConfig(FormulaConfig):
@@ -93,6 +102,36 @@ class GpuFormula(Formula[GpuConfig]):
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
         return report.sensor if isinstance(report, GPUReport) else None
+
+    def state(self) -> dict[str, Any]:
+        """Each device's last reading and what it learned of its idle power."""
+        return {
+            "version": STATE_VERSION,
+            "devices": {
+                index: {
+                    "timestamp": None if d.timestamp is None else d.timestamp.isoformat(),
+                    "energy_mj": d.energy_mj,
+                    "idle_w": pack_floats(list(d.idle_readings)),
+                    "lowest_seen_w": d.lowest_seen_w,
+                }
+                for index, d in self.devices.items()
+            },
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state of version {state.get('version')}, not {STATE_VERSION}")
+        window = self.config.gpu_idle_window
+        for index, saved in state["devices"].items():
+            readings = unpack_floats(saved["idle_w"])
+            stamp = saved["timestamp"]
+            energy, lowest = saved["energy_mj"], saved["lowest_seen_w"]
+            self.devices[str(index)] = _DeviceState(
+                timestamp=None if stamp is None else datetime.fromisoformat(stamp),
+                energy_mj=None if energy is None else float(energy),
+                idle_readings=deque(() if readings is None else readings.tolist()[-window:]),
+                lowest_seen_w=None if lowest is None else float(lowest),
+            )
 
     def process(self, reports: list[Report], out: Output) -> None:
         for report in reports:
