@@ -85,14 +85,15 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def energies_mj(run: Attribution) -> tuple[dict[str, float], int, int]:
+def energies_mj(run: Attribution, since_us: int = 0) -> tuple[dict[str, float], int, int]:
     """Each target's energy in mJ (Σ W·Δt, Δt from each tick to the previous one), and the
-    span it covers in Unix µs: from the first report's tick to the last one that a process
-    window covers (the ticks after it were split at the stop, before their window came)."""
+    span it covers in Unix µs: from the first report's tick (at ``since_us`` or later) to the
+    last one that a process window covers (the ticks after it were split at the stop, before
+    their window came)."""
     covered = max(r["devices"]["0"]["process_window"][1] for r in run.gpu)
     by_tick: dict[int, dict[str, float]] = defaultdict(dict)
     for report in run.power:
-        if micros(report) <= covered:
+        if since_us <= micros(report) <= covered:
             by_tick[micros(report)][report["target"]] = report["power"]
     stamps = sorted(by_tick)
     energy: dict[str, float] = defaultdict(float)
@@ -208,10 +209,25 @@ def test_idle_stretches_teach_idle_power_and_leave_active_energy_to_the_process(
     # Ticks after the first idle stretch carry the learned idle; the counter steps every
     # 100 ms, so a tick's power is within a few percent of the true 60 W.
     median_w = sorted(device_target)[len(device_target) // 2]
-    _, reached = shares_against_truth(run, bursts)
-    print(f"device target median {median_w:.2f} W, reached {reached:.4f}")
     assert median_w == pytest.approx(60.0, rel=0.08)
-    assert 0.9 <= reached <= 1.1
+    # Until the first window without processes closes, idle is not known yet and counts as
+    # 0 W, so the process also gets the idle power (documented); the jitter puts that first
+    # idle stretch anywhere in the first 4 s, so the energy is compared from there on.
+    learned_us = min(r["devices"]["0"]["process_window"][1] for r in empty)
+    energy, start_us, end_us = energies_mj(run, since_us=learned_us)
+    truth_j = bursts.active_mj(start_us, end_us).get(A, 0.0) / 1000
+    given_j = energy.get(f"pid:{A}", 0.0) / 1000
+    # Each start or end of a burst can misplace up to one driver sample of active energy (the
+    # sample names who holds the engine when it is taken: 200 ms at 200 W, 40 J) and one tick's
+    # worth in the counter's split between ticks (100 ms, 20 J); nothing else may be lost.
+    edges = sum(
+        (bursts.running(ms) == A) != (bursts.running(ms + 1) == A)
+        for ms in range(start_us // 1000, end_us // 1000)
+    )
+    print(f"device target median {median_w:.2f} W; process {given_j:.0f} J against "
+          f"{truth_j:.0f} J over {edges} burst edges")  # fmt: skip
+    assert truth_j > 0, "no burst after idle was learned: the run was too short"
+    assert abs(given_j - truth_j) <= 60.0 * edges
 
 
 def test_churn_a_process_that_exits_and_one_without_a_cgroup(
