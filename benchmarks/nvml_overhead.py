@@ -8,7 +8,7 @@ unless ``--with-formula`` is given, so the figure is what recording GPUReports c
 With a real NVIDIA driver on the machine it samples the real GPUs; otherwise it builds the C
 stand-in of the tests (gcc needed) and samples ``--fake-gpus`` simulated ones, each C call
 spinning the CPU time an idle H100's driver spends in it (``call_costs=h100``: the energy
-counter 4 ms, field values with the energy field 4.35 ms, process utilisation 1.15 ms...;
+counter 3.8 ms, field values with instantaneous power 0.082 ms, process utilisation 1.15 ms...;
 ``--free-calls`` for a stand-in that answers in microseconds: the sampler's own share). It
 prints the % of one core per GPU against the 1 % target, and over the stand-in the C calls
 per second per GPU of each entry point. Run from the repository root:

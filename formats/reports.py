@@ -188,6 +188,25 @@ class GPUDevice(BaseModel):
     )
 
 
+_DEVICE_FIELDS = set(GPUDevice.__pydantic_fields__)
+EMPTY_DEVICE: dict[str, Any] = dict.fromkeys(_DEVICE_FIELDS)
+"""Every field of a :class:`GPUDevice`, unset: the dict :func:`trusted_device` starts from."""
+
+
+def trusted_device(fields: dict[str, Any]) -> GPUDevice:
+    """A :class:`GPUDevice` from values its producer already checked, without validation.
+
+    The NVML input builds one per GPU ten times a second; ``fields`` becomes the device's own
+    ``__dict__`` and must hold every field (a copy of :data:`EMPTY_DEVICE`, filled in).
+    """
+    device = _new(GPUDevice)
+    _set_dict(device, fields)
+    _set_fields_set(device, _DEVICE_FIELDS)
+    _set_extra(device, None)
+    _set_private(device, None)
+    return device
+
+
 class GPUReport(Report):
     """One sampling tick of the NVML sensor, for every GPU of the node (target ``all``)."""
 

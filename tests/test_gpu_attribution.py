@@ -136,9 +136,11 @@ def test_a_70_30_time_sliced_split_reaches_the_processes(
 def test_targets_add_up_to_the_energy_counter_between_its_readings(
     fake_nvml: Path, tmp_path: Path
 ) -> None:
-    """The sampler reads the counter once a second and power every tick; between two counter
+    """The sampler reads the counter every 2 s and power every tick; between two counter
     readings, the ticks' targets (processes and device) add up to the counter's increase."""
-    run = attribute(fake_nvml, tmp_path, ["util_sample_ms=200", *SEVENTY_THIRTY.lines()], seconds=6)
+    run = attribute(
+        fake_nvml, tmp_path, ["util_sample_ms=200", *SEVENTY_THIRTY.lines()], seconds=10
+    )
     by_tick: dict[int, float] = defaultdict(float)
     for report in run.power:
         by_tick[micros(report)] += report["power"]
@@ -146,7 +148,7 @@ def test_targets_add_up_to_the_energy_counter_between_its_readings(
     counter = {micros(r): r["devices"]["0"]["total_energy"] for r in run.gpu
                if "total_energy" in r["devices"]["0"]}  # fmt: skip
     readings = sorted(counter)
-    assert 4 <= len(readings) <= len(stamps) // 8, "the counter is read about once a second"
+    assert 4 <= len(readings) <= len(stamps) // 15, "the counter is read about every 2 s"
     checked = 0
     for earlier, later in itertools.pairwise(readings):
         ticks = [t for t in stamps if earlier < t <= later]

@@ -3,7 +3,7 @@
 For each device and sampling tick (τ0, τ1]:
 
 1. **Device power** comes from the energy counter (Volta and newer): the NVML input reads it
-   once per window (``--window-ms``, a second) and power every tick, so the ticks between two
+   every ``--energy-ms`` (2 s) and power every tick, so the ticks between two
    counter readings take the counter's increase over that span, shared in proportion to their
    power readings (the mean of the driver's power samples in the tick, else the power
    reading); a tick waits for the counter reading that ends its span, within

@@ -36,6 +36,7 @@ from wattflow.actors.backend import split_commas
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.pullers.nvml_api import (
+    FieldReader,
     Nvml,
     NvmlError,
     NvmlNoPermission,
@@ -44,9 +45,18 @@ from wattflow.actors.pullers.nvml_api import (
     NvmlUnavailable,
     ProcessReader,
     SampleReader,
+    UtilizationReader,
     typed,
 )
-from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, GPUSampleKind, Report
+from wattflow.formats.reports import (
+    EMPTY_DEVICE,
+    GPUDevice,
+    GPUProcess,
+    GPUReport,
+    GPUSampleKind,
+    Report,
+    trusted_device,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +76,14 @@ class NvmlPullerConfig(PullerConfig):
     interval_ms: PositiveInt = Field(default=100, description="Sampling period in ms.")
     window_ms: PositiveInt = Field(
         default=1000,
-        description="How often the energy counter, the per-process utilisation and the "
-        "driver's power samples are read, in ms (each read costs milliseconds of CPU on "
-        "recent drivers); the ticks in between report power readings, which the GPU formula "
-        "scales to the counter.",
+        description="How often the per-process utilisation and the driver's power samples "
+        "are read, in ms (each read costs milliseconds of CPU on recent drivers).",
+    )
+    energy_ms: PositiveInt = Field(
+        default=2000,
+        description="How often the energy counter is read, in ms (4 ms of CPU a read on an "
+        "H100); the ticks in between report power readings, and the GPU formula shares the "
+        "counter's increase among them. Keep it below the formula's --gpu-hold-ms.",
     )
     batch_ms: PositiveInt = Field(
         default=1000,
@@ -154,6 +168,11 @@ class _DeviceState:
     the legacy ``nvmlDeviceGetPowerUsage``."""
     energy_field: bool = False
     """Whether the energy counter comes with the power field in one call."""
+    power_reader: FieldReader | None = None
+    """The power field alone, in an array made once."""
+    energy_reader: FieldReader | None = None
+    """The power field and the energy counter, in an array made once."""
+    utilization: UtilizationReader | None = None
     due: dict[str, float] = field(default_factory=dict)
     """When (monotonic s) each group of readings of the schedule is read next."""
     latest: dict[str, float | int] = field(default_factory=dict)
@@ -214,6 +233,7 @@ class NvmlSampler:
         self.devices: list[_DeviceState] = []
         self._cgroup_root = str(config.cgroup_root)
         self._window_s = config.window_ms / 1000
+        self._energy_s = config.energy_ms / 1000
         self._slack_s = config.interval_ms / 2000
         nvml: Any = self.nvml
         self._energy_field = nvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
@@ -293,6 +313,7 @@ class NvmlSampler:
             )
         else:
             state.processes = self._call(state, "processes", ProcessReader, self.api, handle)
+        state.utilization = self._call(state, "utilization", UtilizationReader, self.api, handle)
         self._learn_fields(state)
         return state
 
@@ -308,6 +329,12 @@ class NvmlSampler:
         answered = {int(v.fieldId) for v in values if v.nvmlReturn == nvml.NVML_SUCCESS}
         state.power_field = next((f for f in wanted if f in answered), None)
         state.energy_field = self._energy_field in answered and state.power_field is not None
+        if state.power_field is not None:
+            state.power_reader = self._call(state, "power_fields", FieldReader, self.api,
+                                            state.handle, [state.power_field])  # fmt: skip
+            state.energy_reader = self._call(state, "power_fields", FieldReader, self.api,
+                                             state.handle, [state.power_field,
+                                                            self._energy_field])  # fmt: skip
 
     def close(self) -> None:
         """Shut NVML down, saying which readings were still failing; safe to call twice."""
@@ -329,8 +356,8 @@ class NvmlSampler:
         """Read every device once, each figure at its own rate:
 
         - every tick: power (one field value, or the legacy call) and utilisation rates;
-        - every ``--window-ms``: the energy counter (in the same field-values call as power),
-          the per-process utilisation and the driver's power samples;
+        - every ``--window-ms``: the per-process utilisation and the driver's power samples;
+        - every ``--energy-ms``: the energy counter (in the same field-values call as power);
         - every ``STATE_S``: clocks, temperature and performance state;
         - every ``BUFFERS_S``: the GPU and memory utilisation sample buffers;
         - every ``SETTINGS_S`` (and at the first tick): application clocks, power limit;
@@ -423,14 +450,14 @@ class NvmlSampler:
             )
 
     def _read(self, state: _DeviceState, now: float, rejected: list[tuple[Any, str]]) -> GPUDevice:
-        nvml = self.nvml
         window = self._due(state, "window", self._window_s, now)
-        fields: dict[str, Any] = self._power(state, window)
-        utilization = self._call(state, "utilization", nvml.nvmlDeviceGetUtilizationRates,
-                                 state.handle)  # fmt: skip
-        if utilization is not None:
-            fields["util_gpu"] = float(utilization.gpu)
-            fields["util_mem"] = float(utilization.memory)
+        fields = EMPTY_DEVICE.copy()
+        fields.update(self._power(state, self._due(state, "energy", self._energy_s, now)))
+        if state.utilization is not None:
+            rates = self._call(state, "utilization", state.utilization.read)
+            if rates is not None:
+                fields["util_gpu"] = float(rates[0])
+                fields["util_mem"] = float(rates[1])
         self._slow(state, now)
         fields.update(state.latest)
         fields.update(state.pcie)
@@ -444,7 +471,7 @@ class NvmlSampler:
         if processes is not None:
             fields["processes"], fields["process_window"] = processes
         # Every value above is already a float, int, bool or a checked list: skip validation.
-        return GPUDevice.model_construct(**fields)
+        return trusted_device(fields)
 
     def _slow(self, state: _DeviceState, now: float) -> None:
         """Read the groups of slow readings that are due into ``state.latest``."""
@@ -457,8 +484,8 @@ class NvmlSampler:
                     else:
                         state.latest[name] = int(value) if name == "power_state" else float(value)
 
-    def _power(self, state: _DeviceState, window: bool) -> dict[str, Any]:
-        """Power (and, when ``window``, the energy counter) in as few calls as the GPU allows:
+    def _power(self, state: _DeviceState, energy: bool) -> dict[str, Any]:
+        """Power (and, when ``energy``, the energy counter) in as few calls as the GPU allows:
         one field-values call for both where it answers them, else the legacy calls.
 
         The field values say whether power is instantaneous or the driver's 1 s average (what
@@ -468,28 +495,27 @@ class NvmlSampler:
         nvml = self.nvml
         found: dict[str, Any] = {}
         if state.power_field is not None:
-            found = self._fields(state, window)
+            found = self._fields(state, energy)
         else:
             usage = self._call(state, "power_usage", nvml.nvmlDeviceGetPowerUsage, state.handle)
             if usage is not None:
                 found["power"] = float(usage)
-        if window and not state.energy_field:
+        if energy and not state.energy_field:
             energy = self._call(state, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption,
                                 state.handle)  # fmt: skip
             if energy is not None:
                 found["total_energy"] = float(energy)
         return found
 
-    def _fields(self, state: _DeviceState, window: bool) -> dict[str, Any]:
-        """Power, and energy when ``window`` and the GPU has it there, in one field-values
+    def _fields(self, state: _DeviceState, energy: bool) -> dict[str, Any]:
+        """Power, and energy when ``energy`` and the GPU has it there, in one field-values
         call; a field that fails is accounted like a failed call."""
         nvml = self.nvml
         found: dict[str, Any] = {}
-        ids = [state.power_field]
-        if window and state.energy_field:
-            ids.append(self._energy_field)
-        values = self._call(state, "power_fields", nvml.nvmlDeviceGetFieldValues,
-                            state.handle, ids)  # fmt: skip
+        reader = state.energy_reader if energy and state.energy_field else state.power_reader
+        if reader is None:
+            return found
+        values = self._call(state, "power_fields", reader.read)
         for value in values or ():
             reading = "energy" if value.fieldId == self._energy_field else "power"
             if value.nvmlReturn != nvml.NVML_SUCCESS:

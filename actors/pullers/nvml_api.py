@@ -208,10 +208,15 @@ class BufferReader:
 
     def _check(self, code: int) -> None:
         if code != 0:
-            text = self.nvml.module.nvmlErrorString(code)
-            if isinstance(text, bytes):
-                text = text.decode(errors="replace")
-            raise typed(code, self.name, str(text))
+            raise _typed_code(self.nvml, code, self.name)
+
+
+def _typed_code(nvml: Nvml, code: int, call: str) -> NvmlError:
+    """The typed error for a return code of a C entry point called directly."""
+    text = nvml.module.nvmlErrorString(code)
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return typed(code, call, str(text))
 
 
 class SampleReader(BufferReader):
@@ -268,3 +273,72 @@ class ProcessReader(BufferReader):
             self._check(code)
             answer: list[Any] = self.buffer[: self.count.value]
             return answer
+
+
+_PLAIN: dict[type[ctypes.Structure], type[ctypes.Structure]] = {}
+
+
+def plain(structure: type[ctypes.Structure]) -> type[ctypes.Structure]:
+    """The same C layout as one of ``pynvml``'s structures, as a plain ``ctypes.Structure``.
+
+    ``pynvml``'s structures decode bytes on every attribute read (a Python
+    ``__getattribute__``); the readers that run every tick read numbers only.
+    """
+    found = _PLAIN.get(structure)
+    if found is None:
+        found = _PLAIN[structure] = type(
+            f"Plain{structure.__name__}", (ctypes.Structure,), {"_fields_": structure._fields_}
+        )
+    return found
+
+
+class FieldReader:
+    """``nvmlDeviceGetFieldValues`` for a fixed list of fields of one device, into an array
+    made once: the power reading of every tick, without ``pynvml``'s array, function lookup
+    and structure wrappers on each call."""
+
+    def __init__(self, nvml: Nvml, handle: Any, field_ids: list[int]) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        self.function = nvml.function("nvmlDeviceGetFieldValues")
+        self.field_ids = tuple(field_ids)
+        self.values: Any = (plain(nvml.module.c_nvmlFieldValue_t) * len(field_ids))()
+        self.count = ctypes.c_int32(len(field_ids))
+        self.reference = ctypes.byref(self.values)
+
+    def read(self) -> Any:
+        """The array of ``nvmlFieldValue_t``, each with its own ``nvmlReturn``.
+
+        Raises:
+            NvmlError: the call as a whole failed.
+        """
+        values = self.values
+        for value, field_id in zip(values, self.field_ids, strict=True):
+            value.fieldId = field_id  # an input the driver could overwrite: set every call
+        code = self.function(self.handle, self.count, self.reference)
+        if code != 0:
+            raise _typed_code(self.nvml, code, "nvmlDeviceGetFieldValues")
+        return values
+
+
+class UtilizationReader:
+    """``nvmlDeviceGetUtilizationRates`` of one device into a structure made once."""
+
+    def __init__(self, nvml: Nvml, handle: Any) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        self.function = nvml.function("nvmlDeviceGetUtilizationRates")
+        self.rates: Any = plain(nvml.module.c_nvmlUtilization_t)()
+        self.reference = ctypes.byref(self.rates)
+
+    def read(self) -> tuple[int, int]:
+        """(GPU %, memory %) over the driver's last sample period.
+
+        Raises:
+            NvmlError: any failure.
+        """
+        code = self.function(self.handle, self.reference)
+        if code != 0:
+            raise _typed_code(self.nvml, code, "nvmlDeviceGetUtilizationRates")
+        rates = self.rates
+        return rates.gpu, rates.memory

@@ -64,10 +64,11 @@
  * CPU cost and call counts (for the overhead benchmark):
  *
  *   call_costs=h100                 busy-spin per C call like an idle NVIDIA H100's driver
- *                                   (energy 4 ms, each C call of a utilisation buffer or of
- *                                   process utilisation 1.2 ms, app clocks 1 ms; H100_COST_US;
- *                                   field values 0.25 ms + 0.05 ms per field, + the energy
- *                                   call's cost when the energy field is asked: 4.35 ms)
+ *                                   (H100_COST_US: energy 3.8 ms, each C call of a utilisation
+ *                                   buffer or of process utilisation 1.15-1.2 ms, power samples
+ *                                   0.39 ms, utilisation rates 0.047 ms; field values 2 us +
+ *                                   3 us per field, the instantaneous power field 80 us more,
+ *                                   + the energy call's cost when the energy field is asked)
  *   call_cost_us=energy:4300,...    per call name (the `unsupported` names, plus field_values):
  *                                   CPU time each C call spins; overrides the preset
  *   FAKE_NVML_CALLS=path            (environment) at nvmlShutdown, write `name count` per
@@ -185,20 +186,23 @@ static const char *CALL_NAMES[C_COUNT] = {
     "power_state", "temperature", "pcie", "samples_power", "samples_util", "samples_mem",
     "processes", "field_values_energy",
 };
-/* Field values cost their base (call_cost_us[C_FIELD_VALUES]) plus this per field, plus the
- * energy call's cost when they include the energy field (energy is what costs there). */
-static unsigned long long field_cost_us;
+/* Field values cost their base (call_cost_us[C_FIELD_VALUES]) plus field_cost_us per field,
+ * plus instant_field_us for the instantaneous power field, plus the energy call's cost when
+ * they include the energy field (energy is what costs there). */
+static unsigned long long field_cost_us, instant_field_us;
 
-/* CPU µs per C call on an idle NVIDIA H100 (driver 580.159.04), from the project's timings of
- * pynvml's calls (2026-11-24): pynvml's buffer readers make two C calls each (size, then
- * fill), so each of those C calls is half its figure (an assumption: the driver does not say
- * what the sizing call costs alone). Field values with the energy field took 4.4 ms, 6 fields
- * with it 4.7 ms: the base here, with field_cost_us per field and the energy call's cost. */
+/* CPU us per C call on an idle NVIDIA H100 (driver 580.159.04), from the project's timings
+ * (time.thread_time, 2026-11-24 and -25): field values with POWER_INSTANT alone 0.082 ms, with
+ * POWER_AVERAGE alone 0.005 ms, with the energy field 3.7-4.4 ms; the energy call 3.8 ms;
+ * nvmlDeviceGetPowerUsage 0.013 ms; utilisation rates 0.047 ms; the power sample buffer
+ * 0.39 ms in one call. The utilisation buffers (2.3-2.5 ms) and process utilisation (2.3 ms)
+ * were timed through pynvml, which makes two C calls each (size, then fill): each C call here
+ * is half of that (an assumption: the driver does not say what the sizing call costs alone). */
 static const unsigned long long H100_COST_US[C_COUNT] = {
     /* power_usage energy field_values utilization clock app_clock power_limit */
-    55, 4000, 250, 50, 50, 1000, 150,
+    13, 3800, 2, 47, 50, 1000, 150,
     /* power_state temperature pcie samples_power samples_util samples_mem processes */
-    50, 50, 800, 145, 1200, 1200, 1150,
+    50, 50, 800, 390, 1200, 1200, 1150,
     /* field_values_energy: counted only (the cost is in field_values) */
     0,
 };
@@ -521,6 +525,7 @@ static void defaults(void) {
     }
     memset(call_cost_us, 0, sizeof call_cost_us);
     field_cost_us = 0;
+    instant_field_us = 0;
     device_count = 0;
     energy_step_us = 0;
     power_sample_us = 20000;
@@ -556,7 +561,8 @@ static nvmlReturn_t load_scenario(void) {
         else if (!strcmp(key, "energy_step_ms")) energy_step_us = v * 1000ULL;
         else if (!strcmp(key, "call_costs") && !strcmp(value, "h100")) {
             memcpy(call_cost_us, H100_COST_US, sizeof call_cost_us);
-            field_cost_us = 50;
+            field_cost_us = 3;
+            instant_field_us = 77;
         }
         else if (!strcmp(key, "call_cost_us")) parse_call_costs(value);
         else if (sscanf(key, "d%u.%n", &index, &used) == 1 && used && index < MAX_DEVICES)
@@ -668,13 +674,15 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
     DEVICE_CALL(device, values, 0, C_FIELD_VALUES);
-    int energy_asked = 0;
+    int energy_asked = 0, instant_asked = 0;
+    for (int i = 0; i < count; i++)
+        instant_asked |= values[i].fieldId == NVML_FI_DEV_POWER_INSTANT;
     for (int i = 0; i < count; i++)
         energy_asked |= values[i].fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
                         values[i].fieldId == NVML_FI_DEV_ENERGY;
     if (energy_asked) __atomic_add_fetch(&call_count[C_FIELD_ENERGY], 1, __ATOMIC_RELAXED);
     spin(field_cost_us * (unsigned long long)(count > 0 ? count : 0) +
-         (energy_asked ? call_cost_us[C_ENERGY] : 0));
+         (instant_asked ? instant_field_us : 0) + (energy_asked ? call_cost_us[C_ENERGY] : 0));
     unsigned long long now = now_us();
     for (int i = 0; i < count; i++) {
         nvmlFieldValue_t *v = &values[i];
