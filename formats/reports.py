@@ -194,17 +194,13 @@ EMPTY_DEVICE: dict[str, Any] = dict.fromkeys(_DEVICE_FIELDS)
 
 
 def trusted_device(fields: dict[str, Any]) -> GPUDevice:
-    """A :class:`GPUDevice` from values its producer already checked, without validation.
+    """A :class:`GPUDevice` from values its producer already checked, without validation
+    (pydantic's ``model_construct``, every field counted as set so that it is written out).
 
-    The NVML input builds one per GPU ten times a second; ``fields`` becomes the device's own
-    ``__dict__`` and must hold every field (a copy of :data:`EMPTY_DEVICE`, filled in).
+    The NVML input builds one per GPU ten times a second; ``fields`` must hold every field (a
+    copy of :data:`EMPTY_DEVICE`, filled in).
     """
-    device = _new(GPUDevice)
-    _set_dict(device, fields)
-    _set_fields_set(device, _DEVICE_FIELDS)
-    _set_extra(device, None)
-    _set_private(device, None)
-    return device
+    return GPUDevice.model_construct(_fields_set=_DEVICE_FIELDS, **fields)
 
 
 class GPUReport(Report):
