@@ -11,14 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Literal
+import socket
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import Field, PositiveInt
 
 from wattflow.actors.errors import PullUnavailable
+from wattflow.actors.handoff import receive_connections
+from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
-from wattflow.formats.reports import report_kind
+from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +77,22 @@ class SocketPuller(Puller[SocketPullerConfig]):
         self.bound_port: int | None = None
         self.listening = asyncio.Event()
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self.handoff: socket.socket | None = None
+        """``--workers``: the channel on which the acceptor hands this worker its connections
+        (:mod:`wattflow.actors.handoff`); None: this input listens itself."""
+        self.instance: Partition | None = None
+        """``--workers``: the partition the workers share (``--partition``, or None: every
+        sensor), to tell another worker's sensor from another instance's."""
 
     def not_ready(self) -> str | None:
+        if self.handoff is not None:
+            return None
         return None if self.bound_port is not None else "not listening yet"
 
     async def pull(self, emitter: Emitter) -> None:
+        if self.handoff is not None and self.partition is not None:
+            emitter = _OwnSensors(emitter, self.partition, self.instance)
+
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
@@ -89,6 +105,10 @@ class SocketPuller(Puller[SocketPullerConfig]):
                 with contextlib.suppress(ConnectionError):
                     await writer.wait_closed()
 
+        if self.handoff is not None:
+            await self._take_handed(self.handoff, serve, emitter)
+            await self._close_connections()
+            return
         try:
             server = await asyncio.start_server(
                 serve, self.config.host, self.config.port, limit=self.config.max_line_bytes
@@ -103,14 +123,46 @@ class SocketPuller(Puller[SocketPullerConfig]):
         async with server:
             await emitter.stopping.wait()
             server.close()
-            if self._connections:
-                await asyncio.wait(set(self._connections), timeout=self.config.drain_grace_s)
-            # Peers still connected after the grace period are cut off; what they sent before
-            # is already handed on, and a line cut in half is dead-lettered.
-            for open_writer in list(self._connections.values()):
-                open_writer.transport.abort()
-            if self._connections:
-                await asyncio.wait(set(self._connections))
+            await self._close_connections()
+
+    async def _take_handed(self, channel: socket.socket, serve: Any, emitter: Emitter) -> None:
+        """Read the connections the acceptor hands over until the pipeline stops."""
+        loop = asyncio.get_running_loop()
+        channel.setblocking(False)
+        tasks: set[asyncio.Task[None]] = set()
+        limit = self.config.max_line_bytes
+        logger.info("reading the hwpc-sensor connections handed to this worker")
+
+        async def start(connection: socket.socket) -> None:
+            reader, writer = await asyncio.open_connection(sock=connection, limit=limit)
+            await serve(reader, writer)
+
+        def on_readable() -> None:
+            received = receive_connections(channel)
+            if received is None:  # the acceptor closed the channel: no more connections
+                loop.remove_reader(channel.fileno())
+                return
+            for connection in received:
+                task = asyncio.ensure_future(start(connection))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        loop.add_reader(channel.fileno(), on_readable)
+        try:
+            await emitter.stopping.wait()
+        finally:
+            loop.remove_reader(channel.fileno())
+
+    async def _close_connections(self) -> None:
+        """Read what connected sensors already sent for ``drain_grace_s``, then cut them off."""
+        if self._connections:
+            await asyncio.wait(set(self._connections), timeout=self.config.drain_grace_s)
+        # Peers still connected after the grace period are cut off; what they sent before
+        # is already handed on, and a line cut in half is dead-lettered.
+        for open_writer in list(self._connections.values()):
+            open_writer.transport.abort()
+        if self._connections:
+            await asyncio.wait(set(self._connections))
 
     async def _read(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, emitter: Emitter
@@ -224,3 +276,60 @@ class SocketPuller(Puller[SocketPullerConfig]):
             None,
             f"{peer}:{line_number}: line longer than {self.config.max_line_bytes} bytes, skipped",
         )
+
+
+class _OwnSensors:
+    """A worker's emitter for handed connections: reports of a sensor that another worker
+    owns (a connection carrying several sensors, handed over by its first line's) are
+    dead-lettered, not skipped: no other worker reads this connection, so skipping would lose
+    them. Reports of sensors no worker of this instance takes (``--partition``) go on to the
+    pipeline, which skips them."""
+
+    def __init__(self, emitter: Emitter, worker: Partition, instance: Partition | None) -> None:
+        self._emitter = emitter
+        self._worker = worker
+        self._instance = instance
+        self.stopping = emitter.stopping
+
+    def _foreign(self, sensor: str) -> bool:
+        return not self._worker.owns(sensor) and (
+            self._instance is None or self._instance.owns(sensor)
+        )
+
+    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+        if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
+            await self._emit_frame(batch[0])
+            return
+        reports = [r for r in batch if isinstance(r, Report)]
+        if len(reports) != len(batch):  # another kind of frame: the pipeline sorts it out
+            await self._emitter.emit(batch)
+            return
+        self._reject_all([r for r in reports if self._foreign(r.sensor)])
+        await self._emitter.emit([r for r in reports if not self._foreign(r.sensor)])
+
+    async def _emit_frame(self, frame: HWPCFrame) -> None:
+        sensors = frame.sensors()
+        if not any(self._foreign(s) for s in sensors):
+            await self._emitter.emit([frame])
+            return
+        for sensor in sensors:
+            part = frame.of_sensor(sensor)
+            if self._foreign(sensor):
+                self._reject_all(part.reports())
+            else:
+                await self._emitter.emit([part])
+
+    def _reject_all(self, reports: Sequence[Report]) -> None:
+        for report in reports:
+            self._emitter.reject(
+                report,
+                f"sensor {report.sensor!r} belongs to another worker (--workers): this "
+                "connection went to the worker of its first report's sensor; send each "
+                "sensor's reports on a connection of its own",
+            )
+
+    def reject(self, payload: Any, reason: str) -> None:
+        self._emitter.reject(payload, reason)
+
+    def skip(self, count: int) -> None:
+        self._emitter.skip(count)
