@@ -255,7 +255,7 @@ YOUNG_COLLECTION_THRESHOLD = 100_000
 
 
 @contextmanager
-def _few_collections() -> Iterator[None]:
+def few_collections() -> Iterator[None]:
     """Collect cyclic garbage rarely while ``wattflow run`` runs its pipeline.
 
     Reports are nested dicts, thousands of them in the mailboxes at any time, and almost all
@@ -291,7 +291,7 @@ def run_command(argv: Sequence[str]) -> int:
         if config.workers > 1:
             from wattflow.service.workers import run_workers
 
-            with _few_collections():
+            with few_collections():
                 return run_workers(config)
         pipeline = assemble(config)
         asyncio.run(check(pipeline))
@@ -300,7 +300,7 @@ def run_command(argv: Sequence[str]) -> int:
         return _fail(str(error), 2)
     loop = asyncio.new_event_loop()
     try:
-        with _few_collections():
+        with few_collections():
             result = loop.run_until_complete(serve(pipeline, status))
     except Interrupted as interrupted:
         _fail(str(interrupted), 1)

@@ -154,7 +154,7 @@ def worker_main(
     It tells the parent its status port (``("http", port)``) and, at the end, its ledger and
     problems (``("done", ledger, problems)``); its exit code is ``wattflow run``'s.
     """
-    from wattflow.service.cli import configure_logging, run_problems
+    from wattflow.service.cli import configure_logging, few_collections, run_problems
     from wattflow.service.pipeline import Interrupted, assemble, check, serve, status_server
 
     label = f"worker {index}/{count}"
@@ -176,7 +176,8 @@ def worker_main(
     if status is not None:
         to_parent.send(("http", status.port))
     try:
-        result = asyncio.run(serve(pipeline, status, worker=True))
+        with few_collections():  # as a single process runs its pipeline
+            result = asyncio.run(serve(pipeline, status, worker=True))
     except Interrupted as interrupted:
         to_parent.send(("done", pipeline.ledger, [str(interrupted)]))
         os._exit(1)
