@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
 from wattflow.actors.formulas.base import Formula, FormulaActor, FormulaConfig
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers.base import Puller
@@ -85,9 +86,15 @@ class _Emitter:
     after decoding, whatever the input: counted as skipped, never entered.
     """
 
-    def __init__(self, pipeline: Pipeline, name: str) -> None:
+    acknowledges = True
+    """The pipeline commits this input's position once the outputs wrote what came before it
+    (:mod:`wattflow.actors.checkpoints`); a puller that can resume reports its position
+    through :meth:`boundary` rather than saving it itself."""
+
+    def __init__(self, pipeline: Pipeline, name: str, input_name: str) -> None:
         self._pipeline = pipeline
         self._name = name
+        self.name = input_name
         self.stopping = pipeline.stopping
         self.emitted = 0
         """Reports this puller handed to the router."""
@@ -95,6 +102,22 @@ class _Emitter:
         """A batch waiting for room in the router's mailbox (dead-lettered if never taken)."""
         self.skipped = 0
         """Reports of other partitions' sensors this puller read and let go."""
+        self.position: Any = None
+        """The input's position after the last batch it handed on whole."""
+        self.at_boundary = False
+        """Whether everything handed on since :attr:`position` was reported is none: a barrier
+        put now stands exactly at that position."""
+
+    async def boundary(self, position: Any) -> None:
+        """The input handed on everything up to ``position``; a checkpoint due starts here."""
+        self.position = position
+        self.at_boundary = True
+        await self._pipeline.checkpoint_if_due()
+
+    def restore(self, data: bytes | None) -> None:
+        """Hand the formulas the state saved with this input's position (read by the input
+        from its own store, before it hands anything on)."""
+        self._pipeline.checkpoints.restore(data)
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         partition = self._pipeline.partition
@@ -113,6 +136,7 @@ class _Emitter:
 
     async def _emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         if batch:
+            self.at_boundary = False
             self.pending = batch
             if self._pipeline.passed_through:
                 await self._pipeline.pass_through(expand(batch))
@@ -181,6 +205,8 @@ class Pipeline:
         drain_timeout_s: float | None = None,
         partition: Partition | None = None,
         label: str = "pipeline",
+        state_store: StateStore | None = None,
+        checkpoint_interval_s: float | None = None,
     ) -> None:
         self.label = label
         """What the log calls this pipeline (``worker 1/2`` under ``--workers``)."""
@@ -209,13 +235,66 @@ class Pipeline:
             ledger=self.ledger,
             dead_letters=self.dead_letters,
         )
-        self.pullers = [PullerActor(p, _Emitter(self, f"puller:{p.config.name}")) for p in pullers]
+        self.pullers = [
+            PullerActor(p, _Emitter(self, f"puller:{p.config.name}", p.config.name))
+            for p in pullers
+        ]
+        self.checkpoints = self._checkpoints(pullers, state_store, checkpoint_interval_s)
         self.passed_through = self._passed_through({p.config.model for p in pullers})
         """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
         to a GPUReport output), besides what the formulas make of them."""
         # Producers the outputs wait for: each formula, and the pullers when they feed the
         # outputs too (those then close after the pullers are done as well).
         self._formulas_running = len(self.formulas) + (1 if self.passed_through else 0)
+
+    def _checkpoints(
+        self,
+        pullers: list[Puller[Any]],
+        store: StateStore | None,
+        interval_s: float | None,
+    ) -> Checkpoints:
+        """What commits the inputs' positions and the formulas' state: to ``store``, or to the
+        first resumable input's own store (the MongoDB input's checkpoint document)."""
+        resumable = [(p, a.emitter) for p, a in zip(pullers, self.pullers, strict=True)]
+        resumable = [(p, e) for p, e in resumable if p.resumable]
+        for puller, _ in resumable:
+            store = store or puller.state_store()
+        if interval_s is None:
+            intervals = [getattr(p.config, "checkpoint_interval_s", 5.0) for p, _ in resumable]
+            interval_s = min(intervals, default=5.0)
+        checkpoints = Checkpoints(store, interval_s, len(self.formulas))
+        checkpoints.inputs = [emitter for _, emitter in resumable]
+        for actor in self.formulas:
+            actor.checkpoints = checkpoints
+        for pusher in self.pushers:
+            pusher.checkpoints = checkpoints
+        return checkpoints
+
+    async def checkpoint_if_due(self) -> None:
+        """Start a checkpoint when one is due (see :meth:`Checkpoints.due`)."""
+        if self.checkpoints.store is not None and self.checkpoints.due():
+            await self._put_barrier(self.checkpoints.start())
+
+    async def _put_barrier(self, barrier: Barrier) -> None:
+        """Queue a barrier behind everything the inputs handed on: to the outputs that take
+        inputs as they are, and through the router to the formulas."""
+        for kind in self.passed_through:
+            for actor in self._pushers_for(kind):
+                self.checkpoints.sent(barrier)
+                await actor.mailbox.put([barrier])
+        await self.router.mailbox.put([barrier])
+
+    async def _checkpoint_timer(self) -> None:
+        """Start checkpoints when the inputs are quiet too (no boundary comes then)."""
+        while True:
+            await asyncio.sleep(self.checkpoints.interval_s / 2)
+            await self.checkpoint_if_due()
+
+    async def _pass_barrier(self, barrier: Barrier) -> None:
+        """A formula passes a barrier on to every output."""
+        for actor in self.pushers:
+            self.checkpoints.sent(barrier)
+            await actor.mailbox.put([barrier])
 
     def _formula_actors(
         self, formulas: list[tuple[type[Formula[Any]], FormulaConfig]], given: set[str]
@@ -262,6 +341,10 @@ class Pipeline:
         if not reports:
             return
         if any(isinstance(item, Frame) for item in reports):
+            barrier = barrier_of(reports)
+            if barrier is not None:
+                await self._pass_barrier(barrier)
+                return
             await self._dispatch_frames(reports)
             return
         for actor, batch in self._shares(reports):  # type: ignore[arg-type]
@@ -322,10 +405,17 @@ class Pipeline:
         first = [actor for actor in self.formulas if actor not in second]
         for actor in second:
             actor.mailbox.expect_producers(1 + len(first))
+            actor.producers = 1 + len(first)
 
         for actor in first:
 
             async def dispatch(produced: list[Report | Frame]) -> None:
+                barrier = barrier_of(produced)
+                if barrier is not None:
+                    for taker in second:
+                        await taker.mailbox.put([(None, barrier)])
+                    await self._dispatch(produced)
+                    return
                 reports = expand(produced)
                 for taker in second:
                     pairs = [
@@ -379,13 +469,20 @@ class Pipeline:
         Process-wide settings (the garbage collector's, signal handlers) are left to the program
         that runs the pipeline: ``wattflow run`` tunes the collector for itself.
         """
+        checkpoints = self.checkpoints
+        if checkpoints.store is not None:
+            checkpoints.restore(await checkpoints.store.load())
         self._start_actors()
-        drained = asyncio.ensure_future(self._drain())
+        timer = asyncio.ensure_future(self._checkpoint_timer())
+        drained = asyncio.ensure_future(self._drain(timer))
         try:
             await self._within_deadline(drained)
         except BaseException:
             drained.cancel()
             raise
+        finally:
+            timer.cancel()
+        await checkpoints.close()
         self.dead_letters.close()
         return self._result()
 
@@ -400,11 +497,19 @@ class Pipeline:
         for puller in self.pullers:
             supervisor.start(puller, restart=False)
 
-    async def _drain(self) -> None:
-        """Wait for the inputs to end, then close each stage once its producers are done."""
+    async def _drain(self, timer: asyncio.Future[None]) -> None:
+        """Wait for the inputs to end, then close each stage once its producers are done.
+
+        A last checkpoint follows everything the inputs handed on; the formulas take their
+        snapshot after their flush, so it holds their models and nothing still to report.
+        """
         if not self.formulas and not self.passed_through:
             await self._formula_done_without_formulas()
         await self.supervisor.wait([p.name for p in self.pullers])
+        timer.cancel()
+        checkpoints = self.checkpoints
+        if checkpoints.store is not None and all(e.at_boundary for e in checkpoints.inputs):
+            await self._put_barrier(checkpoints.start(final=True))
         if self.passed_through:
             await self._formula_done()
         await self.router.mailbox.close()

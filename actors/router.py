@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Hashable
 from operator import attrgetter
 
+from wattflow.actors.checkpoints import barrier_of
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
 from wattflow.formats.frames import Frame, batch_size, expand, holds_frame
@@ -50,6 +51,11 @@ class Router(Actor):
 
     async def run(self) -> None:
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            barrier = barrier_of(batch)
+            if barrier is not None:  # a checkpoint: on to every formula, behind what came first
+                for actor in self.formulas:
+                    await actor.mailbox.put([(None, barrier)])
+                continue
             self._in_flight = batch
             size = batch_size(batch)
             parts = self._route_frame(batch[0]) if holds_frame(batch) else None  # type: ignore[arg-type]

@@ -64,7 +64,8 @@ class Mailbox(Generic[T]):
     """A FIFO of batches bounded by the number of reports it holds.
 
     A batch is accepted when it fits, or when the mailbox is empty (so a batch larger than the
-    capacity cannot deadlock its producer). The bound is therefore ``capacity`` plus one batch.
+    capacity cannot deadlock its producer); a batch of no reports (a checkpoint's barrier) is
+    taken at once. The bound is therefore ``capacity`` plus one batch.
     A frame (:mod:`wattflow.formats.frames`) counts as the reports it stands for, and is taken
     alone: a reader gets either one frame or a list of reports.
     """
@@ -95,7 +96,7 @@ class Mailbox(Generic[T]):
         size = batch_size(batch)
         framed = holds_frame(batch)
         async with self._changed:
-            while not self._closed and self._size and self._size + size > self.capacity:
+            while size and not self._closed and self._size and self._size + size > self.capacity:
                 await self._changed.wait()
             if self._closed:
                 raise ActorClosed(f"{self.name} is closed")

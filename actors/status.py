@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from wattflow.actors.checkpoints import barrier_of
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.pipeline import Pipeline
 from wattflow.formats.frames import FormulaFrame, Frame
@@ -168,7 +169,7 @@ class PipelineStatus:
         handed_on = actor.dispatch
 
         async def dispatch(produced: list[Report | Frame]) -> None:
-            if produced:
+            if produced and barrier_of(produced) is None:
                 self._seen(watch, produced)
             await handed_on(produced)
 

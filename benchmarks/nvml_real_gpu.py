@@ -1,19 +1,23 @@
-"""The NVML sampler on a real GPU, under load, checked against ``nvidia-smi``.
+"""Per-process GPU energy on a real GPU: wattflow's shares against the work each load did.
 
-For a node with an NVIDIA driver (nothing here runs without one). It:
+For a node with an NVIDIA driver (it imports and prints ``--help`` anywhere). It:
 
-1. starts two load processes on one GPU through the CUDA driver (``libcuda.so.1``, which every
-   driver installs; a spin kernel in PTX, compiled by the driver, so no CUDA toolkit, PyTorch
-   or CuPy is needed): one busy all the time, one busy ``--duty`` of the time;
-2. runs ``wattflow run --input nvml`` with the GPU formula for ``--seconds``, writing the
-   GPUReports and the formula's PowerReports as JSON Lines;
-3. runs ``nvidia-smi --query-gpu`` every 100 ms and ``nvidia-smi pmon`` beside it;
-4. prints the GPU model, driver and NVML versions, then for the same window: mean power from
-   wattflow's readings, from its energy counter and from ``nvidia-smi``; utilisation, SM clock
-   and temperature from both; and each load process's share of the active power against its
-   share of SM utilisation in ``nvidia-smi pmon``.
+1. measures the GPU's idle power from its energy counter before any load starts (or takes
+   ``--gpu-idle-power-w``), and starts ``wattflow run --input nvml`` with the GPU formula per
+   process and that idle, recording GPUReports and PowerReports as JSON Lines, with
+   ``nvidia-smi --query-gpu`` (10 Hz) and ``nvidia-smi pmon`` (1 Hz) beside it;
+2. runs three phases of ``--seconds`` each: load A alone (busy all the time), load B alone
+   (busy ``--duty`` of the time, with jittered sleeps so it cannot lock to the driver's
+   sampling), then both together. A load is a spin kernel in PTX through the CUDA driver
+   (``libcuda.so.1``; no toolkit, PyTorch or CuPy needed); each load counts its own kernels
+   and the GPU time they took (launch to completion);
+3. prints, per phase: idle W, the device's energy and its active part (above idle), the energy
+   wattflow gave each load (Σ W·Δt over its reports) and its share, against each load's share
+   of the work (kernel time) and of SM time in ``nvidia-smi pmon``, and what stayed on the
+   device target above idle; then wattflow's device readings against ``nvidia-smi``'s.
 
-Run from the repository root (the GPU index is NVML's, as ``nvidia-smi`` numbers them):
+Run from the repository root (the GPU index is NVML's, as ``nvidia-smi`` numbers them); three
+phases of 60 s take about 3.5 minutes:
 
     python benchmarks/nvml_real_gpu.py --gpu 0 --seconds 60
 
@@ -26,7 +30,10 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
+import itertools
+import json
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -34,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
@@ -124,25 +132,35 @@ class Cuda:
         self._check(self.lib.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
-def load(gpu: int, duty: float, seconds: float) -> None:
-    """Keep the GPU busy ``duty`` of the time for ``seconds``, in 50 ms kernels."""
+def load(gpu: int, duty: float, seconds: float, report: Path) -> None:
+    """Keep the GPU busy ``duty`` of the time for ``seconds`` in ~20 ms kernels, sleeping a
+    jittered time after each; write the kernels run and their GPU time to ``report``."""
     cuda = Cuda(gpu)
     rounds = 1 << 16
-    while True:  # calibrate: about 50 ms per kernel
+    while True:  # calibrate: about 20 ms per kernel
         started = time.perf_counter()
         cuda.spin(rounds)
         took = time.perf_counter() - started
-        if took >= 0.02 or rounds >= 1 << 30:
+        if took >= 0.01 or rounds >= 1 << 30:
             break
         rounds *= 2
-    rounds = max(1, int(rounds * 0.05 / took))
+    rounds = max(1, int(rounds * 0.02 / took))
+    jitter = random.Random(os.getpid())
+    kernels, busy_s = 0, 0.0
+    started_at = time.time()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.perf_counter()
         cuda.spin(rounds)
         busy = time.perf_counter() - started
+        kernels += 1
+        busy_s += busy
         if duty < 1:
-            time.sleep(busy * (1 - duty) / duty)
+            time.sleep(busy * (1 - duty) / duty * jitter.uniform(0.5, 1.5))
+    report.write_text(
+        json.dumps({"pid": os.getpid(), "kernels": kernels, "busy_s": busy_s,
+                    "start": started_at, "end": time.time()})
+    )  # fmt: skip
 
 
 @contextmanager
@@ -196,21 +214,95 @@ def smi_rows(path: Path) -> list[dict[str, float]]:
     return rows
 
 
-def pmon_shares(path: Path, pids: list[int]) -> dict[int, float]:
-    """Mean SM % of each pid in ``nvidia-smi pmon -s u`` output (``-`` counts as 0)."""
-    seen: dict[int, list[float]] = {pid: [] for pid in pids}
+def pmon_sm(path: Path, pids: list[int], start: float, end: float) -> dict[int, float]:
+    """Mean SM % of each pid in ``nvidia-smi pmon -s u -o T`` rows between start and end
+    (``-`` counts as 0; a second without a row for the pid counts as 0)."""
+    seen: dict[int, float] = dict.fromkeys(pids, 0.0)
+    seconds: set[str] = set()
     for line in path.read_text().splitlines():
         parts = line.split()
-        if line.startswith("#") or len(parts) < 4 or not parts[1].isdigit():
+        if line.startswith("#") or len(parts) < 5 or not parts[2].isdigit():
             continue
-        pid = int(parts[1])
-        if pid in seen:
-            seen[pid].append(float(parts[3]) if parts[3] != "-" else 0.0)
-    return {pid: statistics.fmean(values) if values else 0.0 for pid, values in seen.items()}
+        moment = time.mktime(
+            time.strptime(f"{time.strftime('%Y%m%d')} {parts[0]}", "%Y%m%d %H:%M:%S")
+        )
+        if not start <= moment <= end:
+            continue
+        seconds.add(parts[0])
+        pid = int(parts[2])
+        if pid in seen and parts[4] != "-":
+            seen[pid] += float(parts[4])
+    return {pid: total / max(len(seconds), 1) for pid, total in seen.items()}
 
 
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
+
+
+def energy_by_target(power: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+    """Each target's energy in J over (start, end]: Σ W·Δt, Δt from each tick to the one
+    before it."""
+    by_tick: dict[float, dict[str, float]] = defaultdict(dict)
+    for report in power:
+        by_tick[epoch(report["timestamp"])][report["target"]] = report["power"]
+    energy: dict[str, float] = defaultdict(float)
+    for earlier, later in itertools.pairwise(sorted(by_tick)):
+        if start < later <= end:
+            for target, watts in by_tick[later].items():
+                energy[target] += watts * (later - earlier)
+    return dict(energy)
+
+
+def counter_j(reports: list[dict[str, Any]], gpu: int, start: float, end: float) -> float:
+    """The device's energy over the phase from its counter readings inside it, in J, scaled
+    to the phase's length."""
+    readings = [(epoch(r["timestamp"]), r["devices"][str(gpu)]["total_energy"]) for r in reports
+                if start <= epoch(r["timestamp"]) <= end
+                and "total_energy" in r["devices"][str(gpu)]]  # fmt: skip
+    if len(readings) < 2:
+        return float("nan")
+    (t0, e0), (t1, e1) = readings[0], readings[-1]
+    return float((e1 - e0) / 1000 * (end - start) / (t1 - t0))
+
+
+def phase_table(
+    name: str,
+    window: tuple[float, float],
+    loads: list[dict[str, Any]],
+    power: list[dict[str, Any]],
+    reports: list[dict[str, Any]],
+    pmon: Path,
+    gpu: int,
+    idle_w: float,
+) -> None:
+    """One phase: device, active and attributed energy, and each load's shares."""
+    start, end = window
+    seconds = end - start
+    device_j = counter_j(reports, gpu, start, end)
+    active_j = device_j - idle_w * seconds
+    energy = energy_by_target(power, start, end)
+    pids = [load["pid"] for load in loads]
+    given = {pid: energy.get(f"pid:{pid}", 0.0) for pid in pids}
+    kept = energy.get(f"gpu{gpu}", 0.0) - idle_w * seconds
+    work = {load["pid"]: load["busy_s"] for load in loads}
+    sm = pmon_sm(pmon, pids, start, end)
+    total_given, total_work, total_sm = sum(given.values()), sum(work.values()), sum(sm.values())
+    print(f"\n### {name} ({seconds:.0f} s)\n")
+    print(
+        f"device {device_j:.0f} J ({device_j / seconds:.1f} W), idle {idle_w:.1f} W, active "
+        f"{active_j:.0f} J; to the loads {total_given:.0f} J ({total_given / active_j:.1%} "
+        f"of active), left on gpu{gpu} above idle {kept:.0f} J"
+    )
+    print("\n| load | kernels | GPU busy s | share of work | SM % (pmon) | share of SM "
+          "| wattflow J | share of wattflow |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for load in loads:
+        pid = load["pid"]
+        print(
+            f"| {load['name']} (pid {pid}) | {load['kernels']} | {work[pid]:.1f} "
+            f"| {work[pid] / total_work:.1%} | {sm[pid]:.1f} | {sm[pid] / (total_sm or 1):.1%} "
+            f"| {given[pid]:.0f} | {given[pid] / (total_given or 1):.1%} |"
+        )
 
 
 def compare(gpu: int, reports: list[dict[str, Any]], smi: list[dict[str, float]]) -> None:
@@ -242,26 +334,6 @@ def compare(gpu: int, reports: list[dict[str, Any]], smi: list[dict[str, float]]
     print("power readings: " + ", ".join(sorted(named[kind] for kind in kinds)))
 
 
-def attribution(power: list[dict[str, Any]], pmon: Path, loads: list[tuple[int, float]]) -> None:
-    """Each load's share of the attributed power against its share of SM time in pmon."""
-    by_pid: dict[int, list[float]] = {pid: [] for pid, _ in loads}
-    for report in power:
-        for pid in by_pid:
-            if report["target"] == f"pid:{pid}":  # --gpu-targets process
-                by_pid[pid].append(report["power"])
-    shares = pmon_shares(pmon, list(by_pid))
-    total_sm = sum(shares.values()) or float("nan")
-    total_w = sum(mean(values) for values in by_pid.values()) or float("nan")
-    print("| load | busy | wattflow W | share of power | SM % (pmon) | share of SM |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for pid, duty in loads:
-        watts = mean(by_pid[pid])
-        print(
-            f"| pid {pid} | {duty:.0%} | {watts:.1f} | {watts / total_w:.1%} | "
-            f"{shares[pid]:.1f} | {shares[pid] / total_sm:.1%} |"
-        )
-
-
 def describe(gpu: int) -> None:
     import pynvml
 
@@ -272,38 +344,47 @@ def describe(gpu: int) -> None:
     pynvml.nvmlShutdown()
 
 
+def idle_power_w(gpu: int, seconds: float) -> float:
+    """Mean power over ``seconds`` from the energy counter, with nothing started."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        first, started = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), time.monotonic()
+        time.sleep(seconds)
+        last, ended = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), time.monotonic()
+    finally:
+        pynvml.nvmlShutdown()
+    return float((last - first) / 1000 / (ended - started))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", type=int, default=0)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--duty", type=float, default=0.3, help="busy share of the 2nd load")
-    parser.add_argument("--load", nargs=3, help=argparse.SUPPRESS)  # GPU DUTY SECONDS
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each phase")
+    parser.add_argument("--duty", type=float, default=0.3, help="busy share of load B")
+    parser.add_argument(
+        "--gpu-idle-power-w", type=float, help="idle power (default: measured before the loads)"
+    )
+    parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)  # GPU DUTY SECONDS REPORT
     args = parser.parse_args()
     if args.load:
-        load(int(args.load[0]), float(args.load[1]), float(args.load[2]))
+        load(int(args.load[0]), float(args.load[1]), float(args.load[2]), Path(args.load[3]))
         return
     if not shutil.which("nvidia-smi"):
         raise SystemExit("nvidia-smi not found: this benchmark needs a node with the driver")
     describe(args.gpu)
+    idle_w = args.gpu_idle_power_w
+    if idle_w is None:
+        idle_w = idle_power_w(args.gpu, 8.0)
+        print(f"idle power, measured before the loads: {idle_w:.1f} W")
 
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         directory = Path(scratch)
         gpu_file, power_file = directory / "gpu.jsonl", directory / "power.jsonl"
         smi_file, pmon_file = directory / "smi.csv", directory / "pmon.txt"
         environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(args.gpu)}
-        margin = 10.0  # load before the window and after it
-        duties = (1.0, args.duty)
-        load_seconds = str(args.seconds + 2 * margin)
-        loads = [
-            stack.enter_context(
-                running(
-                    [sys.executable, __file__, "--load", "0", str(duty), load_seconds],
-                    env=environment,
-                )
-            )
-            for duty in duties
-        ]
-        time.sleep(margin / 2)
         stack.enter_context(
             running(
                 ["nvidia-smi", "-i", str(args.gpu), "--query-gpu="
@@ -313,7 +394,7 @@ def main() -> None:
         )  # fmt: skip
         stack.enter_context(
             running(
-                ["nvidia-smi", "pmon", "-i", str(args.gpu), "-s", "u", "-d", "1"],
+                ["nvidia-smi", "pmon", "-i", str(args.gpu), "-s", "u", "-d", "1", "-o", "T"],
                 stdout=stack.enter_context(pmon_file.open("w")),
             )
         )
@@ -321,6 +402,7 @@ def main() -> None:
             running(
                 [sys.executable, "-m", "wattflow.service", "run", "--input", "nvml",
                  "--devices", str(args.gpu), "--gpu-targets", "process",
+                 "--gpu-idle-power-w", f"{idle_w:.3f}",
                  "--disable-rapl-formula", "--disable-smartwatts-formula",
                  "--disable-node-formula",
                  "--output", "jsonl", "--model", "GPUReport", "--file", str(gpu_file),
@@ -328,26 +410,56 @@ def main() -> None:
                 stderr=subprocess.PIPE,
             )
         )  # fmt: skip
-        time.sleep(margin / 2)
-        start = time.time()
-        time.sleep(args.seconds)
-        end = time.time()
-        time.sleep(2)  # the last batch of ticks
+        time.sleep(3)  # the sampler's start-up
+        phases: list[tuple[str, tuple[float, float], list[dict[str, Any]]]] = []
+        for name, duties in (("A alone", {"A": 1.0}), ("B alone", {"B": args.duty}),
+                             ("A and B together", {"A": 1.0, "B": args.duty})):  # fmt: skip
+            phases.append(run_phase(name, duties, args, directory, environment))
+        time.sleep(6)  # the last windows, and ticks held for them (--gpu-hold-ms)
         if sampler.poll() is not None:
             _, error = sampler.communicate()
             raise SystemExit(f"the sampler stopped: {error.decode()[-2000:]}")
-        pids = [(process.pid, duty) for process, duty in zip(loads, duties, strict=True)]
         stack.close()
+        reports, power = lines(gpu_file), lines(power_file)
+        for name, window, loads in phases:
+            phase_table(name, window, loads, power, reports, pmon_file, args.gpu, idle_w)
+        start, end = phases[0][1][0], phases[-1][1][1]
+        inside = [r for r in reports if start <= epoch(r["timestamp"]) <= end]
+        smi = [row for row in smi_rows(smi_file) if start <= row.get("time", 0.0) <= end]
+        print(f"\n### Device readings over the three phases: {len(inside)} ticks, {len(smi)} "
+              "nvidia-smi rows\n")  # fmt: skip
+        compare(args.gpu, inside, smi)
 
-        def inside(moment: float) -> bool:
-            return start <= moment <= end
 
-        reports = [r for r in lines(gpu_file) if inside(epoch(r["timestamp"]))]
-        smi = [row for row in smi_rows(smi_file) if inside(row.get("time", 0.0))]
-        print(f"window: {args.seconds:.0f} s, {len(reports)} ticks, {len(smi)} nvidia-smi rows")
-        compare(args.gpu, reports, smi)
-        power = [r for r in lines(power_file) if inside(epoch(r["timestamp"]))]
-        attribution(power, pmon_file, pids)
+def run_phase(
+    name: str,
+    duties: dict[str, float],
+    args: argparse.Namespace,
+    directory: Path,
+    environment: dict[str, str],
+) -> tuple[str, tuple[float, float], list[dict[str, Any]]]:
+    """Run the loads of one phase together; their window is from their start to their end,
+    less a second at each end (CUDA start-up and teardown)."""
+    print(f"phase {name}: {args.seconds:.0f} s", flush=True)
+    files = {label: directory / f"{name.replace(' ', '-')}-{label}.json" for label in duties}
+    with ExitStack() as stack:
+        for label, duty in duties.items():
+            stack.enter_context(
+                running(
+                    [sys.executable, __file__, "--load", str(args.gpu), str(duty),
+                     str(args.seconds + 3), str(files[label])],
+                    env=environment,
+                )
+            )  # fmt: skip
+        deadline = time.monotonic() + args.seconds + 60
+        while not all(path.exists() for path in files.values()):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"phase {name}: the loads did not finish")
+            time.sleep(0.5)
+    loads = [{**json.loads(files[label].read_text()), "name": label} for label in duties]
+    start = max(load["start"] for load in loads) + 2.0
+    end = min(load["end"] for load in loads) - 1.0
+    return name, (start, end), loads
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from wattflow.formats.reports import (
     PowerReport,
     Report,
     to_millis,
-    trusted_report,
 )
 
 IntArray = npt.NDArray[np.int64]
@@ -430,15 +429,12 @@ class HWPCFrame(Frame):
                     reports.append(original)
                     continue
                 reports.append(
-                    trusted_report(
-                        HWPCReport,
-                        {
-                            "timestamp": timestamp,
-                            "sensor": names[sensor],
-                            "target": names[target],
-                            "metadata": {},
-                            "groups": groups,
-                        },
+                    HWPCReport.trusted(
+                        timestamp=timestamp,
+                        sensor=names[sensor],
+                        target=names[target],
+                        metadata={},
+                        groups=groups,
                     )
                 )
         return reports
@@ -593,15 +589,12 @@ class PowerFrame(Frame):
         sensor = self.sensor
         timestamps = _Timestamps()
         return [
-            trusted_report(
-                PowerReport,
-                {
-                    "timestamp": timestamps.of(millis),
-                    "sensor": sensor,
-                    "target": names[target],
-                    "power": power,
-                    "metadata": metadata,
-                },
+            PowerReport.trusted(
+                timestamp=timestamps.of(millis),
+                sensor=sensor,
+                target=names[target],
+                power=power,
+                metadata=metadata,
             )
             for millis, target, power, metadata in zip(
                 self.millis.tolist(),
@@ -639,14 +632,11 @@ class FormulaFrame(Frame):
         keys = self.keys
         timestamps = _Timestamps()
         return [
-            trusted_report(
-                FormulaReport,
-                {
-                    "timestamp": timestamps.of(millis),
-                    "sensor": self.sensor,
-                    "target": target,
-                    "metadata": dict(zip(keys, values, strict=True)),
-                },
+            FormulaReport.trusted(
+                timestamp=timestamps.of(millis),
+                sensor=self.sensor,
+                target=target,
+                metadata=dict(zip(keys, values, strict=True)),
             )
             for millis, target, values in self.rows
         ]

@@ -4,20 +4,21 @@ hwpc-sensor writes one JSON object per report to its socket (and to files and Ze
 node of a hundred containers writes a hundred of them a second. Made into one Python object per
 report, then summed per socket and estimated one target at a time, they cost about ten times what
 parsing them costs. Here a batch of lines becomes one :class:`~wattflow.formats.frames.HWPCFrame`
-in a single pass: msgspec checks and parses each line in C, and each cpu's counters are appended
-to its group's columns, which numpy then holds. The formulas that know frames estimate every tick
-of it with array operations, as they do for PowerAPI's CSV files.
+in a single pass: msgspec checks and parses each line in C (integer counters only), each cpu's
+counters are kept as parsed, and numpy takes each group's values in one pass into its columns.
+The formulas that know frames estimate every tick of it with array operations, as they do for
+PowerAPI's CSV files.
 
 A frame stands for exactly the reports the lines decode to one by one
 (:func:`~wattflow.formats.powerapi.decode_json_lines`), so a batch becomes a frame only when
 every line is plain: it decodes, carries no metadata, has a timestamp of whole milliseconds not
 earlier than the line before, names a (timestamp, sensor, target) no other line of the batch
 names, holds only integer counters that fit 64 bits, writes sockets and cpus as plain numbers
-(``"0"``, not ``"00"``), gives every cpu of a group the same events, and comes in the order the
-frame gives its reports back. Anything else (hostile input included) leaves the batch to the
-line-by-line way, which decodes, and dead-letters, exactly as it always did. A frame gives each
-cpu's events back in its group's order, which is hwpc-sensor's order; a sensor that wrote them
-in another order on some cpus gets the same counters back in the group's order.
+(``"0"``, not ``"00"``), gives every cpu of a group the same events (one or more), and comes in
+the order the frame gives its reports back. Anything else (hostile input included) leaves the
+batch to the line-by-line way, which decodes, and dead-letters, exactly as it always did. A
+frame gives each cpu's events back in its group's order, which is hwpc-sensor's order; a sensor
+that wrote them in another order on some cpus gets the same counters back in the group's order.
 """
 
 from __future__ import annotations
@@ -39,13 +40,27 @@ from wattflow.formats.powerapi import (
     LAST_MILLIS,
     HwpcDocument,
     datetime_of,
-    decode_hwpc_document,
     decode_json_lines,
     format_timestamp,
     from_mongodb,
     utc_or_none,
 )
 from wattflow.formats.reports import HWPCReport, Report, to_millis, to_utc
+
+
+class _WholeDocument(msgspec.Struct, gc=False):
+    """hwpc-sensor's JSON report as :class:`~wattflow.formats.powerapi.HwpcDocument` checks
+    it, with integer counters only, which is all a frame holds: a line with any other counter
+    is not plain."""
+
+    timestamp: int | float | str
+    sensor: Annotated[str, msgspec.Meta(min_length=1)]
+    target: Annotated[str, msgspec.Meta(min_length=1)]
+    groups: dict[str, dict[str, dict[str, dict[str, int]]]] = {}
+    metadata: dict[str, Any] = {}
+
+
+_decode_whole = msgspec.json.Decoder(_WholeDocument).decode
 
 
 class _NotPlain(Exception):
@@ -60,8 +75,8 @@ class _Cut(Exception):
 class _GroupRows:
     """One events group's rows while a batch is read: per line, per socket, then per cpu."""
 
-    __slots__ = ("cpu_texts", "events", "line_millis", "line_rows", "line_sensors",
-                 "line_targets", "pick", "rank", "socket_rows", "socket_texts", "values",
+    __slots__ = ("counters", "cpu_texts", "events", "line_millis", "line_rows",
+                 "line_sensors", "line_targets", "pick", "rank", "socket_rows", "socket_texts",
                  "width")  # fmt: skip
 
     def __init__(self, events: tuple[str, ...], rank: int) -> None:
@@ -78,39 +93,41 @@ class _GroupRows:
         self.socket_texts: list[str] = []
         self.socket_rows: list[int] = []
         self.cpu_texts: list[str] = []
-        self.values: list[Any] = []
+        self.counters: list[dict[str, Any]] = []
+        """Each cpu's counters, as decoded: taken in the group's event order by :meth:`table`,
+        in one pass over the batch."""
 
     def add(self, sockets: dict[str, dict[str, dict[str, Any]]]) -> None:
-        """One line's rows of this group: each socket's cpus and counters taken in C calls
-        (``itemgetter`` over the cpus, in the group's event order)."""
+        """One line's rows of this group: each socket's cpus and their counters."""
         width = self.width
-        pick = self.pick
         rows = 0
         for socket_text, cpus in sockets.items():
             count = len(cpus)
-            # Each cpu must have exactly the group's events: one with more would lose them
-            # here, and with the sum right, any cpu with more means one with fewer, which
-            # ``pick`` refuses (KeyError).
+            # Each cpu must have exactly the group's events: one with more would lose them,
+            # and with the sum right, any cpu with more means one with fewer, which ``pick``
+            # refuses (KeyError) in :meth:`table`.
             if not count or sum(map(len, cpus.values())) != width * count:
                 raise _NotPlain("a socket without cpus, or cpus with other events")
             self.socket_texts.append(socket_text)
             self.socket_rows.append(count)
             self.cpu_texts.extend(cpus)
-            if width > 1:
-                self.values.extend(chain.from_iterable(map(pick, cpus.values())))
-            else:
-                self.values.extend(map(pick, cpus.values()))
+            self.counters.extend(cpus.values())
             rows += count
         self.line_rows.append(rows)
 
     def table(self, group: str) -> EventsTable:
         counts = np.array(self.line_rows, dtype=np.int64)
+        picked = map(self.pick, self.counters)
+        # The counters are Python integers (the decoders refuse anything else), which numpy
+        # takes one by one in C; one beyond 64 bits overflows.
         try:
-            values = np.array(self.values)
+            values = np.fromiter(
+                chain.from_iterable(picked) if self.width > 1 else picked,
+                dtype=np.int64,
+                count=self.width * len(self.counters),
+            )
         except OverflowError:
             raise _NotPlain("a counter beyond 64 bits") from None
-        if values.dtype != np.int64:  # floats, or integers numpy could only hold as objects
-            raise _NotPlain("a counter that is not a 64-bit integer")
         sockets = np.repeat(_numbers(self.socket_texts), self.socket_rows)
         return EventsTable(
             group,
@@ -161,7 +178,7 @@ class _Batch:
         self.tick_keys: set[tuple[int, int]] = set()
         self.tick_rank = 0
 
-    def add(self, document: HwpcDocument) -> None:
+    def add(self, document: HwpcDocument | _WholeDocument) -> None:
         millis = self._millis(document.timestamp)
         codes = self.codes
         sensor = codes.setdefault(document.sensor, len(codes))
@@ -219,6 +236,8 @@ class _Batch:
     def _new_group(self, name: str, sockets: dict[str, dict[str, dict[str, Any]]]) -> _GroupRows:
         for cpus in sockets.values():
             for counters in cpus.values():
+                if not counters:
+                    raise _NotPlain("a cpu without events")
                 rows = self.groups[name] = _GroupRows(tuple(counters), len(self.groups))
                 return rows
         raise _NotPlain("a group without cpus")
@@ -274,7 +293,7 @@ def _frames(lines: Sequence[bytes | str], layouts: dict[str, Layout]) -> list[HW
             if not line.strip():
                 continue
             try:
-                document = decode_hwpc_document(line)
+                document = _decode_whole(line)
             except msgspec.DecodeError:
                 return None
             if document.metadata or not document.groups:

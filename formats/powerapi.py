@@ -43,7 +43,6 @@ from wattflow.formats.reports import (
     Report,
     to_millis,
     to_utc,
-    trusted_report,
 )
 
 CSV_COMMON = ("timestamp", "sensor", "target")
@@ -227,15 +226,12 @@ def decode_json_lines(
                     errors.append((error, line))
             continue
         append(
-            trusted_report(
-                HWPCReport,
-                {
-                    "timestamp": timestamp,
-                    "sensor": document.sensor,
-                    "target": document.target,
-                    "metadata": document.metadata,
-                    "groups": document.groups,
-                },
+            HWPCReport.trusted(
+                timestamp=timestamp,
+                sensor=document.sensor,
+                target=document.target,
+                metadata=document.metadata,
+                groups=document.groups,
             )
         )
     return reports, errors
@@ -255,15 +251,12 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     timestamp = utc_or_none(document.timestamp)
     if timestamp is None:
         return None
-    return trusted_report(
-        HWPCReport,
-        {
-            "timestamp": timestamp,
-            "sensor": document.sensor,
-            "target": document.target,
-            "metadata": document.metadata,
-            "groups": document.groups,
-        },
+    return HWPCReport.trusted(
+        timestamp=timestamp,
+        sensor=document.sensor,
+        target=document.target,
+        metadata=document.metadata,
+        groups=document.groups,
     )
 
 
@@ -806,15 +799,12 @@ def _flush(millis: int, pending: dict[tuple[str, str], dict[str, Sockets]]) -> I
     # One datetime for the tick's reports, which encoders then format once.
     timestamp = datetime_of(millis)
     for (sensor, target), groups in pending.items():
-        yield trusted_report(
-            HWPCReport,
-            {
-                "timestamp": timestamp,
-                "sensor": sensor,
-                "target": target,
-                "metadata": {},
-                "groups": groups,
-            },
+        yield HWPCReport.trusted(
+            timestamp=timestamp,
+            sensor=sensor,
+            target=target,
+            metadata={},
+            groups=groups,
         )
     pending.clear()
 

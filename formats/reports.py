@@ -9,32 +9,11 @@ why formulas build their outputs with :meth:`Report.trusted`.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-_new = object.__new__
-
-
-def _slot_setter(name: str) -> Any:
-    """The setter of one of pydantic's per-instance slots, called without an attribute lookup.
-
-    Setting the four slots directly is what ``model_construct`` does, without its per-field
-    work; the slot descriptors' own setters skip even the attribute lookup of
-    ``object.__setattr__``. Should pydantic ever stop declaring a slot, the lookup comes back.
-    """
-    descriptor = BaseModel.__dict__.get(name)
-    if descriptor is not None and hasattr(descriptor, "__set__"):
-        return descriptor.__set__
-    return lambda instance, value: object.__setattr__(instance, name, value)
-
-
-_set_dict = _slot_setter("__dict__")
-_set_fields_set = _slot_setter("__pydantic_fields_set__")
-_set_extra = _slot_setter("__pydantic_extra__")
-_set_private = _slot_setter("__pydantic_private__")
 
 
 def to_utc(value: Any) -> datetime:
@@ -118,50 +97,13 @@ class Report(BaseModel):
 
     @classmethod
     def trusted(cls, **fields: Any) -> Self:
-        """Build a report from values the pipeline produced itself, skipping validation.
+        """Build a report from values the pipeline produced itself, skipping validation
+        (pydantic's ``model_construct``; a field left out takes its default).
 
-        Formulas create thousands of reports per second from already checked inputs; running
-        the validators again would only cost time.
+        Formulas and decoders create thousands of reports per second from inputs already
+        checked; running the validators again would only cost time.
         """
-        every = _FIELD_SETS.get(cls) or _every_field(cls)
-        if len(fields) < len(every):
-            for name, field in cls.__pydantic_fields__.items():
-                if name not in fields:
-                    fields[name] = field.get_default(call_default_factory=True)
-        report = _new(cls)
-        _set_dict(report, fields)
-        # Every field is set; pydantic copies this set before it ever changes one.
-        _set_fields_set(report, every)
-        _set_extra(report, None)
-        _set_private(report, None)
-        return report
-
-
-_FIELD_SETS: dict[type[BaseModel], set[str]] = {}
-
-R = TypeVar("R", bound=Report)
-
-
-def trusted_report(cls: type[R], fields: dict[str, Any]) -> R:
-    """:meth:`Report.trusted` for decoders that already hold every field in a dict.
-
-    Decoders build one report per input line or CSV row group; handing over the dict they
-    built saves the keyword-argument packing of a classmethod call on that path. ``fields``
-    becomes the report's own ``__dict__`` and must hold every field.
-    """
-    report = _new(cls)
-    _set_dict(report, fields)
-    _set_fields_set(report, _FIELD_SETS.get(cls) or _every_field(cls))
-    _set_extra(report, None)
-    _set_private(report, None)
-    return report
-
-
-def _every_field(cls: type[BaseModel]) -> set[str]:
-    found = _FIELD_SETS.get(cls)
-    if found is None:
-        found = _FIELD_SETS[cls] = set(cls.__pydantic_fields__)
-    return found
+        return cast(Self, cls.model_construct(**fields))
 
 
 class HWPCReport(Report):
@@ -237,6 +179,12 @@ class GPUDevice(BaseModel):
     processes: list[GPUProcess] | None = Field(
         default=None,
         description="Per-process utilisation; absent where the device cannot tell (MIG).",
+    )
+    process_window: tuple[int, int] | None = Field(
+        default=None,
+        description="[start_us, end_us]: the driver samples `processes` averages, those after "
+        "start up to end; start = end when the driver had nothing new. Absent in recordings "
+        "that predate it, whose processes cover their own tick.",
     )
 
 

@@ -145,12 +145,22 @@ class _Lp:
     target: str
     reports: int = 0
     energy_j: float = 0.0
+    powers: list[float] = field(default_factory=list)
+    """The latest power of each of its series (socket and device), in W, in the order they
+    first appeared: the LP's power is their sum."""
     series: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
-    """Per (socket, device): [its latest report's time in Unix µs or None, its power in W]."""
+    """Per (socket, device): its state in :meth:`RunRecorder.add`, ``[its latest report's
+    time in Unix µs (_NOT_YET before the first), this LP, its place in powers, the LP's
+    id]``."""
 
     def power_w(self) -> float:
         """The latest power of each series, summed."""
-        return float(sum(state[1] for state in self.series.values()))
+        return float(sum(self.powers))
+
+
+_NOT_YET = 1 << 63
+"""A series' latest time before its first report: later than any report's time in Unix µs, so
+that the first report adds no energy."""
 
 
 MAX_SAMPLES = 10_000_000
@@ -207,8 +217,10 @@ class RunRecorder:
         self._last_rt = 0.0
         self._epoch = self._start.timestamp()
         self._start_us = to_micros(self._start)
-        self._by_series: dict[int, tuple[_Lp, list[Any]]] = {}
-        """Per series id of the timeline: its LP and its state within the LP."""
+        self._by_series: dict[int, list[Any]] = {}
+        """Per series id of the timeline: its state within its LP (:attr:`_Lp.series`)."""
+        self._moment: int | None = None
+        """The time in Unix µs of the latest report read."""
         self.timed = 0
         """Reports read that carried a processing time."""
         self._last_sample: float | None = None
@@ -247,61 +259,69 @@ class RunRecorder:
         each are written first.
 
         The loop keeps its counters in locals and hands them back before each sample, which
-        reads them: this runs once per report of the run.
+        reads them: this runs once per report of the run. A moment's reports (a tick's, often
+        hundreds) share their virtual time, computed once.
         """
         start_us, epoch = self._start_us, self._epoch
         by_series = self._by_series
         processed_count, timed = self.processed, self.timed
-        last_vt, last_rt = self._last_vt, self._last_rt
+        last_rt, moment = self._last_rt, self._moment
+        vt = self._last_vt
         next_point = self._next_point()
-        events: list[bytes] | None = [] if self.events is not None else None
+        events: list[bytes] = []
+        append, write_events = events.append, self.events is not None
         pack = _EVENT_RECORD.pack
-        for micros, number, power, processed in page.rows:
-            vt = (micros - start_us) / 1_000_000
-            if next_point < vt:
-                self.processed, self.timed = processed_count, timed
-                self._last_vt, self._last_rt = last_vt, last_rt
-                while self._next_point() < vt:
-                    self._sample(self._next_point())
-                    self._k += 1
-                next_point = self._next_point()
+        data_size, not_power = EVENT_DATA.size, NOT_POWER
+        for micros, number, power, processed, _, _ in page.rows:
+            if micros != moment:
+                moment = micros
+                at = (micros - start_us) / 1_000_000
+                if next_point < at:
+                    self.processed, self.timed = processed_count, timed
+                    self._last_vt, self._last_rt = vt, last_rt
+                    while self._next_point() < at:
+                        self._sample(self._next_point())
+                        self._k += 1
+                    next_point = self._next_point()
+                vt = at
             processed_count += 1
-            last_vt = vt
-            if processed is None:
-                rt = vt
-            else:
-                rt = processed - epoch
-                timed += 1
             # Reports of one batch are read in time order but stored together: real time never
             # goes back.
-            if last_rt > rt:
-                rt = last_rt
-            last_rt = rt
-            if number == NOT_POWER:
+            if processed is None:
+                if vt > last_rt:
+                    last_rt = vt
+            else:
+                timed += 1
+                if processed - epoch > last_rt:
+                    last_rt = processed - epoch
+            if number == not_power:
                 continue
-            found = by_series.get(number)
-            if found is None:
-                found = by_series[number] = self._series(page.series[number])
-            lp, state = found
-            last = state[0]
-            if last is not None and micros > last:
+            state = by_series.get(number)
+            if state is None:
+                state = by_series[number] = self._series(page.series[number])
+            last, lp = state[0], state[1]
+            if micros > last:
                 lp.energy_j += power * ((micros - last) / 1_000_000)
             state[0] = micros
-            state[1] = power
+            lp.powers[state[2]] = power
             lp.reports += 1
-            if events is not None:
-                events.append(pack(lp.id, lp.id, vt, vt, rt, EVENT_DATA.size, power))
+            if write_events:
+                append(pack(state[3], state[3], vt, vt, last_rt, data_size, power))
         self.processed, self.timed = processed_count, timed
-        self._last_vt, self._last_rt = last_vt, last_rt
+        self._last_vt, self._last_rt, self._moment = vt, last_rt, moment
         if events and self.events is not None:
             self.events.write(b"".join(events))
 
-    def _series(self, series: Series) -> tuple[_Lp, list[Any]]:
-        """A series' LP, and its state there (shared by the series of one LP, socket and
-        device, whatever their sensor)."""
+    def _series(self, series: Series) -> list[Any]:
+        """A series' state (see :attr:`_Lp.series`), shared by the series of one LP, socket
+        and device, whatever their sensor."""
         lp = self._lp(series.scope, series.target)
-        state = lp.series.setdefault((series.socket, series.device), [None, 0.0])
-        return lp, state
+        key = (series.socket, series.device)
+        state = lp.series.get(key)
+        if state is None:
+            state = lp.series[key] = [_NOT_YET, lp, len(lp.powers), lp.id]
+            lp.powers.append(0.0)
+        return state
 
     def close(self) -> None:
         """Write the samples left up to the run's end, the last one at the end itself."""
@@ -339,21 +359,21 @@ class RunRecorder:
             count = _u32(kp_reports[kp])
             records.append(METADATA.pack(KP_TYPE, KP_SAMPLE.size, vt, rt))
             records.append(KP_SAMPLE.pack(PE_ID, kp, count, 0, 0, 0, 0, count, count, 0.0, _FULL))
+        lps = self._by_id
+        counts = [lp.reports if lp.reports <= _U32 else _U32 for lp in lps]
         lp_record, model_record = _LP_RECORD.pack, _MODEL_RECORD.pack
-        for lp in self._by_id:
-            count = _u32(lp.reports)
-            records.append(
-                lp_record(LP_TYPE, LP_SAMPLE.size, vt, rt,
-                          PE_ID, lp.kp, lp.id, count, 0, 0, count, count, _FULL)
-            )  # fmt: skip
-        for lp in self._by_id:
-            records.append(
-                model_record(
-                    MODEL_TYPE, MODEL_METADATA.size, vt, rt,
-                    PE_ID, lp.kp, lp.id, vt, VT_STATS, MODEL_DATA.size,
-                    lp.power_w(), lp.energy_j, lp.kp, _u32(lp.reports),
-                )
-            )  # fmt: skip
+        lp_type, lp_size = LP_TYPE, LP_SAMPLE.size
+        records += [
+            lp_record(lp_type, lp_size, vt, rt, PE_ID, lp.kp, lp.id, count, 0, 0, count, count,
+                      _FULL)
+            for lp, count in zip(lps, counts, strict=True)
+        ]  # fmt: skip
+        model_type, model_size, data_size = MODEL_TYPE, MODEL_METADATA.size, MODEL_DATA.size
+        records += [
+            model_record(model_type, model_size, vt, rt, PE_ID, lp.kp, lp.id, vt, VT_STATS,
+                         data_size, float(sum(lp.powers)), lp.energy_j, lp.kp, count)
+            for lp, count in zip(lps, counts, strict=True)
+        ]  # fmt: skip
         self.samples.write(b"".join(records))
 
     def _real_time_source(self) -> str:

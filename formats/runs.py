@@ -169,16 +169,22 @@ class PowerPage:
 NOT_POWER = -1
 """The series id of a timeline row that is not a PowerReport."""
 
+TimelineRow = tuple[int, int, float, float | None, int, int]
+"""(time in Unix µs, series id or :data:`NOT_POWER`, power in W or 0.0, the Unix time in
+seconds at which the service finished processing the report or ``None`` where the store does
+not know (imported files were processed elsewhere), then the two keys the rows are ordered by:
+the time in Unix ms and the place the report was stored in.
+
+Readers use the first four. The last two come along because a store that sorts by them hands
+them out anyway, and dropping them would cost a copy of every row."""
+
 
 @dataclass(frozen=True, slots=True)
 class TimelinePage:
     """Some of a run's reports of every kind, in time order: PowerReports as in
     :class:`PowerPage`, the others only as a moment."""
 
-    rows: Sequence[tuple[int, int, float, float | None]]
-    """(time in Unix µs, series id or :data:`NOT_POWER`, power in W or 0.0, the Unix time in
-    seconds at which the service finished processing the report, or ``None`` where the store
-    does not know: imported files were processed elsewhere)."""
+    rows: Sequence[TimelineRow]
     series: Mapping[int, Series]
 
 
@@ -254,17 +260,18 @@ class ReportLists(RunData):
         ids: dict[Series, int] = {}
         series: dict[int, Series] = {}
         for first in range(0, len(held), PAGE):
-            rows: list[tuple[int, int, float, float | None]] = []
-            for report, processed in held[first : first + PAGE]:
+            rows: list[TimelineRow] = []
+            for place, (report, processed) in enumerate(held[first : first + PAGE], first):
+                micros = to_micros(report.timestamp)
                 if isinstance(report, PowerReport):
                     key = series_of(report)
                     number = ids.get(key)
                     if number is None:
                         number = ids[key] = len(ids)
                         series[number] = key
-                    rows.append((to_micros(report.timestamp), number, report.power, processed))
+                    rows.append((micros, number, report.power, processed, micros // 1000, place))
                 else:
-                    rows.append((to_micros(report.timestamp), NOT_POWER, 0.0, processed))
+                    rows.append((micros, NOT_POWER, 0.0, processed, micros // 1000, place))
             yield TimelinePage(rows, series)
 
     def reports(self, run: Run, kinds: Sequence[str] | None = None) -> Iterator[Report]:

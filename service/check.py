@@ -9,13 +9,16 @@ act on (a permission, a missing driver, a refused connection).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -102,30 +105,50 @@ def _perf_event_open(pmu_type: int, config: int) -> int | str:
 
 
 def nvml() -> Finding:
-    """NVML through nvidia-ml-py, as the GPU sampler loads it."""
+    """NVML through the sampler's own seam (``nvml_api``), and what each GPU offers: under MIG
+    the driver gives no per-process utilisation, so power stays per device."""
+    from wattflow.actors.pullers.nvml_api import Nvml, NvmlError, NvmlUnavailable
+
     what = "NVML (GPUs)"
     try:
-        import pynvml
-    except ImportError:
-        return Finding(what, False, "nvidia-ml-py is not installed")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as error:
-        return Finding(what, False, f"{error} (is the NVIDIA driver installed and loaded?)")
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        names = [
-            str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
-            for i in range(count)
-        ]
-    except pynvml.NVMLError as error:
+        api = Nvml()
+        api.init()
+    except NvmlUnavailable as error:
         return Finding(what, False, str(error))
+    module = api.module
+    try:
+        count = int(api.call(module.nvmlDeviceGetCount))
+        driver = api.call(module.nvmlSystemGetDriverVersion)
+        gpus = [_gpu(api, index) for index in range(count)]
+    except NvmlError as error:
+        return Finding(what, False, f"NVML: {error}")
     finally:
-        pynvml.nvmlShutdown()
+        with contextlib.suppress(NvmlError):
+            api.shutdown()
     if count == 0:
         return Finding(what, False, f"driver {driver}, but no GPU")
-    return Finding(what, True, f"driver {driver}; {count} GPU(s): {', '.join(names)}")
+    return Finding(what, True, f"driver {driver}; {count} GPU(s): {'; '.join(gpus)}")
+
+
+def _gpu(api: Any, index: int) -> str:
+    """One GPU's name, and whether the GPU formula can split its power per process."""
+    from wattflow.actors.pullers.nvml_api import NvmlNotFound, NvmlNotSupported, ProcessReader
+
+    module = api.module
+    handle = api.call(module.nvmlDeviceGetHandleByIndex, index)
+    name = str(api.call(module.nvmlDeviceGetName, handle))
+    if api.mig_enabled(handle):
+        return (
+            f"{index}: {name}, MIG mode: no per-process utilisation (NVML does not support it "
+            "under MIG); power is attributed per device"
+        )
+    try:
+        ProcessReader(api, handle).read(time.time_ns() // 1000 - 1_000_000)
+    except NvmlNotFound:
+        pass  # no process used it in the last second: the call itself works
+    except NvmlNotSupported:
+        return f"{index}: {name}, no per-process utilisation: power is attributed per device"
+    return f"{index}: {name}"
 
 
 async def backends(argv: Sequence[str]) -> list[Finding]:

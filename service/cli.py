@@ -256,7 +256,9 @@ YOUNG_COLLECTION_THRESHOLD = 100_000
 
 @contextmanager
 def few_collections() -> Iterator[None]:
-    """Collect cyclic garbage rarely while ``wattflow run`` runs its pipeline.
+    """Collect cyclic garbage rarely while ``wattflow run`` runs its pipeline (in each worker
+    under ``--workers``), and while ``wattflow export`` reads a run (its pages of rows are the
+    same kind of short-lived mass).
 
     Reports are nested dicts, thousands of them in the mailboxes at any time, and almost all
     are freed by reference counting once written. With the default threshold (700 net
@@ -429,7 +431,10 @@ def _runs(command: str, argv: Sequence[str]) -> int:
 
     configure_logging(verbose=False, quiet=True)
     try:
-        return runs_command(argv) if command == "runs" else export_command(argv)
+        if command == "runs":
+            return runs_command(argv)
+        with few_collections():  # an export reads a run's reports a page at a time, as a run
+            return export_command(argv)
     except (WattflowError, ValueError, OSError) as error:  # a bad run, store or output path
         return _fail(str(error), 2)
 

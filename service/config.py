@@ -143,8 +143,21 @@ class ServiceConfig(BaseModel):
         description="Worker processes, each taking the sensors whose hash falls to it (its "
         "formula state with it), for more than one core: socket, MongoDB, ZeroMQ (SUB) and "
         "file inputs. A JSON Lines output or dead-letter file gets one file per worker "
-        "(name.workerJ.ext); the table and Prometheus outputs, --run, and the NVML and meter "
-        "inputs need 1.",
+        "(name.workerJ.ext), and so does --state-file; the table and Prometheus outputs, "
+        "--run, and the NVML and meter inputs need 1.",
+    )
+    state_file: Path | None = Field(
+        default=None,
+        description="File that keeps the formulas' learned state (checkpointed every few "
+        "seconds and at a clean stop, restored at start), so a restart estimates at once. "
+        "Without it, a MongoDB input in stream mode keeps the state in its checkpoint "
+        "document; otherwise it is lost at a restart.",
+    )
+    state_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds between checkpoints of the formulas' state (and the inputs' "
+        "positions); unset: the MongoDB input's --checkpoint-interval-s, else 5.",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 

@@ -6,6 +6,7 @@ import asyncio
 import signal
 from typing import TYPE_CHECKING, Any
 
+from wattflow.actors.checkpoints import FileStateStore
 from wattflow.actors.formulas import formulas
 from wattflow.actors.pipeline import Pipeline, PipelineResult
 from wattflow.actors.pullers import pullers
@@ -52,6 +53,8 @@ def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
         drain_timeout_s=config.drain_timeout_s,
         partition=config.partition_spec(),
         label=label,
+        state_store=None if config.state_file is None else FileStateStore(config.state_file),
+        checkpoint_interval_s=config.state_interval_s,
     )
 
 

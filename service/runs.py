@@ -46,7 +46,6 @@ from wattflow.formats.reports import (
     to_micros,
     to_millis,
     to_utc,
-    trusted_report,
 )
 from wattflow.formats.runs import (
     NOT_POWER,
@@ -56,6 +55,7 @@ from wattflow.formats.runs import (
     RunData,
     Series,
     TimelinePage,
+    TimelineRow,
     series_of,
 )
 
@@ -125,50 +125,50 @@ def _micros(moment: datetime) -> int:
     return round(to_utc(moment).timestamp() * 1e6)
 
 
-_last_time: list[Any] = [None, None]
+class _Documents:
+    """Stored JSON documents made reports again, for one read of the store.
 
+    Every kind but PowerReport is decoded as an input would be; PowerReports (in a store of the
+    first layout, being migrated) are what wattflow wrote itself and skip validation. A tick's
+    PowerReports share a timestamp, so the last timestamp's parse is kept.
+    """
 
-def _decode(kind: str, body: bytes | str | dict[str, Any]) -> Report:
-    """A report from its JSON document (every kind but PowerReport; PowerReports too in a
-    store of the first layout, being migrated)."""
-    document = body if isinstance(body, dict) else orjson.loads(body)
-    if kind == POWER:
-        # The store holds what wattflow wrote itself: PowerReports skip validation. A tick's
-        # reports share a timestamp, so its parse is kept.
-        text = document["timestamp"]
-        if text != _last_time[0]:
-            _last_time[0], _last_time[1] = text, to_utc(text)
-        return trusted_report(
-            PowerReport,
-            {
-                "timestamp": _last_time[1],
-                "sensor": document["sensor"],
-                "target": document["target"],
-                "metadata": document.get("metadata") or {},
-                "power": float(document["power"]),
-            },
-        )
-    return powerapi.decode_document(report_kind(kind), document, "run store", None)
+    __slots__ = ("_text", "_time")
 
+    def __init__(self) -> None:
+        self._text: Any = None
+        self._time: Any = None
 
-def _decode_power(body: bytes | str | dict[str, Any]) -> PowerReport:
-    """A PowerReport from its JSON document, as the first layout stored it."""
-    report = _decode(POWER, body)
-    assert isinstance(report, PowerReport)
-    return report
+    def report(self, kind: str, body: bytes | str | dict[str, Any]) -> Report:
+        document = body if isinstance(body, dict) else orjson.loads(body)
+        if kind == POWER:
+            text = document["timestamp"]
+            if text != self._text:
+                self._text, self._time = text, to_utc(text)
+            return PowerReport.trusted(
+                timestamp=self._time,
+                sensor=document["sensor"],
+                target=document["target"],
+                metadata=document.get("metadata") or {},
+                power=float(document["power"]),
+            )
+        return powerapi.decode_document(report_kind(kind), document, "run store", None)
+
+    def power(self, body: bytes | str | dict[str, Any]) -> PowerReport:
+        """A PowerReport from its JSON document, as the first layout stored it."""
+        report = self.report(POWER, body)
+        assert isinstance(report, PowerReport)
+        return report
 
 
 def _power_report(micros: int, series: Series, power: float, metadata: Any) -> PowerReport:
     """A stored PowerReport as it was given (its metadata holds scope, socket and device)."""
-    return trusted_report(
-        PowerReport,
-        {
-            "timestamp": from_micros(micros),
-            "sensor": series.sensor,
-            "target": series.target,
-            "metadata": metadata or {},
-            "power": power,
-        },
+    return PowerReport.trusted(
+        timestamp=from_micros(micros),
+        sensor=series.sensor,
+        target=series.target,
+        metadata=metadata or {},
+        power=power,
     )
 
 
@@ -417,9 +417,11 @@ class SqliteRunStore(RunStore):
             "SELECT seq, run, ts, body, processed FROM reports WHERE kind = ? ORDER BY seq",
             (POWER,),
         )
+        documents = _Documents()
         while page := moved.fetchmany(PAGE):
             self._insert_power(
-                (run, seq, _decode_power(body), processed) for seq, run, _, body, processed in page
+                (run, seq, documents.power(body), processed)
+                for seq, run, _, body, processed in page
             )
         execute("DELETE FROM reports WHERE kind = ?", (POWER,))
         # Times finer than the millisecond: only an ISO text longer than 23 characters has them.
@@ -565,16 +567,17 @@ class SqliteRunStore(RunStore):
 
     def _timeline_pages(self, run: str, start: int, end: int) -> Iterator[TimelinePage]:
         series = _SqliteSeries(self.db, run)
-        # One statement: SQLite merges the two tables' index orders.
+        # One statement: SQLite merges the two tables' index orders. The rows end with the
+        # columns they are ordered by (TimelineRow), so they go out as SQLite hands them over.
         cursor = self.db.execute(
-            "SELECT ts, seq, ts * 1000 + us, series, power, processed / 1e6 FROM power_reports "
+            "SELECT ts * 1000 + us, series, power, processed / 1e6, ts, seq FROM power_reports "
             "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 UNION ALL "
-            f"SELECT ts, seq, ts * 1000 + us, {NOT_POWER}, 0.0, processed / 1e6 FROM reports "
-            "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 ORDER BY 1, 2",
+            f"SELECT ts * 1000 + us, {NOT_POWER}, 0.0, processed / 1e6, ts, seq FROM reports "
+            "WHERE run = ?1 AND ts BETWEEN ?2 AND ?3 ORDER BY 5, 6",
             (run, start, end),
         )
         while rows := cursor.fetchmany(PAGE):
-            yield TimelinePage([row[2:] for row in rows], series)
+            yield TimelinePage(rows, series)
 
     def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
         series = _SqliteSeries(self.db, run)
@@ -601,9 +604,10 @@ class SqliteRunStore(RunStore):
             "WHERE run = ? AND ts BETWEEN ? AND ?" + kind_filter + " ORDER BY ts, seq",
             arguments,
         )
+        documents = _Documents()
         while rows := cursor.fetchmany(PAGE):
             for millis, seq, kind, body, processed in rows:
-                yield millis, seq, _decode(kind, body), processed
+                yield millis, seq, documents.report(kind, body), processed
 
     def _count(self, run: str, start: int, end: int) -> int:
         counted = 0
@@ -655,10 +659,11 @@ class MongoRunStore(RunStore):
         layout = self.db.store.find_one({"_id": "layout"})
         if layout is not None and layout.get("version", 0) >= LAYOUT:
             return
+        stored = _Documents()
         while page := list(self.db.run_reports.find({"kind": POWER}).limit(PAGE)):
             documents = []
             for document in page:
-                report = _decode_power(document["report"])
+                report = stored.power(document["report"])
                 documents.append(
                     {"_id": document["_id"], **_power_document(
                         document["run"], document["seq"], report, document.get("processed"))}
@@ -789,7 +794,7 @@ class MongoRunStore(RunStore):
         ids: dict[Series, int] = {}
         series: dict[int, Series] = {}
 
-        def power() -> Iterator[tuple[int, int, tuple[int, int, float, float | None]]]:
+        def power() -> Iterator[TimelineRow]:
             fields = (*self._SERIES_FIELDS, "us", "power", "processed")
             for page in self._pages("run_power", run, (start, end), fields=fields):
                 for d in page:
@@ -799,23 +804,24 @@ class MongoRunStore(RunStore):
                         number = ids[key] = len(ids)
                         series[number] = key
                     processed = d.get("processed")
-                    yield d["ts"], d["seq"], (
+                    yield (
                         d["ts"] * 1000 + d["us"], number, d["power"],
-                        None if processed is None else processed / 1e6,
+                        None if processed is None else processed / 1e6, d["ts"], d["seq"],
                     )  # fmt: skip
 
-        def others() -> Iterator[tuple[int, int, tuple[int, int, float, float | None]]]:
+        def others() -> Iterator[TimelineRow]:
             fields = ("us", "processed", "report.timestamp")
             for page in self._pages("run_reports", run, (start, end), fields=fields):
                 for d in page:
                     micros = d["ts"] * 1000 + _sub_millisecond(d)
                     processed = d.get("processed")
-                    yield d["ts"], d["seq"], (
-                        micros, NOT_POWER, 0.0, None if processed is None else processed / 1e6
+                    yield (
+                        micros, NOT_POWER, 0.0, None if processed is None else processed / 1e6,
+                        d["ts"], d["seq"],
                     )  # fmt: skip
 
-        merged = heapq.merge(power(), others(), key=lambda row: (row[0], row[1]))
-        while rows := [row for _, _, row in islice(merged, PAGE)]:
+        merged = heapq.merge(power(), others(), key=lambda row: (row[4], row[5]))
+        while rows := list(islice(merged, PAGE)):
             yield TimelinePage(rows, series)
 
     def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
@@ -828,9 +834,15 @@ class MongoRunStore(RunStore):
     def _other_reports(
         self, run: str, start: int, end: int, kinds: Sequence[str] | None
     ) -> Iterator[Row]:
+        documents = _Documents()
         for page in self._pages("run_reports", run, (start, end), kinds):
             for d in page:
-                yield d["ts"], d["seq"], _decode(d["kind"], d["report"]), d.get("processed")
+                yield (
+                    d["ts"],
+                    d["seq"],
+                    documents.report(d["kind"], d["report"]),
+                    d.get("processed"),
+                )
 
     def _count(self, run: str, start: int, end: int) -> int:
         # Written as $and: SecantusDB 0.7 miscounts a single range condition on an indexed field.

@@ -133,6 +133,8 @@ def worker_config(config: ServiceConfig, index: int) -> ServiceConfig:
     }
     if config.dead_letters is not None:
         update["dead_letters"] = per_worker_path(config.dead_letters, index)
+    if config.state_file is not None:  # each worker's formulas hold only its sensors' state
+        update["state_file"] = per_worker_path(config.state_file, index)
     if config.http_port is not None:  # the parent asks; nobody else need reach it
         update.update(http_port=0, http_addr="127.0.0.1")
     return config.model_copy(update=update)

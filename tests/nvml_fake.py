@@ -123,3 +123,66 @@ def run_sampler(
         service.wait_for_lines(output, reports, timeout_s)
         text = service.stop(signal.SIGINT, code=None, timeout_s=timeout_s)
     return SamplerRun(service.process.returncode, text, read_reports(output))
+
+
+class Slicing:
+    """The stand-in's time-slicing scenario (``dN.slice``), mirrored to compute exact truths.
+
+    The same rules as ``fake_nvml.c``: whole milliseconds of Unix time, each period's schedule
+    rotated by the same hash, a pid running only within its lives (Unix ms) when it has any.
+    """
+
+    def __init__(
+        self,
+        period_ms: int,
+        slots: list[tuple[int, str]],
+        *,
+        jitter_ms: int = 0,
+        idle_mw: int = 0,
+        pid_mw: Mapping[int, int] | None = None,
+        lives: Mapping[int, tuple[int, int]] | None = None,
+    ) -> None:
+        self.period_ms = period_ms
+        self.slots = slots
+        self.jitter_ms = jitter_ms
+        self.idle_mw = idle_mw
+        self.pid_mw = dict(pid_mw or {})
+        self.lives = dict(lives or {})
+
+    def lines(self, device: int = 0) -> list[str]:
+        """The scenario lines that describe this slicing on ``device``."""
+        steps = ",".join(f"{at}:{who}" for at, who in self.slots)
+        lines = [f"d{device}.slice={self.period_ms}:{steps}", f"d{device}.idle_mw={self.idle_mw}"]
+        lines.append(f"d{device}.slice_jitter_ms={self.jitter_ms}")
+        lines += [f"d{device}.pid_power={pid}:{mw}" for pid, mw in self.pid_mw.items()]
+        lines += [f"d{device}.life={pid}:{a}:{b}" for pid, (a, b) in self.lives.items()]
+        return lines
+
+    def rotation(self, k: int) -> int:
+        if not self.jitter_ms:
+            return 0
+        h = (k * 2654435761) & 0xFFFFFFFF
+        h ^= h >> 15
+        return h % (self.jitter_ms + 1)
+
+    def running(self, ms: int) -> int:
+        """The pid running work on the engine during millisecond ``ms``; 0 for nobody."""
+        offset = (ms % self.period_ms + self.rotation(ms // self.period_ms)) % self.period_ms
+        who = [w for at, w in self.slots if at <= offset][-1]
+        if who.startswith(("-", "~")):
+            return 0
+        pid = int(who)
+        life = self.lives.get(pid)
+        return pid if life is None or life[0] <= ms < life[1] else 0
+
+    def active_mj(self, start_us: int, end_us: int) -> dict[int, float]:
+        """Each pid's energy above idle over [start_us, end_us), in mJ."""
+        energy: dict[int, float] = {}
+        ms = start_us // 1000
+        while ms * 1000 < end_us:
+            cell = min(end_us, (ms + 1) * 1000) - max(start_us, ms * 1000)
+            pid = self.running(ms)
+            if pid:
+                energy[pid] = energy.get(pid, 0.0) + self.pid_mw.get(pid, 200_000) * cell / 1e6
+            ms += 1
+        return energy

@@ -14,7 +14,6 @@ import math
 import struct
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,14 @@ from rich.console import Console
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.ross import RossExporter
 from wattflow.formats import ross
-from wattflow.formats.reports import EventName, EventReport, MeterReport, PowerReport, Report
+from wattflow.formats.reports import (
+    EventName,
+    EventReport,
+    MeterReport,
+    PowerReport,
+    Report,
+    to_micros,
+)
 from wattflow.formats.runs import ReportLists, Run, summarise
 from wattflow.service.runs import open_store
 from wattflow.service.runs_cli import export_command
@@ -226,8 +232,14 @@ def vt_of(report: Report) -> float:
 def expected_lp(
     reports: list[Report], scope: str, target: str, t: float
 ) -> tuple[float, float, int]:
-    """(power, energy, reports) of one LP at sample time ``t``, from the definition."""
-    series: dict[tuple[str, str], list[PowerReport]] = {}
+    """(power, energy, reports) of one LP at sample time ``t``, from the definition.
+
+    Energy adds up in the order the reports are read, each report's power over the
+    microseconds since its series' previous one, as the module says: the very bytes the
+    writer must produce, whatever shortcuts it takes."""
+    latest: dict[tuple[str, str], PowerReport] = {}
+    joules = 0.0
+    count = 0
     for r in reports:
         if (
             isinstance(r, PowerReport)
@@ -236,14 +248,12 @@ def expected_lp(
             and vt_of(r) <= t
         ):
             key = (str(r.metadata.get("socket", "")), str(r.metadata.get("device", "")))
-            series.setdefault(key, []).append(r)
-    watts = sum(points[-1].power for points in series.values())
-    joules = sum(
-        later.power * (vt_of(later) - vt_of(earlier))
-        for points in series.values()
-        for earlier, later in pairwise(points)
-    )
-    return watts, joules, sum(len(points) for points in series.values())
+            earlier = latest.get(key)
+            if earlier is not None:
+                joules += r.power * ((to_micros(r.timestamp) - to_micros(earlier.timestamp)) / 1e6)
+            latest[key] = r
+            count += 1
+    return sum(r.power for r in latest.values()), joules, count
 
 
 def test_struct_sizes_match_the_spec_and_the_writer() -> None:
@@ -349,7 +359,7 @@ def test_every_record_of_a_run_reads_back_as_generated(tmp_path: Path) -> None:
             assert model["scope"] == lp["kp"]
             assert model["reports"] == count
             assert model["power_w"] == watts
-            assert model["energy_j"] == pytest.approx(joules, rel=1e-12)
+            assert model["energy_j"] == joules
     final = {(lp["scope"], lp["target"]): m for lp, m in zip(
         description["lps"], by_sample[3.5][-len(description["lps"]):], strict=True
     )}  # fmt: skip
@@ -398,6 +408,31 @@ def test_samples_cover_the_window_even_without_reports(tmp_path: Path) -> None:
     assert (records[-1]["power_w"], records[-1]["energy_j"]) == (10.0, 2.5)
     description = orjson.loads((tmp_path / "exp-late-250W-0.json").read_bytes())
     assert description["files"] == {"samples": "exp-late-250W-0.bin", "events": None}
+
+
+def test_power_and_energy_are_the_definition_to_the_last_bit(tmp_path: Path) -> None:
+    """Times off the millisecond and powers with no exact binary form: the model records hold
+    the very doubles the definition gives (summed in the order read), so any shortcut the
+    writer takes must give the same bytes."""
+    reports: list[Report] = []
+    for tick in range(40):
+        micros = tick * 83_337 + (tick * 7919) % 1000
+        for target, socket in (("a", "0"), ("a", "1"), ("b", "0")):
+            watts = 1.0 / 3.0 + tick * 0.1 + int(socket) / 7.0 + (target == "b") * math.pi
+            reports.append(PowerReport(
+                timestamp=START + timedelta(microseconds=micros), sensor="n", target=target,
+                power=watts, metadata={"scope": "cpu", "socket": socket},
+            ))  # fmt: skip
+    run = make_run("exact", 3.5)
+    export([run], {run.id: reports}, tmp_path)
+    description = orjson.loads((tmp_path / "exp-exact-250W-0.json").read_bytes())
+    targets = {lp["id"]: lp["target"] for lp in description["lps"]}
+    models = [r for r in read_samples(tmp_path / "exp-exact-250W-0.bin") if r["kind"] == "model"]
+    assert len(models) == 2 * 4  # two LPs at 1, 2, 3 and 3.5 s
+    for model in models:
+        watts, joules, count = expected_lp(reports, "cpu", targets[model["lp_id"]], model["gvt"])
+        assert (model["power_w"], model["energy_j"], model["reports"]) == (watts, joules, count)
+    assert any(m["energy_j"] != round(m["energy_j"], 6) for m in models)  # no exact binary
 
 
 def test_the_ledger_fills_dropped_and_late_in_the_final_sample(tmp_path: Path) -> None:

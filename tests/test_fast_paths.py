@@ -371,9 +371,19 @@ def assert_written_as_csv_module_writes(tmp_path: Path, reports: list[Report], f
 # --- Socket input -----------------------------------------------------------------------------
 
 
-class _Writer:
-    def get_extra_info(self, name: str) -> tuple[str, int]:
-        return ("127.0.0.1", 4000)
+class _Peer:
+    """A connection that gives its data in the pieces given, then closes (or goes quiet)."""
+
+    name = "socket:127.0.0.1:4000"
+
+    def __init__(self, pieces: list[bytes], *, closes: bool = True) -> None:
+        self.pieces = pieces
+        self.closes = closes
+
+    async def read(self, wait_s: float | None) -> bytes | None:
+        if self.pieces:
+            return self.pieces.pop(0)
+        return b"" if self.closes else None
 
 
 class _Emitter:
@@ -408,11 +418,9 @@ def test_socket_lines_are_read_whatever_the_chunks(piece: int) -> None:
     emitter = _Emitter()
 
     async def scenario() -> None:
-        reader = asyncio.StreamReader(limit=100)
-        for start in range(0, len(data), piece):
-            reader.feed_data(data[start : start + piece])
-        reader.feed_eof()
-        await puller._read(reader, _Writer(), emitter)  # type: ignore[arg-type]
+        pieces = [data[start : start + piece] for start in range(0, len(data), piece)]
+        await puller._read(_Peer(pieces), emitter)  # type: ignore[arg-type]
+        assert puller.budget.held_bytes == 0  # every byte read was given back
 
     run_async(scenario())
     assert [r.timestamp for r in emitter.reports] == [to_utc(i) for i in (1, 2, 3, 4)]
@@ -429,10 +437,8 @@ def test_socket_line_cut_at_shutdown_is_a_dead_letter() -> None:
     emitter = _Emitter()
 
     async def scenario() -> None:
-        reader = asyncio.StreamReader()
-        reader.feed_data(line(1) + b"\n" + line(2)[:10])
         emitter.stopping.set()
-        await puller._read(reader, _Writer(), emitter)  # type: ignore[arg-type]
+        await puller._read(_Peer([line(1) + b"\n" + line(2)[:10]], closes=False), emitter)  # type: ignore[arg-type]
 
     run_async(scenario())
     assert [r.timestamp for r in emitter.reports] == [to_utc(1)]

@@ -13,7 +13,7 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.gpu import GpuConfig, GpuFormula
 from wattflow.formats import powerapi
-from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport
+from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
 
 from .conftest import wattflow
 
@@ -29,6 +29,7 @@ def tick(
     util: float | None = None,
     processes: Sequence[tuple[int, float, str | None]] = (),
     device: str = "0",
+    window: tuple[float, float] | None = None,
 ) -> GPUReport:
     readings: dict[str, Any] = {
         "total_energy": None if energy_j is None else energy_j * 1000,
@@ -36,6 +37,8 @@ def tick(
         "util_gpu": util,
         "processes": [GPUProcess(pid=p, sm_util=sm, cgroup=cg) for p, sm, cg in processes],
     }
+    if window is not None:
+        readings["process_window"] = tuple(_us(second) for second in window)
     if samples_w:
         readings["samples"] = {
             "TOTAL_POWER": [(int(second * 1e6) + i, w * 1000) for i, w in enumerate(samples_w)]
@@ -45,6 +48,12 @@ def tick(
         sensor="node-1",
         target="all",
         devices={device: GPUDevice(**readings)},
+    )
+
+
+def _us(second: float) -> int:
+    return (START - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) + round(
+        second * 1e6
     )
 
 
@@ -101,13 +110,13 @@ def test_idle_is_learned_from_ticks_without_sm_use() -> None:
     busy = [(7, 50.0, None)]
     out = run(
         [
-            tick(0, power_w=120.0, util=50, processes=busy),  # not idle yet: lowest seen
+            tick(0, power_w=120.0, util=50, processes=busy),  # idle unknown yet: 0 W
             tick(1, power_w=40.0, util=0),
             tick(2, power_w=35.0, util=0),
             tick(3, power_w=135.0, util=50, processes=busy),
         ]
     )
-    assert powers_at(out, 0) == {"gpu0": pytest.approx(120.0), "pid:7": 0.0}
+    assert powers_at(out, 0) == {"gpu0": 0.0, "pid:7": pytest.approx(120.0)}
     assert powers_at(out, 3)["gpu0"] == pytest.approx(35.0)
     assert powers_at(out, 3)["pid:7"] == pytest.approx(100.0)
 
@@ -147,3 +156,100 @@ def test_the_gpu_formula_runs_from_the_command_line(tmp_path: Path) -> None:
     assert {w["target"]: w["power"] for w in written[-3:]} == pytest.approx(
         {"pid:10": 120.0, "pid:11": 40.0, "gpu0": 40.0}
     )
+
+
+def test_ticks_wait_for_the_window_that_covers_them_and_split_its_shares() -> None:
+    """Driver windows every 0.2 s, ticks every 0.1 s: a tick with no new window waits for the
+    next one, then gets that window's shares, so nothing stays with the device but idle."""
+    reports = [tick(0, energy_j=0.0, processes=[], window=(0, 0))]
+    for step in range(1, 9):
+        second = step / 10
+        fresh = step % 2 == 0
+        window = (second - 0.2, second) if fresh else (second - 0.1, second - 0.1)
+        owner = 10 if step <= 4 else 11
+        reports.append(
+            tick(second, energy_j=300.0 * second, processes=[(owner, 99, None)] if fresh else [],
+                 window=window)
+        )  # fmt: skip
+    out = run(reports, gpu_idle_power=100.0)
+    assert {round(r.timestamp.timestamp() - START.timestamp(), 1) for r in out.reports} == {
+        round(s / 10, 1) for s in range(1, 9)
+    }
+    for step in range(1, 9):
+        powers = powers_at(out, step / 10)
+        assert sum(powers.values()) == pytest.approx(300.0)
+        assert powers["gpu0"] == pytest.approx(100.0)
+        assert powers[f"pid:{10 if step <= 4 else 11}"] == pytest.approx(200.0)
+
+
+def test_a_window_spanning_ticks_splits_each_by_its_overlap() -> None:
+    """One window over two ticks with pids at 75 % and 25 %; a tick half covered by a window
+    without processes keeps that half's active power on the device."""
+    reports = [
+        tick(0, energy_j=0.0, processes=[], window=(0, 0)),
+        tick(1, energy_j=300.0, processes=[], window=(0, 0)),
+        tick(2, energy_j=600.0, processes=[(1, 75, None), (2, 25, None)], window=(0, 2)),
+        tick(3, energy_j=900.0, processes=[], window=(2, 2.5)),
+        tick(4, energy_j=1200.0, processes=[(1, 50, None)], window=(2.5, 4)),
+    ]
+    out = run(reports, gpu_idle_power=100.0)
+    for second in (1, 2):
+        assert powers_at(out, second) == pytest.approx({"pid:1": 150.0, "pid:2": 50.0,
+                                                        "gpu0": 100.0})  # fmt: skip
+    assert powers_at(out, 3) == pytest.approx({"pid:1": 100.0, "gpu0": 200.0})
+    assert powers_at(out, 4) == pytest.approx({"pid:1": 200.0, "gpu0": 100.0})
+
+
+def test_a_tick_no_window_covers_in_time_goes_to_the_device_and_is_counted() -> None:
+    formula = GpuFormula(GpuConfig(gpu_idle_power=50.0, gpu_hold_ms=500), "node-1")
+    out = Output()
+    reports = [tick(s / 10, energy_j=200.0 * s / 10, processes=[], window=(0, 0))
+               for s in range(0, 8)]  # fmt: skip
+    formula.process(list[Report](reports), out)
+    assert formula.uncovered_ticks == 2, "ticks 0.1 and 0.2 waited 0.5 s in vain"
+    assert powers_at(out, 0.1) == {"gpu0": pytest.approx(200.0)}
+    formula.flush(out)
+    assert formula.uncovered_ticks == 7
+    assert {r.target for r in out.reports} == {"gpu0"}
+
+
+def test_a_reused_pid_in_another_cgroup_is_another_target() -> None:
+    reports = [
+        tick(0, energy_j=0.0, processes=[], window=(0, 0)),
+        tick(1, energy_j=200.0, processes=[(7, 90, "/a.slice")], window=(0, 1)),
+        tick(2, energy_j=400.0, processes=[], window=(1, 1.2)),
+        tick(3, energy_j=600.0, processes=[(7, 90, "/b.slice")], window=(1.2, 3)),
+    ]
+    out = run(reports, gpu_idle_power=100.0)
+    assert powers_at(out, 1) == pytest.approx({"/a.slice": 100.0, "gpu0": 100.0})
+    assert powers_at(out, 2) == pytest.approx({"/b.slice": 80.0, "gpu0": 120.0})
+    assert powers_at(out, 3) == pytest.approx({"/b.slice": 100.0, "gpu0": 100.0})
+
+
+def test_ticks_between_counter_readings_share_its_increase_by_their_readings() -> None:
+    """The counter read once a second, power every 0.25 s: the four ticks of a second share
+    the counter's 400 J in proportion to their readings (100, 100, 300, 300 W → 50, 50, 150,
+    150 % of the mean), and their targets add up to the counter over the span."""
+    reports = [tick(0, energy_j=0.0, power_w=200)]
+    readings = [100.0, 100.0, 300.0, 300.0]
+    for i, watts in enumerate(readings, start=1):
+        energy = 400.0 if i == 4 else None
+        reports.append(tick(i / 4, energy_j=energy, power_w=watts))
+    out = run(reports, gpu_idle_power_w=0)
+    powers = [sum(powers_at(out, i / 4).values()) for i in range(1, 5)]
+    assert powers == pytest.approx([200.0, 200.0, 600.0, 600.0])
+    assert sum(p * 0.25 for p in powers) == pytest.approx(400.0)
+
+
+def test_a_tick_the_counter_does_not_reach_in_time_keeps_its_own_reading() -> None:
+    """No counter reading within --gpu-hold-ms: the tick is released with its own reading,
+    and the next reading shares only what that tick did not already take."""
+    reports = [tick(0, energy_j=0.0, power_w=100)]
+    reports += [tick(i, power_w=100) for i in (1, 2, 3, 4)]
+    reports.append(tick(5, energy_j=1000.0, power_w=100))
+    out = run(reports, gpu_idle_power_w=0, gpu_hold_ms=2500)
+    powers = {i: sum(powers_at(out, i).values()) for i in range(1, 6)}
+    assert powers[1] == pytest.approx(100.0)  # 3 s old at tick 4: released on its reading
+    # The others were still held when the counter came: they share the 900 J left.
+    assert [powers[i] for i in (2, 3, 4, 5)] == pytest.approx([225.0] * 4)
+    assert sum(powers.values()) == pytest.approx(1000.0)  # the counter's increase, over all

@@ -12,6 +12,7 @@ and lowered ``nofile``/``nproc`` limits, which is what works inside this sandbox
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import socket
 import subprocess
@@ -119,6 +120,23 @@ def test_the_image_runs_wattflow_as_an_unprivileged_user(image: str) -> None:
     assert compiler.stdout.strip() == ""
     inspected = run("podman", "image", "inspect", image, "--format", "{{.Config.Healthcheck}}")
     assert "/health" in inspected.stdout
+
+
+def test_the_image_holds_this_checkout(image: str) -> None:
+    """The image's wattflow is the code at hand, not an earlier build's (a builder that reused
+    a cached install layer would pass every other test with old code)."""
+    code = (
+        "import hashlib, importlib; "
+        "print(*(hashlib.sha256(open(importlib.import_module(m).__file__, 'rb').read())"
+        ".hexdigest() for m in ('wattflow.service.config', 'wattflow.actors.pipeline')))"
+    )
+    found = run(*RUN, "--entrypoint", "python", image, "-c", code)
+    assert found.returncode == 0, found.stderr
+    here = [
+        hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+        for path in ("service/config.py", "actors/pipeline.py")
+    ]
+    assert found.stdout.split() == here
 
 
 def test_the_demo_runs_in_the_image(image: str) -> None:

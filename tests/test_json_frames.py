@@ -118,6 +118,12 @@ CHANGES = {
         lines, 3, lambda d: d.update(timestamp=d["timestamp"] + "5")
     ),
     "no groups": lambda lines: _change(lines, 3, lambda d: d.update(groups={})),
+    "a boolean counter": lambda lines: _change(
+        lines, 3, lambda d: _first_cpu(d).update(time_enabled=True)
+    ),
+    "a cpu without events, the first of its group": lambda lines: _change(
+        lines, 1, lambda d: _first_cpu(d).clear()
+    ),
 }
 
 

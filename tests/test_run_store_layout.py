@@ -108,7 +108,7 @@ def named_timeline(data: RunData, run: Run) -> list[tuple[int, Series | None, fl
     return [
         (t, None if n == NOT_POWER else page.series[n], w, processed)
         for page in data.timeline(run)
-        for t, n, w, processed in page.rows
+        for t, n, w, processed, _, _ in page.rows
     ]
 
 

@@ -8,6 +8,7 @@ ledgers; ``/health`` and ``/metrics`` answer for all of them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from wattflow.actors.checkpoints import decode_checkpoint
 from wattflow.actors.handoff import first_sensor
 from wattflow.actors.partition import Partition
 from wattflow.service.workers import per_worker_path
@@ -247,3 +249,39 @@ def test_what_one_process_must_do_is_refused_with_workers(
     assert result.returncode == 2, result.stderr
     assert message in result.stderr, result.stderr
     assert "--workers" in result.stderr, result.stderr
+
+
+def test_each_worker_keeps_its_own_state_file(recording: Path, tmp_path: Path) -> None:
+    """``--state-file`` under ``--workers``: each worker saves its sensors' formula state in a
+    file of its own and restores it, so a recording run in two halves by two workers writes
+    what one process writes over the whole recording (relearning would leave ticks out)."""
+    lines = recording.read_bytes().splitlines(keepends=True)
+    stamps = sorted({json.loads(line)["timestamp"] for line in lines})
+    middle = stamps[len(stamps) // 2]  # a whole tick of every sensor in one half or the other
+    halves = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
+    halves[0].write_bytes(b"".join(x for x in lines if json.loads(x)["timestamp"] < middle))
+    halves[1].write_bytes(b"".join(x for x in lines if json.loads(x)["timestamp"] >= middle))
+    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    state = tmp_path / "state" / "wattflow.state"
+    got: dict[tuple[Any, ...], float] = {}
+    for number, half in enumerate(halves):
+        done = wattflow(
+            "run", "--workers", str(WORKERS), "--input", "jsonl", "--files", str(half),
+            "--state-file", str(state), *flags(tmp_path, f"half{number}"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not state.exists(), "the workers share no state file"
+        for index in range(WORKERS):
+            saved = decode_checkpoint(per_worker_path(state, index).read_bytes())
+            assert saved is not None, index
+            assert saved["formulas"], index
+        if number:
+            assert done.stderr.count("restored the state of") == WORKERS, done.stderr[-3000:]
+        for part in workers_written(tmp_path, f"half{number}"):
+            for key in part:
+                assert key[:5] not in got, f"{key} written twice"
+                got[key[:5]] = float(key[5])
+    expected = {key[:5]: float(key[5]) for key in written(tmp_path / "one.jsonl")}
+    assert set(got) == set(expected)
+    assert all(abs(got[key] - value) <= 1e-6 * max(1.0, value) for key, value in expected.items())

@@ -23,13 +23,17 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from wattflow.actors.checkpoints import Barrier, barrier_of
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
 from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
+
+if TYPE_CHECKING:
+    from wattflow.actors.checkpoints import Checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +214,16 @@ class Formula(ABC, Generic[C]):
         """Do the work due by now (see :meth:`deadline`), as :meth:`process` does after a batch;
         the actor calls it without input, so a paused stream does not hold it back."""
 
+    def state(self) -> Any:
+        """What the instance learned and still holds, as JSON-ready values (a checkpoint keeps
+        it; :meth:`restore` takes it back after a restart), or ``None`` when it keeps nothing
+        worth saving. It must not share mutable objects with the instance: it is encoded
+        later, while the instance goes on."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Take back what :meth:`state` gave, on a fresh instance, before its first report."""
+
 
 Dispatch = Callable[[list[Report | Frame]], Awaitable[None]]
 
@@ -250,6 +264,12 @@ class FormulaActor(Actor):
         self._logged_failures: set[str] = set()
         self.produced = 0
         """Reports this formula emitted."""
+        self.checkpoints: Checkpoints | None = None
+        """Where instance states go at a barrier and come from at creation."""
+        self.producers = 1
+        """Stages that send this formula barriers: it snapshots on the last copy of each."""
+        self._copies: dict[int, int] = {}
+        self._final: Barrier | None = None
         self.timed = formula.deadline is not Formula.deadline
         """Whether the formula has work due by time (:meth:`Formula.deadline`): only then does
         the actor wait for its mailbox with a timeout."""
@@ -259,10 +279,53 @@ class FormulaActor(Actor):
         found = self.instances.get(key)
         if found is None:
             found = self.instances[key] = self.formula(self.config, key)
+            if self.checkpoints is not None:
+                self._restore(found, self.checkpoints.restored_state(self.formula.name, key))
         return found
+
+    def _restore(self, instance: Formula[Any], state: Any) -> None:
+        if state is None:
+            return
+        try:
+            instance.restore(state)
+        except Exception as error:  # a state it cannot take: start that instance afresh
+            logger.warning(
+                "%s: saved state of %s not restored (%s: %s); it starts afresh",
+                self.name,
+                instance.key,
+                type(error).__name__,
+                error,
+            )
+            self.instances[instance.key] = self.formula(self.config, instance.key)
+
+    async def _at_barrier(self, barrier: Barrier) -> None:
+        """Snapshot every instance and pass the barrier on, once every producer's copy came;
+        the final one waits for the flush."""
+        copies = self._copies.pop(barrier.epoch, 0) + 1
+        if copies < self.producers:
+            self._copies[barrier.epoch] = copies
+            return
+        if barrier.final:
+            self._final = barrier
+            return
+        await self._snapshot(barrier)
+
+    async def _snapshot(self, barrier: Barrier) -> None:
+        states: dict[str, Any] = {}
+        for key, instance in self.instances.items():
+            state = instance.state()
+            if state is not None:
+                states[str(key)] = state
+        await self.dispatch([barrier])
+        if self.checkpoints is not None:
+            self.checkpoints.snapshot(barrier, self.formula.name, states)
 
     async def run(self) -> None:
         while (batch := await self._next_batch()) is not None:
+            barrier = barrier_of(batch)
+            if barrier is not None:
+                await self._at_barrier(barrier)
+                continue
             self._in_flight = batch
             groups: dict[Hashable, list[Report | Frame]] = {}
             for key, report in batch:
@@ -282,6 +345,8 @@ class FormulaActor(Actor):
                 out.fail((), error, unit="flush")
             produced.extend(self._settle(out, 0))
         await self.dispatch(produced)
+        if self._final is not None:
+            await self._snapshot(self._final)
 
     async def _next_batch(self) -> list[tuple[Hashable, Report | Frame]] | None:
         """The next batch of the mailbox (``None`` once it is closed and empty); for a formula

@@ -1,36 +1,53 @@
 """GPU formula: NVML readings → power per process or container on each GPU, and the GPU's idle.
 
-For each device and sampling tick:
+For each device and sampling tick (τ0, τ1]:
 
-1. **Device power** is the energy counter's increase over the real interval (Volta and newer),
-   else the mean of the driver's power samples taken within the interval, else the power
-   reading itself. The first tick of a device with only an energy counter starts its interval.
-2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned: the lowest
-   device power seen at ticks where no process used the SMs (utilisation at most
-   ``--gpu-idle-util``), over the last ``--gpu-idle-window`` such ticks. Until the device has
-   been idle once, the lowest power seen so far stands in (an overestimate that shrinks to
-   the true idle the first time the device rests).
-3. **Active power** = device power − idle, never below zero.
-4. **Per process.** Active power is split among the processes by their share of SM
-   utilisation in the interval. Processes are grouped into their cgroup (a container) unless
-   ``--gpu-targets process`` asks for one target per process (``pid:<pid>``); a process with
-   no known cgroup is always its own target.
-5. **The device's own target** (``gpu<index>``) keeps the idle power, plus the active power
-   when no process shows SM use (a context that only holds memory, or a sampling gap), so the
-   targets of a device always add up to its measured power.
+1. **Device power** comes from the energy counter (Volta and newer): the NVML input reads it
+   once per window (``--window-ms``, a second) and power every tick, so the ticks between two
+   counter readings take the counter's increase over that span, shared in proportion to their
+   power readings (the mean of the driver's power samples in the tick, else the power
+   reading); a tick waits for the counter reading that ends its span, within
+   ``--gpu-hold-ms``. Without a counter, a tick's power is its reading. The first tick of a
+   device with only an energy counter starts its interval.
+2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned: the
+   lowest device power of ticks during which no process used the SMs (per the process windows
+   below, and device utilisation at most ``--gpu-idle-util``), over the last
+   ``--gpu-idle-window`` such ticks. Until the device has rested once, idle counts as 0 W: all
+   of its power is active.
+3. **Active energy** = (device power − idle) × the tick's length, never below zero.
+4. **Per process.** The driver records every ~200 ms which ONE process holds the engine, and
+   NVML averages those samples per process over the window since the previous call (a sample
+   naming another process counts as 0). The NVML input reports each answer as a window,
+   ``process_window`` (start and end in µs), with each process's mean in it. A tick's active
+   energy is split among the windows that overlap it, pro rata by the overlap, and inside each
+   window among its processes by their share of its SM utilisation. Processes are grouped into
+   their cgroup (a container) unless ``--gpu-targets process`` asks for ``pid:<pid>`` targets;
+   a process with no known cgroup is always its own target.
+5. **Waiting for the window.** A window arrives after the ticks it covers (it ends at the
+   driver's newest sample), so a tick is held until a window covers its end, for at most
+   ``--gpu-hold-ms`` of report time. What no window covers by then goes to the device's target,
+   and the tick is counted (``uncovered_ticks``, logged as a warning).
+6. **The device's own target** (``gpu<index>``) keeps the idle power, plus the active energy of
+   windows without SM use (a context that only holds memory) and of uncovered time, so the
+   targets of a device add up to its measured power on every tick.
+
+Recordings made before ``process_window`` existed give each tick's processes for that tick
+alone: the tick is then its own window.
 
 Limits: SM utilisation is a time share, not an energy share, so a memory-bound process and a
 compute-bound one at the same utilisation get the same power. Under MIG the driver reports no
-per-process utilisation: everything above idle stays with the device target. Processes that
-run between two samples of the driver's utilisation buffer are not seen.
+per-process utilisation: everything above idle stays with the device target. Each driver
+sample is one draw of who holds the engine, so a process's share is exact only over many
+samples (tens of seconds), not per tick.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, Field, PositiveInt
@@ -39,7 +56,19 @@ from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.formats.reports import GPUDevice, GPUReport, PowerReport, Report
 
+logger = logging.getLogger(__name__)
+
 FORMULA_NAME = "gpu"
+
+MAX_HELD_TICKS = 10_000
+"""Ticks a device holds at most while waiting for process windows; past that the oldest is
+released (its uncovered part to the device's target, counted) whatever ``--gpu-hold-ms`` says."""
+
+MAX_WINDOWS = 10_000
+"""Process windows a device keeps at most; those no held tick overlaps are dropped first."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class GpuConfig(FormulaConfig):
@@ -61,20 +90,73 @@ class GpuConfig(FormulaConfig):
     gpu_idle_window: PositiveInt = Field(
         default=600, description="Idle ticks over which the lowest power is taken as idle."
     )
+    gpu_hold_ms: PositiveInt = Field(
+        default=3000,
+        description="How long a tick waits, in report time, for the per-process utilisation "
+        "that covers it; what none covers by then stays with the device's target.",
+        json_schema_extra={"unit": "ms"},
+    )
     gpu_targets: Literal["cgroup", "process"] = Field(
         default="cgroup",
         description="Attribute GPU power to containers (cgroups) or to single processes.",
     )
 
 
+@dataclass(slots=True)
+class _Window:
+    """One answer of the driver's per-process utilisation: SM % per target over (start, end]."""
+
+    start_us: int
+    end_us: int
+    shares: dict[str, float]
+    busy: bool
+    """Whether a process used the SMs above ``--gpu-idle-util`` in the window."""
+
+
+@dataclass(slots=True)
+class _Tick:
+    """A device's tick, waiting for the windows that cover it and the counter reading that
+    settles its power."""
+
+    report: GPUReport
+    start_us: int
+    end_us: int
+    reading_w: float | None
+    """The tick's own power reading; ``None`` where the device gave only its counter."""
+    util_gpu: float | None
+    waits: bool
+    """False where the device gives no per-process utilisation (MIG): nothing to wait for."""
+    power_w: float = 0.0
+    """The tick's power, once settled."""
+    settled: bool = False
+    """Whether ``power_w`` is final: scaled to the energy counter, or the device has none."""
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_us - self.start_us) / 1e6
+
+
 @dataclass
 class _DeviceState:
-    """What a device's previous tick left behind."""
+    """What a device's previous ticks left behind."""
 
     timestamp: datetime | None = None
-    energy_mj: float | None = None
+    counter_mj: float | None = None
+    """The energy counter's last reading, and when (the tick's end, µs)."""
+    counter_us: int | None = None
+    spent_mj: float = 0.0
+    """Energy of the ticks released since the last counter reading before it settled them."""
+    counter_w: float | None = None
+    """Mean power between the last two counter readings: what a tick with no reading of its
+    own gets when released before the counter settles it."""
     idle_readings: deque[float] = field(default_factory=deque)
-    lowest_seen_w: float | None = None
+    windows: deque[_Window] = field(default_factory=deque)
+    covered_us: int | None = None
+    """End of the newest process window: the ticks up to here can be split."""
+    held: deque[_Tick] = field(default_factory=deque)
+    released_us: int | None = None
+    """End of the last tick released: windows ending before it are no longer needed."""
+    uncovered_ticks: int = 0
 
 
 @formulas.register(FORMULA_NAME)
@@ -94,6 +176,12 @@ class GpuFormula(Formula[GpuConfig]):
     def dispatch_key(cls, report: Report) -> Hashable | None:
         return report.sensor if isinstance(report, GPUReport) else None
 
+    @property
+    def uncovered_ticks(self) -> int:
+        """Ticks, over all devices, part of whose active energy stayed with the device's
+        target because no process window covered them in time."""
+        return sum(state.uncovered_ticks for state in self.devices.values())
+
     def process(self, reports: list[Report], out: Output) -> None:
         for report in reports:
             assert isinstance(report, GPUReport)
@@ -102,6 +190,12 @@ class GpuFormula(Formula[GpuConfig]):
                 self._tick(report, out)
             except Exception as error:  # the devices' state keeps what the tick did to it
                 out.fail([report], error, unit="tick", since=mark)
+
+    def flush(self, out: Output) -> None:
+        """At shutdown, split every held tick with the windows there are."""
+        for index, state in self.devices.items():
+            while state.held:
+                self._release(state.held.popleft(), state, index, out)
 
     def _tick(self, report: GPUReport, out: Output) -> None:
         """One sampling tick of the node's devices: the unit of failure."""
@@ -118,58 +212,93 @@ class GpuFormula(Formula[GpuConfig]):
             out.absorb()
 
     def _device(self, report: GPUReport, index: str, device: GPUDevice, out: Output) -> int:
-        """Emit the device's reports for this tick; return how many."""
+        """Take the device's tick; emit the reports of the ticks that can now be split."""
         state = self.devices.setdefault(index, _DeviceState())
-        power_w = self._device_power(report.timestamp, device, state)
-        if power_w is None:
-            return 0
-        idle_w = min(self._idle(device, power_w, state), power_w)
-        active_w = power_w - idle_w
-        shares = self._shares(device)
-        total_share = sum(shares.values())
-        unattributed_w = active_w if total_share <= 0 else 0.0
+        end_us = _micros(report.timestamp)
+        first = state.timestamp is None
+        _interval_s(state.timestamp, report.timestamp)  # rejects a tick not after the last
+        start_us = end_us - 1 if state.timestamp is None else _micros(state.timestamp)
+        state.timestamp = report.timestamp
+        reading_w = _reading_power_w(device)
+        waits = device.processes is not None
+        if waits:
+            self._add_window(device, state, start_us, end_us)
+        _hold(state, _Tick(report, start_us, end_us, reading_w, device.util_gpu, waits),
+              device.total_energy, first)  # fmt: skip
+        hold_us = self.config.gpu_hold_ms * 1000
         emitted = 0
-        for target, share in sorted(shares.items()):
-            if total_share <= 0:
-                break
-            ratio = share / total_share
-            out.emit(self._report(report, target, index, active_w * ratio, ratio))
-            emitted += 1
-        device_w = idle_w + unattributed_w
-        device_ratio = device_w / power_w if power_w > 0 else 1.0
-        out.emit(self._report(report, f"gpu{index}", index, device_w, device_ratio))
-        return emitted + 1
+        while state.held and (
+            (state.held[0].settled and _covered(state.held[0], state))
+            or end_us - state.held[0].end_us >= hold_us
+            or len(state.held) > MAX_HELD_TICKS
+        ):
+            emitted += self._release(state.held.popleft(), state, index, out)
+        _forget_windows(state)
+        return emitted
 
-    def _device_power(
-        self, timestamp: datetime, device: GPUDevice, state: _DeviceState
-    ) -> float | None:
-        """The device's power in W over the interval that ends at ``timestamp`` (step 1 of the
-        module's description); ``None`` for the first reading of an energy counter. The state
-        keeps this reading for the next tick."""
-        previous_time, previous_energy = state.timestamp, state.energy_mj
-        state.timestamp = timestamp
-        state.energy_mj = device.total_energy
-        interval_s = _interval_s(previous_time, timestamp)
-        counted_w = _counter_power_w(device.total_energy, previous_energy, interval_s)
-        if counted_w is not None:
-            return counted_w
-        return _reading_power_w(device)
+    def _add_window(
+        self, device: GPUDevice, state: _DeviceState, start_us: int, end_us: int
+    ) -> None:
+        """The tick's process window: the NVML input's, or the tick itself in older
+        recordings. A window of no length (no new answer from the driver) adds nothing."""
+        if device.process_window is not None:
+            start_us, end_us = device.process_window
+        if end_us <= start_us:
+            return
+        idle_util = self.config.gpu_idle_util
+        busy = any(p.sm_util > idle_util for p in device.processes or ())
+        state.windows.append(_Window(start_us, end_us, self._shares(device), busy))
+        if state.covered_us is None or end_us > state.covered_us:
+            state.covered_us = end_us
+        while len(state.windows) > MAX_WINDOWS:
+            state.windows.popleft()
 
-    def _idle(self, device: GPUDevice, power_w: float, state: _DeviceState) -> float:
+    def _release(self, tick: _Tick, state: _DeviceState, index: str, out: Output) -> int:
+        """Split one tick's active energy among its windows' targets; emit one report for each
+        and one for the device, which keeps the rest. Returns how many reports."""
+        if not tick.settled:  # the counter did not answer in time: the tick's own reading
+            tick.power_w = _unsettled_w(tick, state)
+            state.spent_mj += tick.power_w * tick.seconds * 1000.0
+        fractions, covered, resting = _split(tick, state.windows)
+        idle_w = min(self._idle(tick, resting, state), tick.power_w)
+        active_w = tick.power_w - idle_w
+        state.released_us = tick.end_us
+        if tick.waits and covered < 1.0:
+            self._count_uncovered(state, index)
+        attributed_w = 0.0
+        for target, fraction in sorted(fractions.items()):
+            power_w = active_w * fraction
+            attributed_w += power_w
+            out.emit(self._report(tick.report, target, index, power_w, fraction))
+        device_w = max(tick.power_w - attributed_w, 0.0)
+        device_ratio = device_w / tick.power_w if tick.power_w > 0 else 1.0
+        out.emit(self._report(tick.report, f"gpu{index}", index, device_w, device_ratio))
+        return len(fractions) + 1
+
+    def _count_uncovered(self, state: _DeviceState, index: str) -> None:
+        state.uncovered_ticks += 1
+        count = state.uncovered_ticks
+        if count & (count - 1) == 0:  # 1, 2, 4, 8...: a steady problem does not flood the log
+            logger.warning(
+                "GPU %s: no per-process utilisation covered a tick within %d ms; its active "
+                "power stays with gpu%s (%d ticks so far)",
+                index,
+                self.config.gpu_hold_ms,
+                index,
+                count,
+            )
+
+    def _idle(self, tick: _Tick, resting: bool, state: _DeviceState) -> float:
+        """Idle power in W: configured, else the lowest power of the last resting ticks, else
+        0 W (until the device has rested once, all of its power counts as active)."""
         if self.config.gpu_idle_power_w is not None:
             return self.config.gpu_idle_power_w
-        state.lowest_seen_w = (
-            power_w if state.lowest_seen_w is None else min(state.lowest_seen_w, power_w)
-        )
-        busy = max((p.sm_util for p in device.processes or ()), default=0.0)
-        utilisation = device.util_gpu if device.util_gpu is not None else busy
-        if utilisation <= self.config.gpu_idle_util and busy <= self.config.gpu_idle_util:
-            state.idle_readings.append(power_w)
+        quiet = tick.util_gpu is None or tick.util_gpu <= self.config.gpu_idle_util
+        if resting and quiet:
+            state.idle_readings.append(tick.power_w)
             while len(state.idle_readings) > self.config.gpu_idle_window:
                 state.idle_readings.popleft()
-        if state.idle_readings:
-            return min(state.idle_readings)
-        return state.lowest_seen_w
+        return min(state.idle_readings) if state.idle_readings else 0.0
 
     def _shares(self, device: GPUDevice) -> dict[str, float]:
         """SM utilisation per target, processes grouped as configured."""
@@ -202,6 +331,45 @@ class GpuFormula(Formula[GpuConfig]):
         )
 
 
+def _micros(timestamp: datetime) -> int:
+    """A timestamp in Unix µs, exactly, as the driver stamps its samples."""
+    return (timestamp - _EPOCH) // _MICROSECOND
+
+
+def _covered(tick: _Tick, state: _DeviceState) -> bool:
+    """Whether the tick can be split now: windows reach its end, or it has none to wait for."""
+    return not tick.waits or (state.covered_us is not None and state.covered_us >= tick.end_us)
+
+
+def _forget_windows(state: _DeviceState) -> None:
+    """Drop the windows that end before every tick still to be split."""
+    keep_from = state.held[0].start_us if state.held else state.released_us
+    while state.windows and keep_from is not None and state.windows[0].end_us <= keep_from:
+        state.windows.popleft()
+
+
+def _split(tick: _Tick, windows: deque[_Window]) -> tuple[dict[str, float], float, bool]:
+    """Each target's fraction of the tick's active energy, the fraction of the tick that the
+    windows cover, and whether the tick rested: no window overlapping it saw SM use, and
+    windows cover it whole (or the device gives no per-process readings at all)."""
+    duration = tick.end_us - tick.start_us
+    fractions: dict[str, float] = {}
+    covered = 0
+    busy = False
+    for window in windows:
+        overlap = min(window.end_us, tick.end_us) - max(window.start_us, tick.start_us)
+        if overlap <= 0:
+            continue
+        covered += overlap
+        busy = busy or window.busy
+        total = sum(window.shares.values())
+        for target, share in window.shares.items():
+            fractions[target] = fractions.get(target, 0.0) + overlap / duration * share / total
+    fraction_covered = min(covered / duration, 1.0)
+    resting = not busy and (fraction_covered >= 1.0 or not tick.waits)
+    return fractions, fraction_covered, resting
+
+
 def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:
     """Seconds since the device's previous tick; ``None`` at its first tick."""
     if previous is None:
@@ -212,19 +380,58 @@ def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:
     return interval_s
 
 
-def _counter_power_w(
-    energy_mj: float | None, previous_mj: float | None, interval_s: float | None
-) -> float | None:
-    """Power in W from the energy counter's increase over the interval; ``None`` without two
-    readings of it, or when it went back (a reset): then the other readings stand in."""
-    if (
-        energy_mj is not None
-        and previous_mj is not None
-        and interval_s is not None
-        and energy_mj >= previous_mj
-    ):
-        return (energy_mj - previous_mj) / 1000.0 / interval_s
-    return None
+def _hold(state: _DeviceState, tick: _Tick, energy_mj: float | None, first: bool) -> None:
+    """Hold a tick until it can be split; a counter reading settles the ticks before it."""
+    if energy_mj is not None:
+        if not (first and tick.reading_w is None):  # else the first reading only starts it
+            state.held.append(tick)
+        _settle(state, energy_mj, tick.end_us)
+    elif tick.reading_w is not None:
+        if state.counter_us is None:  # a device without counter: the reading is its power
+            tick.power_w, tick.settled = tick.reading_w, True
+        state.held.append(tick)
+
+
+def _settle(state: _DeviceState, energy_mj: float, end_us: int) -> None:
+    """A counter reading at ``end_us``: the held ticks since the previous one share its
+    increase, in proportion to their power readings (by length where a tick has none). The
+    ticks released before it came used their own readings (``spent_mj``): the rest is shared.
+
+    The first reading, or one lower than the last (a driver reload), has no increase to share:
+    the ticks keep their own readings.
+    """
+    pending = [tick for tick in state.held if not tick.settled]
+    previous_mj, previous_us = state.counter_mj, state.counter_us
+    state.counter_mj, state.counter_us = energy_mj, end_us
+    spent_mj, state.spent_mj = state.spent_mj, 0.0
+    if previous_mj is None or previous_us is None or energy_mj < previous_mj:
+        for tick in pending:
+            tick.power_w, tick.settled = _unsettled_w(tick, state), True
+        return
+    span_s = (end_us - previous_us) / 1e6
+    state.counter_w = (energy_mj - previous_mj) / 1000.0 / span_s if span_s > 0 else None
+    if pending:
+        _share(pending, max(energy_mj - previous_mj - spent_mj, 0.0) / 1000.0)
+
+
+def _share(pending: list[_Tick], left_j: float) -> None:
+    """Share ``left_j`` joules among ticks by their readings × length (by length alone where
+    a tick has no reading)."""
+    weights = [(tick.reading_w or 0.0) * tick.seconds for tick in pending]
+    if any(tick.reading_w is None for tick in pending) or sum(weights) <= 0:
+        weights = [tick.seconds for tick in pending]
+    total = sum(weights)
+    for tick, weight in zip(pending, weights, strict=True):
+        tick.power_w = left_j * weight / total / tick.seconds if total > 0 else 0.0
+        tick.settled = True
+
+
+def _unsettled_w(tick: _Tick, state: _DeviceState) -> float:
+    """A tick's power without a counter reading to scale it: its own reading, else the
+    counter's mean over its last span, else 0 W."""
+    if tick.reading_w is not None:
+        return tick.reading_w
+    return state.counter_w if state.counter_w is not None else 0.0
 
 
 def _reading_power_w(device: GPUDevice) -> float | None:

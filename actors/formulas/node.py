@@ -57,7 +57,6 @@ from wattflow.formats.reports import (
     PowerReport,
     Report,
     to_millis,
-    trusted_report,
 )
 
 FORMULA_NAME = "node"
@@ -289,15 +288,12 @@ class NodeFormula(Formula[NodeConfig]):
         """:meth:`_interval_at` for one tick of a frame, dated by a report made only if needed."""
         template = None
         if self.template is None or "rapl" not in self.previous:
-            template = trusted_report(
-                HWPCReport,
-                {
-                    "timestamp": datetime_of(end),
-                    "sensor": sensor,
-                    "target": "all",
-                    "metadata": {},
-                    "groups": {},
-                },
+            template = HWPCReport.trusted(
+                timestamp=datetime_of(end),
+                sensor=sensor,
+                target="all",
+                metadata={},
+                groups={},
             )
         self._interval_at("rapl", end, dict(energy), out, deltas=True, template=template)
 

@@ -23,10 +23,12 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from wattflow.actors.checkpoints import pack_floats, unpack_floats
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -213,6 +215,38 @@ class PowerModel:
         assert self.coef is not None
         return dynamic_power(features, self.coef) + self.intercept
 
+    def state(self) -> dict[str, Any]:
+        """The model and its windows, for a checkpoint (floats kept exactly)."""
+        return {
+            "frequency": self.frequency,
+            "samples": _rows(self.samples),
+            "powers": pack_floats(list(self.powers)),
+            "errors": pack_floats(list(self.errors)),
+            "coef": pack_floats(self.coef),
+            "coef_text": self.coef_text,
+            "intercept": self.intercept,
+            "hash": self.hash,
+            "id": self.id,
+            "events": list(self.events),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` gave (the windows keep their lengths)."""
+        self.events = tuple(state["events"])
+        self.samples.clear()
+        self.samples.extend(_unrows(state["samples"]))
+        self.powers.clear()
+        self.powers.extend(_floats(state["powers"]))
+        self.errors.clear()
+        self.errors.extend(_floats(state["errors"]))
+        errors = list(self.errors)
+        self.sorted_errors = None if any(map(math.isnan, errors)) else sorted(errors)
+        self.coef = unpack_floats(state["coef"])
+        self.coef_text = state["coef_text"]
+        self.intercept = float(state["intercept"])
+        self.hash = state["hash"]
+        self.id = int(state["id"])
+
 
 class FrequencyModel(PowerModel):
     """The default mode's model: one per socket and scope, for every package frequency.
@@ -305,6 +339,32 @@ class FrequencyModel(PowerModel):
         if len(self.pending) >= self._refine_every():
             self.learn(relearning.max_intercept_w)
         return error_w
+
+    def state(self) -> dict[str, Any]:
+        previous = self.previous
+        return {
+            **super().state(),
+            "information": pack_floats(self.information),
+            "moment": pack_floats(self.moment),
+            "count": self.count,
+            "pending": _rows(self.pending),
+            "pending_powers": pack_floats(self.pending_powers),
+            "previous": None
+            if previous is None
+            else {"features": pack_floats(previous[0]), "power": previous[1]},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        self.information = unpack_floats(state["information"])
+        self.moment = unpack_floats(state["moment"])
+        self.count = float(state["count"])
+        self.pending = _unrows(state["pending"])
+        self.pending_powers = _floats(state["pending_powers"])
+        previous = state["previous"]
+        self.previous = (
+            None if previous is None else (_floats(previous["features"]), float(previous["power"]))
+        )
 
     def _refine_every(self) -> int:
         """How many new samples make the model solved again (see the class's docstring)."""
@@ -467,6 +527,18 @@ class FrequencyLayers:
         self.compat = compat
         self.models: dict[int, PowerModel] = {}
 
+    def state(self) -> list[dict[str, Any]]:
+        """Every layer's model, for a checkpoint."""
+        return [model.state() for model in self.models.values()]
+
+    def restore(self, state: list[dict[str, Any]]) -> None:
+        """Take back what :meth:`state` gave."""
+        for saved in state:
+            frequency = int(saved["frequency"])
+            model = self.model(max(frequency, self.base_clock) if self.compat else 0)
+            model.restore(saved)
+            self.models[frequency] = model
+
     def layer_frequency(self, package_frequency: int) -> int:
         """The layer a package frequency (MHz) falls in."""
         ratio = min(max(package_frequency // self.base_clock, 1), 100)
@@ -509,3 +581,19 @@ class FrequencyLayers:
                 compat=self.compat,
             )
         return found
+
+
+def _rows(rows: Any) -> dict[str, Any] | None:
+    """Rows of floats (all as long) packed exactly; an empty window as no rows."""
+    rows = list(rows)
+    return pack_floats(rows) if rows else None
+
+
+def _unrows(packed: dict[str, Any] | None) -> list[list[float]]:
+    array = unpack_floats(packed)
+    return [] if array is None else [list(row) for row in array.tolist()]
+
+
+def _floats(packed: dict[str, Any] | None) -> list[float]:
+    array = unpack_floats(packed)
+    return [] if array is None else [float(value) for value in array.tolist()]

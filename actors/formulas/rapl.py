@@ -256,6 +256,13 @@ class RaplFormula(Formula[RaplConfig]):
         self.period_ms = config.sensor_reports_frequency
         self.min_interval_s = config.sensor_reports_frequency / 4000.0
 
+    def state(self) -> dict[str, int | None]:
+        """The last tick: after a restart, the next one has its interval at once."""
+        return {"previous_ms": self.previous_ms}
+
+    def restore(self, state: dict[str, int | None]) -> None:
+        self.previous_ms = state["previous_ms"]
+
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
         if (

@@ -81,6 +81,7 @@ from wattflow.formats.frames import (
     IntArray,
     PowerFrame,
 )
+from wattflow.formats.powerapi import decode_json, encode_json
 from wattflow.formats.reports import HWPCReport, Report, to_millis
 
 COMPAT_SMARTWATTS_24 = "smartwatts-2.4"
@@ -255,6 +256,42 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
     def flush(self, out: Output) -> None:
         """Process every pending tick: at shutdown nothing waits for later reports any more."""
         self._emit(self._ripe(out, final=True), out)
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Every scope's and socket's models with their windows, where the sensor's stream
+        stands, and the ticks still pending (as hwpc-sensor's JSON: at most the lateness
+        window, or SmartWatts' buffered ticks in compat mode)."""
+        pending = None if self.pending is None else self.pending.reports()
+        return {
+            "compat": self.compat,
+            "last_ms": self.last_ms,
+            "latest_ms": self.latest_ms,
+            "arrival": list(self.arrival),
+            "pending": None if pending is None else [encode_json(r) for r in pending],
+            "scopes": {
+                scope.name: {socket: layers.state() for socket, layers in scope.layers.items()}
+                for scope in self.scopes
+            },
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if bool(state["compat"]) != self.compat:
+            raise ValueError("saved in the other mode (--compat)")
+        self.last_ms = state["last_ms"]
+        self.latest_ms = state["latest_ms"]
+        self.arrival = [int(tick) for tick in state["arrival"]]
+        if state["pending"]:
+            reports = [
+                decode_json(HWPCReport, text, "saved state", None) for text in state["pending"]
+            ]
+            frame, _ = HWPCFrame.from_reports(reports)  # type: ignore[arg-type]
+            self.pending = frame if frame.count else None
+        saved = state["scopes"]
+        for scope in self.scopes:
+            for socket, layers in saved.get(scope.name, {}).items():
+                self.layers(scope, socket).restore(layers)
 
     # --- the way in: reports into frames, frames into the pending ticks ---------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
@@ -15,6 +15,9 @@ from wattflow.formats.frames import Frame
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames
 from wattflow.formats.powerapi import decode_json_lines
 from wattflow.formats.reports import HWPCReport, Report
+
+if TYPE_CHECKING:
+    from wattflow.actors.checkpoints import StateStore
 
 
 class PullerConfig(BackendConfig):
@@ -135,6 +138,18 @@ class Puller(ABC, Generic[C]):
 
     async def check(self) -> None:
         """Raise an error that says why the input cannot be read, before the pipeline starts."""
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the input can be read again from a position after a restart: it then reports
+        its position at each batch boundary (``emitter.boundary``), and the pipeline commits it
+        once the outputs wrote what came before it (:mod:`wattflow.actors.checkpoints`)."""
+        return False
+
+    def state_store(self) -> StateStore | None:
+        """Where this input keeps checkpoints when no ``--state-file`` is given: beside its
+        position (the MongoDB input's checkpoint document), or ``None``."""
+        return None
 
     def not_ready(self) -> str | None:
         """Why the input is not connected yet, or None once it is (``/ready``).

@@ -137,15 +137,7 @@ class LineDecoder:
         channels = document.get("channels")
         if channels is None:
             channels = {k: v for k, v in document.items() if CHANNEL.match(k)}
-        if not isinstance(channels, dict) or not channels:
-            raise ValueError("no channels d<device>c<channel> in the reading")
-        for name, value in channels.items():
-            if (
-                not CHANNEL.match(str(name))
-                or isinstance(value, bool)
-                or not isinstance(value, int | float)
-            ):
-                raise ValueError(f"channel {name!r}: {value!r} is not a reading in mW")
+        _check_channels(channels)
         sensor = str(document.get("sensor") or self.config.sensor)
         return self._report(document["timestamp"], channels, sensor)
 
@@ -157,6 +149,20 @@ class LineDecoder:
             target="all",
             channels={name: float(value) for name, value in channels.items()},
         )
+
+
+def _check_channels(channels: Any) -> None:
+    """Raise unless a JSON reading's channels are a non-empty mapping of channel names
+    (``d<device>c<channel>``) to numbers of mW (booleans are not readings)."""
+    if not isinstance(channels, dict) or not channels:
+        raise ValueError("no channels d<device>c<channel> in the reading")
+    for name, value in channels.items():
+        if (
+            not CHANNEL.match(str(name))
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
+            raise ValueError(f"channel {name!r}: {value!r} is not a reading in mW")
 
 
 @pullers.register("meter")

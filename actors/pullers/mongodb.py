@@ -14,11 +14,13 @@ Stream mode, step by step:
 3. The change stream is followed from the saved token. Documents inserted while the backlog was
    read show up in both; the ids read near the end of the backlog are remembered (a bounded
    number) and skipped once.
-4. After a clean stop, the checkpoint holds the exact position: a restart reads every document
-   once. While running, the checkpoint saved every ``checkpoint_interval_s`` lags one interval
-   behind what was handed on, so that after a crash the reports still inside the formulas are
-   read again rather than lost (a crash gives at-least-once; the MongoDB and InfluxDB outputs
-   write each report once all the same).
+4. The position is committed by acknowledgement: at a batch boundary, once an interval, a
+   checkpoint barrier follows the documents handed on through the pipeline, and once every
+   output has written what came before it, the position is saved with the formulas' state in
+   one document (:mod:`wattflow.actors.checkpoints`). A crash re-reads only what was in flight
+   after that barrier; the MongoDB and InfluxDB outputs write each report once all the same.
+   A clean stop commits the exact position after the drain. Run on its own (no pipeline), the
+   input saves its position at a clean stop.
 
 A server that goes away is waited for, with backoff, for as long as the service runs; the
 change stream resumes from its token, so an outage loses nothing. A token the server refuses
@@ -39,13 +41,14 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import orjson
-from bson import ObjectId, json_util
+from bson import Binary, ObjectId, json_util
 from pydantic import Field, PositiveInt, model_validator
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import ConfigurationError, InvalidURI, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_uri
 
+from wattflow.actors.checkpoints import StateStore
 from wattflow.actors.connections import describe_driver_error, read_secret, redact_uri
 from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
@@ -110,7 +113,10 @@ class MongoDBPullerConfig(PullerConfig):
         description="Collection, in the same database, where stream mode keeps its position.",
     )
     checkpoint_interval_s: float = Field(
-        default=5.0, gt=0, description="How often stream mode saves its position."
+        default=5.0,
+        gt=0,
+        description="How often stream mode commits its position and the formulas' state, "
+        "each time once every output has written what came before it.",
     )
     poll_interval_s: float = Field(
         default=0.2,
@@ -191,13 +197,18 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         self.skipped_overlap = 0
         self._recent: set[Any] = set()
         self._recent_order: deque[Any] = deque()
-        self._pending: deque[tuple[float, Document]] = deque()
-        self._saved_at = 0.0
         self._down_since: float | None = None
         self._backoff = Backoff(0.1, 5.0)
         self._reached = False
         self._layouts: dict[str, Layout] = {}
         """Each sensor's groups, remembered from one batch to the next."""
+
+    @property
+    def resumable(self) -> bool:
+        return self.stream
+
+    def state_store(self) -> StateStore | None:
+        return _CheckpointStore(self) if self.stream else None
 
     async def probe(self) -> str:
         """Ping the server and say what it is."""
@@ -279,7 +290,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 if position is not None:
                     position.last_id = last_id
                     self._remember(documents)
-                    self._note(position)
+                    await _boundary(emitter, position)
             return last_id, False
         finally:
             await cursor.close()
@@ -299,12 +310,12 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
             try:
                 if position.token is None and not position.polling:
                     await self._open_stream(collection, position)
-                    await self._save(checkpoints, position.snapshot())
+                    await self._save_stream_start(checkpoints, position)
                 if not position.backlog_done:
                     _, position.backlog_done = await self._read_backlog(
                         collection, kind, emitter, position.last_id, position
                     )
-                    self._note(position)
+                    await _boundary(emitter, position)
                     continue
                 if position.polling:
                     await self._poll(collection, kind, emitter, position, checkpoints)
@@ -316,8 +327,10 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 await self._wait_for_server(error, emitter)
             except PyMongoError as error:
                 await self._wait_for_server(error, emitter)
-        # A clean stop: everything read has been handed on, so the exact position is saved.
-        await self._save_at_exit(checkpoints, position)
+        if not getattr(emitter, "acknowledges", False):
+            # On its own, at a clean stop, everything read has been handed on: the exact
+            # position is saved. In a pipeline, the drain's last checkpoint saves it.
+            await self._save_at_exit(checkpoints, position)
 
     async def _open_stream(
         self, collection: AsyncCollection[Document], position: _Position
@@ -377,8 +390,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                     # Caught up: every document the backlog read is behind us in the stream.
                     self._forget_backlog()
                 position.token = changes.resume_token
-                self._note(position)
-                await self._save_due(checkpoints)
+                await _boundary(emitter, position)
 
     def _read_ids_again(self, position: _Position, error: OperationFailure) -> None:
         """The server refused the saved token: read by ``_id`` after the last document handed
@@ -408,7 +420,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 collection, kind, emitter, position.last_id, position
             )
             self._forget_backlog()
-            await self._save_due(checkpoints)
+            await _boundary(emitter, position)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
 
@@ -475,28 +487,36 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 self._back_up()
                 if saved is not None:
                     logger.info("%s: resuming from checkpoint %s", self.source, self._checkpoint_id)
+                    state = saved.get("state")
+                    if state is not None and hasattr(emitter, "restore"):
+                        emitter.restore(bytes(state))
                 return _Position(saved)
         return None
 
-    def _note(self, position: _Position) -> None:
-        """Record the position reached once its documents were handed on."""
-        self._pending.append((time.monotonic(), position.snapshot()))
+    async def _save_stream_start(
+        self, checkpoints: AsyncCollection[Document], position: _Position
+    ) -> None:
+        """Save a new change stream's token before reading the backlog, so that no insert made
+        from now on can be missed. Only the stream's fields change: the committed ``last_id``
+        (where the backlog is read again from) and the formulas' state stay as they are."""
+        fields = {
+            "token": position.token,
+            "backlog_done": False,
+            "polling": position.polling,
+            "collection": self.config.collection,
+            "saved": datetime.now(UTC),
+        }
+        await checkpoints.update_one({"_id": self._checkpoint_id}, {"$set": fields}, upsert=True)
 
-    async def _save_due(self, checkpoints: AsyncCollection[Document]) -> None:
-        """Save, once an interval, the newest position at least one interval old."""
-        now = time.monotonic()
-        interval = self.config.checkpoint_interval_s
-        if now - self._saved_at < interval:
-            return
-        due: Document | None = None
-        while self._pending and self._pending[0][0] <= now - interval:
-            due = self._pending.popleft()[1]
-        self._saved_at = now
-        if due is not None:
-            await self._save(checkpoints, due)
-
-    async def _save(self, checkpoints: AsyncCollection[Document], snapshot: Document) -> None:
+    async def _save(
+        self,
+        checkpoints: AsyncCollection[Document],
+        snapshot: Document,
+        state: bytes | None = None,
+    ) -> None:
         document = {**snapshot, "collection": self.config.collection, "saved": datetime.now(UTC)}
+        if state is not None:
+            document["state"] = Binary(state)
         await checkpoints.replace_one({"_id": self._checkpoint_id}, document, upsert=True)
 
     async def _save_at_exit(
@@ -507,10 +527,9 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         except PyMongoError as error:
             logger.warning(
                 "%s: could not save the checkpoint at exit (%s); the next start re-reads "
-                "up to %.0f s of documents",
+                "from the last one",
                 self.source,
                 redact_uri(str(error)),
-                2 * self.config.checkpoint_interval_s,
             )
 
     # --- outages -------------------------------------------------------------------------------
@@ -542,6 +561,41 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 "%s: server back after %.1f s", self.source, time.monotonic() - self._down_since
             )
             self._down_since = None
+
+
+async def _boundary(emitter: Emitter, position: _Position) -> None:
+    """Tell the pipeline the input handed on everything up to ``position``."""
+    boundary = getattr(emitter, "boundary", None)
+    if boundary is not None:
+        await boundary(position.snapshot())
+
+
+class _CheckpointStore(StateStore):
+    """The input's checkpoint document, which then holds the formulas' state beside the
+    position: both are replaced in one write. The input reads it back at its start."""
+
+    def __init__(self, puller: MongoDBPuller) -> None:
+        self.puller = puller
+        self._client: AsyncMongoClient[Document] | None = None
+
+    def describe(self) -> str:
+        config = self.puller.config
+        return f"mongodb {config.db}.{config.checkpoint_collection}"
+
+    async def save(self, data: bytes, positions: dict[str, Any]) -> None:
+        position = positions.get(self.puller.config.name)
+        if position is None:
+            return  # the input never handed anything on: what is saved stays right
+        if self._client is None:
+            self._client = self.puller._client()
+        config = self.puller.config
+        checkpoints = self._client[config.db][config.checkpoint_collection]
+        await self.puller._save(checkpoints, position, data)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
 
 def _hashable(identifier: Any) -> Any:

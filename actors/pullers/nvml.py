@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import math
 import socket
@@ -29,15 +28,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, PositiveInt, field_validator
 
 from wattflow.actors.backend import split_commas
-from wattflow.actors.errors import PullError
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
+from wattflow.actors.pullers.nvml_api import (
+    Nvml,
+    NvmlError,
+    NvmlNoPermission,
+    NvmlNotFound,
+    NvmlNotSupported,
+    NvmlUnavailable,
+    ProcessReader,
+    SampleReader,
+    typed,
+)
 from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, GPUSampleKind, Report
 
 logger = logging.getLogger(__name__)
@@ -56,6 +64,13 @@ class NvmlPullerConfig(PullerConfig):
         json_schema_extra={"flags": ["-m", "--model"]},
     )
     interval_ms: PositiveInt = Field(default=100, description="Sampling period in ms.")
+    window_ms: PositiveInt = Field(
+        default=1000,
+        description="How often the energy counter, the per-process utilisation and the "
+        "driver's power samples are read, in ms (each read costs milliseconds of CPU on "
+        "recent drivers); the ticks in between report power readings, which the GPU formula "
+        "scales to the counter.",
+    )
     batch_ms: PositiveInt = Field(
         default=1000,
         description="How often sampled ticks go down the pipeline, in ms: every tick is still "
@@ -85,10 +100,6 @@ class NvmlPullerConfig(PullerConfig):
         return value
 
 
-class NvmlUnavailable(PullError):
-    """NVML cannot be used on this node: no driver, no GPU, no permission, or no binding."""
-
-
 _SAMPLE_TYPES: tuple[tuple[GPUSampleKind, str], ...] = (
     ("TOTAL_POWER", "NVML_TOTAL_POWER_SAMPLES"),
     ("GPU_UTILIZATION", "NVML_GPU_UTILIZATION_SAMPLES"),
@@ -98,37 +109,11 @@ _SAMPLE_TYPES: tuple[tuple[GPUSampleKind, str], ...] = (
 _UNION_MEMBER = dict(enumerate(("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")))
 """Which member of NVML's value union holds a sample, by its NVML_VALUE_TYPE_*."""
 
+_WINDOW_SAMPLES: tuple[GPUSampleKind, ...] = ("TOTAL_POWER",)
+_BUFFER_SAMPLES: tuple[GPUSampleKind, ...] = ("GPU_UTILIZATION", "MEMORY_UTILIZATION")
 
-def load_pynvml() -> ModuleType:
-    """The ``pynvml`` module of ``nvidia-ml-py``.
-
-    Raises:
-        NvmlUnavailable: when the package is not installed.
-    """
-    try:
-        return importlib.import_module("pynvml")
-    except ImportError:
-        raise NvmlUnavailable(
-            "NVML: the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
-        ) from None
-
-
-def describe_init_error(nvml: ModuleType, error: Exception) -> str:
-    """One line saying why NVML did not start and what to look at."""
-    code = getattr(error, "value", None)
-    if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
-        return (
-            "NVML: no NVIDIA driver found (libnvidia-ml.so.1 not loadable); "
-            "is the driver installed?"
-        )
-    if code == nvml.NVML_ERROR_DRIVER_NOT_LOADED:
-        return (
-            "NVML: the NVIDIA kernel driver is not loaded (libnvidia-ml.so.1 found); "
-            "is the nvidia module loaded (lsmod | grep nvidia)?"
-        )
-    if code == nvml.NVML_ERROR_NO_PERMISSION:
-        return "NVML: no permission to open the NVIDIA devices (/dev/nvidia*)"
-    return f"NVML: initialisation failed: {error}"
+FAILURES_BEFORE_WARNING = 3
+"""Failures in a row after which a reading is said, once, to keep failing."""
 
 
 def read_cgroup(root: str, pid: int) -> str | None:
@@ -162,15 +147,28 @@ class _DeviceState:
     handle: Any
     last_sample_us: dict[GPUSampleKind, int]
     last_process_us: int
+    samples: dict[GPUSampleKind, SampleReader] = field(default_factory=dict)
+    processes: ProcessReader | None = None
+    power_field: int | None = None
+    """The field value read for power each tick (instantaneous, else the 1 s average); None:
+    the legacy ``nvmlDeviceGetPowerUsage``."""
+    energy_field: bool = False
+    """Whether the energy counter comes with the power field in one call."""
+    due: dict[str, float] = field(default_factory=dict)
+    """When (monotonic s) each group of readings of the schedule is read next."""
+    latest: dict[str, float | int] = field(default_factory=dict)
+    """The slow readings' latest values, repeated in every tick until read again."""
     unsupported: set[str] = field(default_factory=set)
-    """Readings that answered NOT_SUPPORTED: the hardware will not change its mind, so they
-    are not asked for again."""
+    """Readings that answered NOT_SUPPORTED or NO_PERMISSION: neither changes while the
+    sampler runs, so they are not asked for again."""
+    failing: dict[str, int] = field(default_factory=dict)
+    """Readings failing now, with how many times in a row."""
     pcie: dict[str, float] = field(default_factory=dict)
     """Latest PCIe throughput (``pci_tx``, ``pci_rx``), from :meth:`NvmlSampler.read_pcie`."""
     cgroups: dict[int, str | None] = field(default_factory=dict)
-    """cgroups of the processes seen last tick (``None``: unreadable, or gone): a process keeps
-    its cgroup while it runs, so its file is read when it appears, not every tick. A pid absent
-    for a tick is forgotten, so a new process that reuses it is read afresh."""
+    """cgroups of the processes seen last window (``None``: unreadable, or gone): a process
+    keeps its cgroup while it runs, so its file is read when it appears, not every window. A
+    pid absent for a window is forgotten, so a new process that reuses it is read afresh."""
 
 
 @dataclass
@@ -182,47 +180,67 @@ class Tick:
     rejected: list[tuple[Any, str]]
 
 
+STATE_S = 1.0
+"""How often clocks, temperature and the performance state are read."""
+
+BUFFERS_S = 5.0
+"""How often the driver's GPU and memory utilisation sample buffers are read: they cost a
+firmware round trip each and the driver keeps more than this many seconds of them."""
+
+SETTINGS_S = 60.0
+"""How often the application clocks and the power limit are read: settings, not readings."""
+
+_NOT_FOUND = object()
+
+
 class NvmlSampler:
     """The blocking part: NVML calls, from the sampler's thread and the PCIe reader's.
 
+    Each figure is read only as often as it changes (see :meth:`tick` for the schedule), since
+    on recent drivers each query spins the calling thread for up to milliseconds.
+
     NVML is thread-safe; the two threads share nothing but ``unsupported`` (set additions,
-    atomic under the GIL) and ``pcie`` (replaced whole).
+    atomic under the GIL), ``failing`` (one key per reading, each touched by one thread) and
+    ``pcie`` (replaced whole).
 
     Kept apart from the asyncio puller so that a benchmark or a ``sensor`` command can drive it
     without an event loop.
     """
 
-    def __init__(self, config: NvmlPullerConfig, nvml: ModuleType | None = None) -> None:
+    def __init__(self, config: NvmlPullerConfig, api: Nvml | None = None) -> None:
         self.config = config
-        self.nvml = nvml if nvml is not None else load_pynvml()
+        self.api = api if api is not None else Nvml()
+        self.nvml = self.api.module
         self.devices: list[_DeviceState] = []
-        self._open = False
         self._cgroup_root = str(config.cgroup_root)
-        self._not_supported: tuple[int, ...] = (
-            self.nvml.NVML_ERROR_NOT_SUPPORTED,
-            self.nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-        )
-        self._field_unknown = (*self._not_supported, self.nvml.NVML_ERROR_INVALID_ARGUMENT)
-        nvml = self.nvml
-        # Readings of one call and one number each: (report field, reading, function, args).
-        self._simple: tuple[tuple[str, str, Any, tuple[Any, ...]], ...] = (
-            ("clock_gpu", "clock", nvml.nvmlDeviceGetClockInfo, (nvml.NVML_CLOCK_SM,)),
-            ("clock_mem", "clock_mem", nvml.nvmlDeviceGetClockInfo, (nvml.NVML_CLOCK_MEM,)),
-            (
-                "app_clock_gpu",
-                "app_clock",
-                nvml.nvmlDeviceGetApplicationsClock,
-                (nvml.NVML_CLOCK_SM,),
+        self._window_s = config.window_ms / 1000
+        self._slack_s = config.interval_ms / 2000
+        nvml: Any = self.nvml
+        self._energy_field = nvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+        # The slow readings, by group: (report field, reading, function, args).
+        self._groups: dict[str, tuple[float, tuple[tuple[str, str, Any, tuple[Any, ...]], ...]]]
+        self._groups = {
+            "state": (
+                STATE_S,
+                (
+                    ("clock_gpu", "clock", nvml.nvmlDeviceGetClockInfo, (nvml.NVML_CLOCK_SM,)),
+                    ("clock_mem", "clock_mem", nvml.nvmlDeviceGetClockInfo, (nvml.NVML_CLOCK_MEM,)),
+                    ("temperature", "temperature", nvml.nvmlDeviceGetTemperature, (0,)),
+                    ("power_state", "power_state", nvml.nvmlDeviceGetPowerState, ()),
+                ),
             ),
-            (
-                "app_clock_mem",
-                "app_clock_mem",
-                nvml.nvmlDeviceGetApplicationsClock,
-                (nvml.NVML_CLOCK_MEM,),
+            "settings": (
+                SETTINGS_S,
+                (
+                    ("app_clock_gpu", "app_clock", nvml.nvmlDeviceGetApplicationsClock,
+                     (nvml.NVML_CLOCK_SM,)),
+                    ("app_clock_mem", "app_clock_mem", nvml.nvmlDeviceGetApplicationsClock,
+                     (nvml.NVML_CLOCK_MEM,)),
+                    ("enforced_power_limit", "power_limit",
+                     nvml.nvmlDeviceGetEnforcedPowerLimit, ()),
+                ),
             ),
-            ("enforced_power_limit", "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, ()),
-            ("temperature", "temperature", nvml.nvmlDeviceGetTemperature, (0,)),
-        )
+        }  # fmt: skip
 
     def open(self, since_us: int) -> None:
         """Start NVML and look up the devices; samples older than ``since_us`` are skipped.
@@ -230,14 +248,9 @@ class NvmlSampler:
         Raises:
             NvmlUnavailable: no driver, no GPU, or a requested index that does not exist.
         """
-        nvml = self.nvml
+        self.api.init()
         try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as error:
-            raise NvmlUnavailable(describe_init_error(nvml, error)) from None
-        self._open = True
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
+            count = int(self.api.call(self.nvml.nvmlDeviceGetCount))
             if count == 0:
                 raise NvmlUnavailable("NVML: no NVIDIA GPU found (the driver reports 0 devices)")
             wanted = self.config.devices if self.config.devices is not None else range(count)
@@ -247,37 +260,94 @@ class NvmlSampler:
                     f"NVML: no GPU with index {missing[0]}; this node has {count} "
                     f"(indexes 0-{count - 1})"
                 )
-            self.devices = [
-                _DeviceState(
-                    index=index,
-                    handle=nvml.nvmlDeviceGetHandleByIndex(index),
-                    last_sample_us={kind: since_us for kind, _ in _SAMPLE_TYPES},
-                    last_process_us=since_us,
-                )
-                for index in sorted(set(wanted))
-            ]
-        except nvml.NVMLError as error:
+            self.devices = [self._device(index, since_us) for index in sorted(set(wanted))]
+        except NvmlError as error:
             self.close()
             raise NvmlUnavailable(f"NVML: cannot list the GPUs: {error}") from None
         except NvmlUnavailable:
             self.close()
             raise
 
+    def _device(self, index: int, since_us: int) -> _DeviceState:
+        """Look a GPU up, learn which calls it answers, and make its buffer readers."""
+        handle = self.api.call(self.nvml.nvmlDeviceGetHandleByIndex, index)
+        state = _DeviceState(
+            index=index,
+            handle=handle,
+            last_sample_us={kind: since_us for kind, _ in _SAMPLE_TYPES},
+            last_process_us=since_us,
+        )
+        for kind, constant in _SAMPLE_TYPES:
+            reader = self._call(state, f"samples_{kind}", SampleReader, self.api, handle,
+                                getattr(self.nvml, constant))  # fmt: skip
+            if reader is not None:
+                state.samples[kind] = reader
+        if self.api.mig_enabled(handle):
+            # NVML answers per-process utilisation only for the whole GPU, not under MIG.
+            state.unsupported.add("processes")
+            logger.info(
+                "GPU %d is in MIG mode: NVML gives no per-process utilisation there; its "
+                "power above idle stays with gpu%d",
+                index,
+                index,
+            )
+        else:
+            state.processes = self._call(state, "processes", ProcessReader, self.api, handle)
+        self._learn_fields(state)
+        return state
+
+    def _learn_fields(self, state: _DeviceState) -> None:
+        """Which power field the GPU answers, and whether the energy counter comes with it
+        (one call for both on the ticks that read energy)."""
+        nvml = self.nvml
+        wanted = [nvml.NVML_FI_DEV_POWER_INSTANT, nvml.NVML_FI_DEV_POWER_AVERAGE]
+        values = self._call(state, "power_fields", nvml.nvmlDeviceGetFieldValues,
+                            state.handle, [*wanted, self._energy_field])  # fmt: skip
+        if values is None:
+            return
+        answered = {int(v.fieldId) for v in values if v.nvmlReturn == nvml.NVML_SUCCESS}
+        state.power_field = next((f for f in wanted if f in answered), None)
+        state.energy_field = self._energy_field in answered and state.power_field is not None
+
     def close(self) -> None:
-        """Shut NVML down; safe to call twice."""
-        if self._open:
-            self._open = False
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError as error:
-                logger.warning("NVML shutdown failed: %s", error)
+        """Shut NVML down, saying which readings were still failing; safe to call twice."""
+        for state in self.devices:
+            for reading, count in sorted(state.failing.items()):
+                logger.warning(
+                    "GPU %d: %s was still failing at stop (%d times in a row)",
+                    state.index,
+                    reading,
+                    count,
+                )
+            state.failing.clear()
+        try:
+            self.api.shutdown()
+        except NvmlError as error:
+            logger.warning("NVML shutdown failed: %s", error)
 
     def tick(self) -> Tick:
-        """Read every device once."""
+        """Read every device once, each figure at its own rate:
+
+        - every tick: power (one field value, or the legacy call) and utilisation rates;
+        - every ``--window-ms``: the energy counter (in the same field-values call as power),
+          the per-process utilisation and the driver's power samples;
+        - every ``STATE_S``: clocks, temperature and performance state;
+        - every ``BUFFERS_S``: the GPU and memory utilisation sample buffers;
+        - every ``SETTINGS_S`` (and at the first tick): application clocks, power limit;
+        - PCIe throughput on its own thread (``read_pcie``).
+        """
         timestamp = datetime.now(UTC)
+        now = time.monotonic()
         rejected: list[tuple[Any, str]] = []
-        devices = {str(state.index): self._read(state, rejected) for state in self.devices}
+        devices = {str(state.index): self._read(state, now, rejected) for state in self.devices}
         return Tick(timestamp, devices, rejected)
+
+    def _due(self, state: _DeviceState, group: str, period_s: float, now: float) -> bool:
+        """Whether a group of readings is due at this tick (and if so, when it is next)."""
+        if now < state.due.get(group, 0.0):
+            return False
+        state.due[group] = now + period_s - self._slack_s
+        return True
 
     def read_pcie(self) -> None:
         """Read every device's PCIe throughput, for the ticks that follow to report.
@@ -294,101 +364,165 @@ class NvmlSampler:
                 ("pci_tx", nvml.NVML_PCIE_UTIL_TX_BYTES),
                 ("pci_rx", nvml.NVML_PCIE_UTIL_RX_BYTES),
             ):
-                value = self._call(state, name, nvml.nvmlDeviceGetPcieThroughput, counter)
+                value = self._call(state, name, nvml.nvmlDeviceGetPcieThroughput, state.handle,
+                                   counter)  # fmt: skip
                 if value is not None:
                     readings[name] = float(value)
             state.pcie = readings  # one assignment: a tick sees the old pair or the new one
 
     def _call(self, state: _DeviceState, reading: str, function: Any, *args: Any) -> Any:
-        """One NVML call; ``None`` when it fails, so the reading is left out of the report.
+        """``function(*args)``, one NVML call; ``None`` when it fails, so the reading is left
+        out of the report, and ``_NOT_FOUND`` when the driver answers NOT_FOUND (nothing new
+        since the timestamp given).
 
-        NOT_SUPPORTED is remembered per reading; any other error is logged and tried again
-        next tick (a GPU busy resetting, say, answers again later).
+        NOT_SUPPORTED and NO_PERMISSION are remembered per reading; any other error is counted
+        and the reading tried again when next due (a GPU busy resetting answers again later).
         """
         if reading in state.unsupported:
             return None
         try:
-            return function(state.handle, *args)
-        except self.nvml.NVMLError as error:
-            if getattr(error, "value", None) in self._not_supported:
-                state.unsupported.add(reading)
-                logger.info("GPU %d: %s not supported; left out", state.index, reading)
-            elif getattr(error, "value", None) != self.nvml.NVML_ERROR_NOT_FOUND:
-                logger.debug("GPU %d: %s failed: %s", state.index, reading, error)
-            return None
+            value = function(*args)
+        except NvmlError as error:
+            return self._failed(state, reading, error)
+        except self.nvml.NVMLError as raw:
+            return self._failed(state, reading, self.api.error(raw, reading))
+        if state.failing:
+            self._answered(state, reading)
+        return value
 
-    def _read(self, state: _DeviceState, rejected: list[tuple[Any, str]]) -> GPUDevice:
+    def _failed(self, state: _DeviceState, reading: str, error: NvmlError) -> Any:
+        """Account for a failed reading; what :meth:`_call` returns for it."""
+        if isinstance(error, NvmlNotFound):
+            if state.failing:
+                self._answered(state, reading)
+            return _NOT_FOUND
+        if isinstance(error, NvmlNotSupported | NvmlNoPermission):
+            state.unsupported.add(reading)
+            level = logging.INFO if isinstance(error, NvmlNotSupported) else logging.WARNING
+            logger.log(level, "GPU %d: %s: %s; left out", state.index, reading, error)
+            return None
+        count = state.failing[reading] = state.failing.get(reading, 0) + 1
+        if count == FAILURES_BEFORE_WARNING:
+            logger.warning(
+                "GPU %d: %s keeps failing (%s, %d times in a row); left out of the reports "
+                "while it fails",
+                state.index,
+                reading,
+                error,
+                count,
+            )
+        else:
+            logger.debug("GPU %d: %s failed: %s", state.index, reading, error)
+        return None
+
+    def _answered(self, state: _DeviceState, reading: str) -> None:
+        count = state.failing.pop(reading, 0)
+        if count >= FAILURES_BEFORE_WARNING:
+            logger.warning(
+                "GPU %d: %s answers again after failing %d times", state.index, reading, count
+            )
+
+    def _read(self, state: _DeviceState, now: float, rejected: list[tuple[Any, str]]) -> GPUDevice:
         nvml = self.nvml
-        fields: dict[str, Any] = {}
-        fields.update(self._power(state))
-        energy = self._call(state, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption)
-        if energy is not None:
-            fields["total_energy"] = float(energy)
-        utilization = self._call(state, "utilization", nvml.nvmlDeviceGetUtilizationRates)
+        window = self._due(state, "window", self._window_s, now)
+        fields: dict[str, Any] = self._power(state, window)
+        utilization = self._call(state, "utilization", nvml.nvmlDeviceGetUtilizationRates,
+                                 state.handle)  # fmt: skip
         if utilization is not None:
             fields["util_gpu"] = float(utilization.gpu)
             fields["util_mem"] = float(utilization.memory)
-        for name, reading, function, args in self._simple:
-            value = self._call(state, reading, function, *args)
-            if value is not None:
-                fields[name] = float(value)
+        self._slow(state, now)
+        fields.update(state.latest)
         fields.update(state.pcie)
-        power_state = self._call(state, "power_state", nvml.nvmlDeviceGetPowerState)
-        if power_state is not None:
-            fields["power_state"] = int(power_state)
-        samples = self._samples(state)
+        kinds = _WINDOW_SAMPLES if window else ()
+        if self._due(state, "buffers", BUFFERS_S, now):
+            kinds = (*kinds, *_BUFFER_SAMPLES)
+        samples = self._samples(state, kinds)
         if samples:
             fields["samples"] = samples
-        processes = self._processes(state, rejected)
+        processes = self._processes(state, rejected, asked=window)
         if processes is not None:
-            fields["processes"] = processes
+            fields["processes"], fields["process_window"] = processes
         # Every value above is already a float, int, bool or a checked list: skip validation.
         return GPUDevice.model_construct(**fields)
 
-    def _power(self, state: _DeviceState) -> dict[str, Any]:
-        """Instantaneous power where the driver has it, else its average, else the legacy call.
+    def _slow(self, state: _DeviceState, now: float) -> None:
+        """Read the groups of slow readings that are due into ``state.latest``."""
+        for group, (period_s, readings) in self._groups.items():
+            if self._due(state, group, period_s, now):
+                for name, reading, function, args in readings:
+                    value = self._call(state, reading, function, state.handle, *args)
+                    if value is None:
+                        state.latest.pop(name, None)
+                    else:
+                        state.latest[name] = int(value) if name == "power_state" else float(value)
 
-        Since Ampere, ``nvmlDeviceGetPowerUsage`` answers a one-second average; the field
-        values say which kind they are, the legacy call does not (``power_averaged`` unset).
+    def _power(self, state: _DeviceState, window: bool) -> dict[str, Any]:
+        """Power (and, when ``window``, the energy counter) in as few calls as the GPU allows:
+        one field-values call for both where it answers them, else the legacy calls.
+
+        The field values say whether power is instantaneous or the driver's 1 s average (what
+        ``nvmlDeviceGetPowerUsage`` answers since Ampere, without saying so: then
+        ``power_averaged`` is unset).
         """
         nvml = self.nvml
-        if "power_fields" not in state.unsupported:
-            values = self._call(
-                state,
-                "power_fields",
-                nvml.nvmlDeviceGetFieldValues,
-                [nvml.NVML_FI_DEV_POWER_INSTANT, nvml.NVML_FI_DEV_POWER_AVERAGE],
-            )
-            if values is not None:
-                for value, averaged in zip(values, (False, True), strict=True):
-                    if value.nvmlReturn == nvml.NVML_SUCCESS:
-                        return {"power": float(_union(value)), "power_averaged": averaged}
-                if all(value.nvmlReturn in self._field_unknown for value in values):
-                    # Drivers older than these fields: ask the legacy call from now on.
-                    state.unsupported.add("power_fields")
-        usage = self._call(state, "power_usage", nvml.nvmlDeviceGetPowerUsage)
-        return {} if usage is None else {"power": float(usage)}
+        found: dict[str, Any] = {}
+        if state.power_field is not None:
+            found = self._fields(state, window)
+        else:
+            usage = self._call(state, "power_usage", nvml.nvmlDeviceGetPowerUsage, state.handle)
+            if usage is not None:
+                found["power"] = float(usage)
+        if window and not state.energy_field:
+            energy = self._call(state, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption,
+                                state.handle)  # fmt: skip
+            if energy is not None:
+                found["total_energy"] = float(energy)
+        return found
 
-    def _samples(self, state: _DeviceState) -> dict[GPUSampleKind, list[tuple[int, float]]]:
-        """Each buffer's samples newer than the last one taken from it.
+    def _fields(self, state: _DeviceState, window: bool) -> dict[str, Any]:
+        """Power, and energy when ``window`` and the GPU has it there, in one field-values
+        call; a field that fails is accounted like a failed call."""
+        nvml = self.nvml
+        found: dict[str, Any] = {}
+        ids = [state.power_field]
+        if window and state.energy_field:
+            ids.append(self._energy_field)
+        values = self._call(state, "power_fields", nvml.nvmlDeviceGetFieldValues,
+                            state.handle, ids)  # fmt: skip
+        for value in values or ():
+            reading = "energy" if value.fieldId == self._energy_field else "power"
+            if value.nvmlReturn != nvml.NVML_SUCCESS:
+                code = int(value.nvmlReturn)
+                self._failed(state, reading, typed(code, f"field {value.fieldId}", str(code)))
+                continue
+            if state.failing:
+                self._answered(state, reading)
+            if reading == "energy":
+                found["total_energy"] = _union(value)
+            else:
+                found["power"] = _union(value)
+                found["power_averaged"] = value.fieldId == nvml.NVML_FI_DEV_POWER_AVERAGE
+        return found
+
+    def _samples(
+        self, state: _DeviceState, kinds: tuple[GPUSampleKind, ...]
+    ) -> dict[GPUSampleKind, list[tuple[int, float]]]:
+        """Each asked buffer's samples newer than the last one taken from it.
 
         NVML answers NOT_FOUND when nothing is newer; the older samples a driver may still
         return are dropped here too, so a sample never appears in two reports.
         """
-        nvml = self.nvml
         found: dict[GPUSampleKind, list[tuple[int, float]]] = {}
-        for kind, constant in _SAMPLE_TYPES:
-            answer = self._call(
-                state,
-                f"samples_{kind}",
-                nvml.nvmlDeviceGetSamples,
-                getattr(nvml, constant),
-                state.last_sample_us[kind],
-            )
-            if answer is None:
+        for kind in kinds:
+            reader = state.samples.get(kind)
+            if reader is None:
+                continue
+            last = state.last_sample_us[kind]
+            answer = self._call(state, f"samples_{kind}", reader.read, last)
+            if answer is None or answer is _NOT_FOUND:
                 continue
             value_type, raw = answer
-            last = state.last_sample_us[kind]
             member = _UNION_MEMBER.get(value_type, "uiVal")
             taken = sorted(
                 (int(s.timeStamp), float(getattr(s.sampleValue, member)))
@@ -401,41 +535,58 @@ class NvmlSampler:
         return found
 
     def _processes(
-        self, state: _DeviceState, rejected: list[tuple[Any, str]]
-    ) -> list[GPUProcess] | None:
-        """Per-process utilisation since the last tick, averaged over the samples of each pid.
+        self, state: _DeviceState, rejected: list[tuple[Any, str]], *, asked: bool
+    ) -> tuple[list[GPUProcess], tuple[int, int]] | None:
+        """The driver's per-process utilisation since its previous answer, and the window it
+        covers: (previous answer's newest sample, this answer's newest sample].
 
-        None where the device cannot tell (left out of the report); an empty list where it
-        can and no process used it (the driver's NOT_FOUND).
+        The driver records every ~200 ms which one process holds the engine; NVML gives each
+        process's mean over the samples of the window (a sample naming another process
+        counts as 0), one entry per process. A driver that gives several entries for a pid is
+        averaged over them. When nothing is new the window has no length; when the driver
+        answers NOT_FOUND for longer than ``PROCESS_SETTLE_US`` (no process used the SMs), the
+        window runs to that margin before now with no process in it.
 
-        The driver samples processes several times per tick at 10 Hz; the average is the
-        process's share over the whole interval, which is what the GPU formula divides power
-        by. A process that ran during only some of those samples is averaged over the samples
-        it appears in.
+        None where the device cannot tell (left out of the report). A tick that does not ask
+        (``asked`` false: between windows) reports a window of no length.
         """
-        answer = self._call(
-            state,
-            "processes",
-            self.nvml.nvmlDeviceGetProcessUtilization,
-            state.last_process_us,
-        )
+        start = state.last_process_us
+        if state.processes is None or "processes" in state.unsupported:
+            return None
+        if not asked:
+            return [], (start, start)
+        answer = self._call(state, "processes", state.processes.read, start)
         if "processes" in state.unsupported:
             return None
-        if not answer:
-            return []
-        last = state.last_process_us
+        if answer is None:  # failed this time: the next answer covers this window too
+            return [], (start, start)
+        if answer is _NOT_FOUND:
+            end = _now_us() - PROCESS_SETTLE_US
+            if end <= start:
+                return [], (start, start)
+            state.last_process_us = end
+            return [], (start, end)
         sums: dict[int, list[float]] = {}
-        newest = last
+        end = start
         for sample in answer:
-            stamp = sample.timeStamp
-            if stamp <= last:
+            stamp = int(sample.timeStamp)
+            if stamp <= start:
                 continue
-            newest = max(newest, int(stamp))
+            end = max(end, stamp)
             totals = sums.setdefault(int(sample.pid), [0.0, 0.0, 0])
             totals[0] += sample.smUtil
             totals[1] += sample.memUtil
             totals[2] += 1
-        state.last_process_us = newest
+        state.last_process_us = end
+        return self._named(state, sums, rejected), (start, end)
+
+    def _named(
+        self, state: _DeviceState, sums: dict[int, list[float]], rejected: list[tuple[Any, str]]
+    ) -> list[GPUProcess]:
+        """The window's processes with their cgroups, impossible readings dead-lettered.
+
+        A cgroup is read when a process appears and kept while the process is in every
+        window; a pid missing from a window is read afresh if it comes back (pid reuse)."""
         processes = []
         known = state.cgroups
         state.cgroups = {}
@@ -560,10 +711,15 @@ async def _stop_when_asked(stopping: asyncio.Event, pacer: _Pacer) -> None:
     pacer.stop()
 
 
+PROCESS_SETTLE_US = 1_000_000
+"""How long after a moment the sampler takes the driver's NOT_FOUND for "no process used the
+SMs up to then": a driver publishes its samples a little after taking them, and a window
+once closed is never reopened."""
+
 STOP_CHECK_S = 0.25
 """Longest the sampler's thread sleeps without looking whether it should stop."""
 
-PCIE_REFRESH_S = 1.0
+PCIE_REFRESH_S = 5.0
 """How often the PCIe throughput that ticks report is read again (see ``read_pcie``)."""
 
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
+from wattflow.actors.checkpoints import Checkpoints, barrier_of
 from wattflow.actors.errors import PushError
 from wattflow.actors.runtime import (
     Actor,
@@ -120,6 +121,8 @@ class PusherActor(Actor):
         self._task: asyncio.Task[Any] | None = None
         self._busy = False
         """Whether the actor is opening the sink or writing a batch (not waiting for one)."""
+        self.checkpoints: Checkpoints | None = None
+        """Told when a barrier comes: every batch before it is written."""
 
     def not_ready(self) -> str | None:
         """Why the output cannot take reports yet, or None (``/ready``).
@@ -168,6 +171,11 @@ class PusherActor(Actor):
             self._opened = True
         self._busy = False
         while (batch := await self.mailbox.get(self.queue.max_batch)) is not None:
+            barrier = barrier_of(batch)
+            if barrier is not None:
+                if self.given_up is None and self.checkpoints is not None:
+                    self.checkpoints.ack(barrier)
+                continue
             self._busy = True
             self._in_flight = batch
             if self.given_up is not None:
@@ -187,6 +195,8 @@ class PusherActor(Actor):
             )
         except PushError as error:
             self._reject(batch, str(error))
+            if self.checkpoints is not None:
+                self.checkpoints.withhold(self.name, str(error))
         else:
             self.unreachable = None
             for report, reason in refused:

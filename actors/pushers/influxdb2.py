@@ -184,15 +184,21 @@ class InfluxDB2Pusher(Pusher[InfluxDB2PusherConfig]):
             if status == 404 and "bucket" in body and not self._bucket_checked:
                 self._create_bucket()
                 return self._write(records)
-            if status in (401, 403):
-                raise PushError(f"{self.where}: not authorised ({status}): {body}") from None
-            if status >= 500 or status in (0, 429):
-                raise PushUnavailable(f"{self.where}: server answered {status}: {body}") from None
-            return f"{self.where}: server refused the write ({status}): {body}"
+            return self._refusal(status, body)
         except (urllib3.exceptions.HTTPError, OSError) as error:
             reason: Any = getattr(error, "reason", None) or error
             raise PushUnavailable(f"{self.where}: {redact_uri(str(reason))}") from None
         return None
+
+    def _refusal(self, status: int, body: str) -> str:
+        """What an error answer means: raise for one a retry may cure (the server's fault, a
+        rate limit, no answer) or that ends the output (not authorised); else the reason the
+        batch is refused, for its dead letters."""
+        if status in (401, 403):
+            raise PushError(f"{self.where}: not authorised ({status}): {body}") from None
+        if status >= 500 or status in (0, 429):
+            raise PushUnavailable(f"{self.where}: server answered {status}: {body}") from None
+        return f"{self.where}: server refused the write ({status}): {body}"
 
     def _create_bucket(self) -> None:
         assert self._client is not None

@@ -26,8 +26,54 @@
  *       power_instant power_average power_usage energy utilization clock app_clock
  *       power_limit power_state temperature pcie samples_power samples_util samples_mem
  *       processes
- *   dN.proc=1234:60:10              a process (pid:sm%:mem%) sampled every util_sample_ms;
- *                                   repeat the key for more processes
+ *   dN.proc=1234:60:10              a process (pid:sm%:mem%) in every sample, sharing the GPU
+ *                                   with the others (MPS-like); repeat the key for more processes
+ *   dN.fail=energy:GPU_IS_LOST,...  calls (by the names of call_cost_us) that fail with this
+ *                                   NVML error every time (NO_PERMISSION, NOT_SUPPORTED,
+ *                                   GPU_IS_LOST, TIMEOUT, UNKNOWN...); `energy` also fails the
+ *                                   energy field of nvmlDeviceGetFieldValues
+ *   dN.mig=1                        MIG mode on: nvmlDeviceGetMigMode answers 1 and the
+ *                                   per-process utilisation NOT_SUPPORTED, as the driver does
+ *
+ * Time-slicing, as the driver sees it (replaces dN.proc and dN.power for that device):
+ *
+ *   dN.slice=1000:0:11,700:12,900:-  who holds the engine: a period in ms, then offset:pid
+ *                                   steps within it (`-` or 0: nobody, the engine idles;
+ *                                   `~11`: pid 11's context is resident but runs nothing)
+ *   dN.slice_jitter_ms=150          each period's schedule is rotated by a pseudo-random
+ *                                   0..150 ms (whole ms; see `rotation`), so it cannot lock to
+ *                                   the sampling; every period still gives each pid its share
+ *   dN.life=12:1700000002000:1700000005000   pid 12 holds its slots only from the first to
+ *                                   the second Unix time in ms (it starts, then exits); its
+ *                                   slots are idle outside; repeatable
+ *   dN.idle_mw=60000                power with nobody on the engine
+ *   dN.pid_power=11:300000          power above idle while pid 11 holds the engine (default
+ *                                   dN.busy_mw=200000); repeatable
+ *
+ *   In that mode the driver's utilisation samples are driver-like: every util_sample_ms
+ *   (e.g. 200) one sample holds the engine's busy % over the sample period and the ONE pid
+ *   holding the engine at the sample's instant, in a ring of buffer_samples (e.g. 72).
+ *   nvmlDeviceGetProcessUtilization answers one entry per pid, averaged over all the samples
+ *   newer than lastSeenTimeStamp (a sample naming another pid, or none, counts as 0), stamped
+ *   with that pid's newest sample. Everything is piecewise constant on whole milliseconds of
+ *   Unix time, so a test computes exact truths with the same rules.
+ *
+ *   energy_step_ms=100              the energy counter (call and field 83) moves only every
+ *                                   step, as drivers' counters do (default 0: continuously)
+ *
+ * CPU cost and call counts (for the overhead benchmark):
+ *
+ *   call_costs=h100                 busy-spin per C call like an idle NVIDIA H100's driver
+ *                                   (energy 4 ms, each C call of a utilisation buffer or of
+ *                                   process utilisation 1.2 ms, app clocks 1 ms; H100_COST_US;
+ *                                   field values 0.25 ms + 0.05 ms per field, + the energy
+ *                                   call's cost when the energy field is asked: 4.35 ms)
+ *   call_cost_us=energy:4300,...    per call name (the `unsupported` names, plus field_values):
+ *                                   CPU time each C call spins; overrides the preset
+ *   FAKE_NVML_CALLS=path            (environment) at nvmlShutdown, write `name count` per
+ *                                   entry point: every C call, sizing calls included;
+ *                                   `field_values_energy` counts the field-values calls that
+ *                                   asked for the energy counter
  *
  * The curve is a function of absolute time (CLOCK_REALTIME, like NVML's CPU timestamps), so a
  * test can compute the expected value of any sample from its timestamp. The energy counter is
@@ -52,17 +98,20 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_UNKNOWN = 999,
 };
 
-enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
 enum { NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 };
 enum { NVML_TOTAL_POWER_SAMPLES = 0, NVML_GPU_UTILIZATION_SAMPLES = 1,
        NVML_MEMORY_UTILIZATION_SAMPLES = 2 };
 enum { NVML_PCIE_UTIL_TX_BYTES = 0, NVML_PCIE_UTIL_RX_BYTES = 1 };
-enum { NVML_FI_DEV_POWER_AVERAGE = 185, NVML_FI_DEV_POWER_INSTANT = 186 };
+enum { NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83, NVML_FI_DEV_POWER_AVERAGE = 185,
+       NVML_FI_DEV_POWER_INSTANT = 186, NVML_FI_DEV_ENERGY = 191 };
 
 typedef union {
     double dVal;
@@ -106,6 +155,7 @@ typedef struct {
 #define MAX_DEVICES 16
 #define MAX_STEPS 64
 #define MAX_PROCS 16
+#define MAX_SLOTS 32
 
 enum {
     U_POWER_INSTANT = 1 << 0, U_POWER_AVERAGE = 1 << 1, U_POWER_USAGE = 1 << 2,
@@ -124,7 +174,40 @@ static const struct { const char *name; unsigned bit; } UNSUPPORTED_NAMES[] = {
     {"samples_mem", U_SAMPLES_MEM}, {"processes", U_PROCESSES},
 };
 
+/* Entry points, for call counts and costs: the `unsupported` names, plus field_values. */
+enum {
+    C_POWER_USAGE, C_ENERGY, C_FIELD_VALUES, C_UTILIZATION, C_CLOCK, C_APP_CLOCK, C_POWER_LIMIT,
+    C_POWER_STATE, C_TEMPERATURE, C_PCIE, C_SAMPLES_POWER, C_SAMPLES_UTIL, C_SAMPLES_MEM,
+    C_PROCESSES, C_FIELD_ENERGY, C_COUNT
+};
+static const char *CALL_NAMES[C_COUNT] = {
+    "power_usage", "energy", "field_values", "utilization", "clock", "app_clock", "power_limit",
+    "power_state", "temperature", "pcie", "samples_power", "samples_util", "samples_mem",
+    "processes", "field_values_energy",
+};
+/* Field values cost their base (call_cost_us[C_FIELD_VALUES]) plus this per field, plus the
+ * energy call's cost when they include the energy field (energy is what costs there). */
+static unsigned long long field_cost_us;
+
+/* CPU µs per C call on an idle NVIDIA H100 (driver 580.159.04), from the project's timings of
+ * pynvml's calls (2026-11-24): pynvml's buffer readers make two C calls each (size, then
+ * fill), so each of those C calls is half its figure (an assumption: the driver does not say
+ * what the sizing call costs alone). Field values with the energy field took 4.4 ms, 6 fields
+ * with it 4.7 ms: the base here, with field_cost_us per field and the energy call's cost. */
+static const unsigned long long H100_COST_US[C_COUNT] = {
+    /* power_usage energy field_values utilization clock app_clock power_limit */
+    55, 4000, 250, 50, 50, 1000, 150,
+    /* power_state temperature pcie samples_power samples_util samples_mem processes */
+    50, 50, 800, 145, 1200, 1200, 1150,
+    /* field_values_energy: counted only (the cost is in field_values) */
+    0,
+};
+static unsigned long long call_cost_us[C_COUNT];
+static unsigned long long call_count[C_COUNT];
+
 typedef struct { unsigned int pid, sm, mem; } fake_proc;
+typedef struct { unsigned int pid; unsigned long long from_ms, to_ms; } fake_life;
+typedef struct { unsigned int pid, mw; } fake_pid_power;
 
 /* The opaque nvmlDevice_t handles point at these. */
 struct fake_device {
@@ -139,6 +222,22 @@ struct fake_device {
     unsigned unsupported;
     int procs;
     fake_proc proc[MAX_PROCS];
+    /* time-slicing: all in whole ms */
+    unsigned long long slice_ms, jitter_ms;
+    int slots;
+    unsigned long long slot_at_ms[MAX_SLOTS];
+    unsigned int slot_pid[MAX_SLOTS];
+    int slot_busy[MAX_SLOTS];
+    int lives;
+    fake_life life[MAX_PROCS];
+    int pid_powers;
+    fake_pid_power pid_power[MAX_PROCS];
+    unsigned int idle_mw, busy_mw;
+    int fail[C_COUNT];                  /* NVML error each entry point fails with; 0: none */
+    int mig;
+    unsigned long long cache_ms;        /* energy integral up to cache_ms, in mW·ms */
+    unsigned __int128 cache_energy;
+    unsigned __int128 init_energy;      /* energy_to(init_us) */
     /* "now" of the last size query: the fill call that follows answers for the same moment,
      * so a sample grid point passing between the two calls cannot truncate the answer. */
     unsigned long long sizing_now_us[4];
@@ -152,6 +251,104 @@ static unsigned long long init_us;
 static unsigned long long power_sample_us = 20000, util_sample_us = 50000;
 static unsigned long long pcie_delay_us = 0;
 static unsigned long long buffer_samples = 100;
+static unsigned long long energy_step_us = 0;
+
+/* Burn `us` of this thread's CPU time, as a driver spinning on its firmware's answer does. */
+static void spin(unsigned long long us) {
+    if (!us) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    unsigned long long end = (unsigned long long)ts.tv_sec * 1000000000ULL +
+                             (unsigned long long)ts.tv_nsec + us * 1000ULL;
+    for (;;) {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        if ((unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec >= end)
+            return;
+    }
+}
+
+static unsigned int busy_percent(const struct fake_device *d, unsigned long long t);
+
+static void called(int which) {
+    __atomic_add_fetch(&call_count[which], 1, __ATOMIC_RELAXED);
+    spin(call_cost_us[which]);
+}
+
+/* ---- time-slicing: who holds the engine at each whole millisecond ---- */
+
+/* How far period k's schedule is rotated, in ms: a fixed hash, mirrored by the tests. */
+static unsigned long long rotation(const struct fake_device *d, unsigned long long k) {
+    if (!d->jitter_ms) return 0;
+    unsigned int h = (unsigned int)(k * 2654435761ULL);
+    h ^= h >> 15;
+    return h % (unsigned int)(d->jitter_ms + 1);
+}
+
+static int alive(const struct fake_device *d, unsigned int pid, unsigned long long ms) {
+    int listed = 0;
+    for (int i = 0; i < d->lives; i++) {
+        if (d->life[i].pid != pid) continue;
+        listed = 1;
+        if (ms >= d->life[i].from_ms && ms < d->life[i].to_ms)
+            return 1;
+    }
+    return !listed;
+}
+
+/* The pid whose context is resident on the engine during millisecond `ms` (Unix time), 0 for
+ * nobody; `busy` says whether the engine runs its work then. */
+static unsigned int resident(const struct fake_device *d, unsigned long long ms, int *busy) {
+    unsigned long long k = ms / d->slice_ms;
+    unsigned long long offset = (ms % d->slice_ms + rotation(d, k)) % d->slice_ms;
+    int slot = 0;
+    for (int i = 0; i < d->slots && d->slot_at_ms[i] <= offset; i++) slot = i;
+    unsigned int pid = d->slot_pid[slot];
+    if (!pid || !alive(d, pid, ms)) {
+        *busy = 0;
+        return 0;
+    }
+    *busy = d->slot_busy[slot];
+    return pid;
+}
+
+/* The pid running work on the engine during millisecond `ms`, 0 for nobody. */
+static unsigned int owner(const struct fake_device *d, unsigned long long ms) {
+    int busy = 0;
+    unsigned int pid = resident(d, ms, &busy);
+    return busy ? pid : 0;
+}
+
+static unsigned int slice_power_mw(const struct fake_device *d, unsigned long long ms) {
+    unsigned int pid = owner(d, ms);
+    if (!pid) return d->idle_mw;
+    for (int i = 0; i < d->pid_powers; i++)
+        if (d->pid_power[i].pid == pid) return d->idle_mw + d->pid_power[i].mw;
+    return d->idle_mw + d->busy_mw;
+}
+
+/* Energy of the slicing device from a fixed origin to t, in mW·µs. The integral is cached up
+ * to the newest millisecond asked for and walked from there, forwards or back; the origin's
+ * offset is a constant, which every difference of the counter cancels. */
+static unsigned __int128 slice_energy_to(struct fake_device *d, unsigned long long t) {
+    unsigned long long ms = t / 1000ULL;
+    if (!d->cache_ms) {
+        d->cache_ms = ms;
+        d->cache_energy = (unsigned __int128)ms * 1000000ULL;
+    }
+    for (; d->cache_ms < ms; d->cache_ms++) d->cache_energy += slice_power_mw(d, d->cache_ms);
+    unsigned __int128 energy = d->cache_energy;
+    for (unsigned long long back = d->cache_ms; back > ms; back--)
+        energy -= slice_power_mw(d, back - 1);
+    return energy * 1000U + (unsigned __int128)slice_power_mw(d, ms) * (t % 1000ULL);
+}
+
+/* Milliseconds of [from_ms, to_ms) the engine was busy. */
+static unsigned long long busy_ms(const struct fake_device *d, unsigned long long from_ms,
+                                  unsigned long long to_ms) {
+    unsigned long long busy = 0;
+    for (unsigned long long ms = from_ms; ms < to_ms; ms++) busy += owner(d, ms) != 0;
+    return busy;
+}
 
 static unsigned long long now_us(void) {
     struct timespec ts;
@@ -161,6 +358,7 @@ static unsigned long long now_us(void) {
 
 /* Power in mW at absolute time t (µs). */
 static unsigned int power_at(const struct fake_device *d, unsigned long long t) {
+    if (d->slice_ms) return slice_power_mw(d, t / 1000ULL);
     unsigned long long offset = t % d->period_us;
     unsigned int mw = d->step_mw[0];
     for (int i = 0; i < d->steps && d->step_at_us[i] <= offset; i++) mw = d->step_mw[i];
@@ -168,7 +366,8 @@ static unsigned int power_at(const struct fake_device *d, unsigned long long t) 
 }
 
 /* Integral of the curve from absolute time 0 to t, in mW·µs (exact, 128-bit). */
-static unsigned __int128 energy_to(const struct fake_device *d, unsigned long long t) {
+static unsigned __int128 energy_to(struct fake_device *d, unsigned long long t) {
+    if (d->slice_ms) return slice_energy_to(d, t);
     unsigned __int128 per_period = 0, partial = 0;
     unsigned long long offset = t % d->period_us;
     for (int i = 0; i < d->steps; i++) {
@@ -181,13 +380,14 @@ static unsigned __int128 energy_to(const struct fake_device *d, unsigned long lo
     return per_period * (t / d->period_us) + partial;
 }
 
-/* Energy in mJ since nvmlInit. */
-static unsigned long long energy_mj(const struct fake_device *d, unsigned long long t) {
-    return (unsigned long long)((energy_to(d, t) - energy_to(d, init_us)) / 1000000U);
+/* Energy in mJ since nvmlInit (up to the counter's last step, when it steps). */
+static unsigned long long energy_mj(struct fake_device *d, unsigned long long t) {
+    if (energy_step_us) t -= t % energy_step_us;
+    return (unsigned long long)((energy_to(d, t) - d->init_energy) / 1000000U);
 }
 
 /* Average power over the second before t, as drivers report it for POWER_AVERAGE. */
-static unsigned int power_average(const struct fake_device *d, unsigned long long t) {
+static unsigned int power_average(struct fake_device *d, unsigned long long t) {
     return (unsigned int)((energy_to(d, t) - energy_to(d, t - 1000000ULL)) / 1000000U);
 }
 
@@ -195,7 +395,21 @@ static int parse_error(const char *name) {
     if (!strcmp(name, "LIBRARY_NOT_FOUND")) return NVML_ERROR_LIBRARY_NOT_FOUND;
     if (!strcmp(name, "DRIVER_NOT_LOADED")) return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!strcmp(name, "NO_PERMISSION")) return NVML_ERROR_NO_PERMISSION;
+    if (!strcmp(name, "NOT_SUPPORTED")) return NVML_ERROR_NOT_SUPPORTED;
+    if (!strcmp(name, "GPU_IS_LOST")) return NVML_ERROR_GPU_IS_LOST;
+    if (!strcmp(name, "TIMEOUT")) return NVML_ERROR_TIMEOUT;
     return NVML_ERROR_UNKNOWN;
+}
+
+/* `energy:GPU_IS_LOST,processes:UNKNOWN`: entry points that fail, and how. */
+static void parse_fail(struct fake_device *d, char *value) {
+    for (char *item = strtok(value, ","); item; item = strtok(NULL, ",")) {
+        char *colon = strchr(item, ':');
+        if (!colon) continue;
+        *colon = 0;
+        for (int i = 0; i < C_COUNT; i++)
+            if (!strcmp(item, CALL_NAMES[i])) d->fail[i] = parse_error(colon + 1);
+    }
 }
 
 static void parse_power(struct fake_device *d, char *value) {
@@ -218,9 +432,52 @@ static void parse_unsupported(struct fake_device *d, char *value) {
     }
 }
 
+/* `1000:0:11,700:12,900:-`: a period in ms, then offset:pid steps (`-` for nobody). */
+static void parse_slice(struct fake_device *d, char *value) {
+    char *rest = NULL;
+    d->slice_ms = strtoull(value, &rest, 10);
+    d->slots = 0;
+    if (!d->slice_ms || !rest || *rest != ':') {
+        d->slice_ms = 0;
+        return;
+    }
+    for (char *item = strtok(rest + 1, ","); item && d->slots < MAX_SLOTS;
+         item = strtok(NULL, ",")) {
+        char *colon = strchr(item, ':');
+        if (!colon) continue;
+        d->slot_at_ms[d->slots] = strtoull(item, NULL, 10);
+        char *pid = colon + 1;
+        d->slot_busy[d->slots] = *pid != '-' && *pid != '~';
+        d->slot_pid[d->slots] = *pid == '-' ? 0 : (unsigned)strtoul(pid + (*pid == '~'), NULL, 10);
+        if (!d->slot_pid[d->slots]) d->slot_busy[d->slots] = 0;
+        d->slots++;
+    }
+}
+
+static void parse_call_costs(char *value) {
+    for (char *item = strtok(value, ","); item; item = strtok(NULL, ",")) {
+        char *colon = strchr(item, ':');
+        if (!colon) continue;
+        *colon = 0;
+        for (int i = 0; i < C_COUNT; i++)
+            if (!strcmp(item, CALL_NAMES[i])) call_cost_us[i] = strtoull(colon + 1, NULL, 10);
+    }
+}
+
 static void device_key(struct fake_device *d, const char *key, char *value) {
     unsigned long v = strtoul(value, NULL, 10);
     if (!strcmp(key, "power")) parse_power(d, value);
+    else if (!strcmp(key, "slice")) parse_slice(d, value);
+    else if (!strcmp(key, "slice_jitter_ms")) d->jitter_ms = v;
+    else if (!strcmp(key, "idle_mw")) d->idle_mw = (unsigned)v;
+    else if (!strcmp(key, "busy_mw")) d->busy_mw = (unsigned)v;
+    else if (!strcmp(key, "life") && d->lives < MAX_PROCS) {
+        fake_life *l = &d->life[d->lives];
+        if (sscanf(value, "%u:%llu:%llu", &l->pid, &l->from_ms, &l->to_ms) == 3) d->lives++;
+    } else if (!strcmp(key, "pid_power") && d->pid_powers < MAX_PROCS) {
+        fake_pid_power *pp = &d->pid_power[d->pid_powers];
+        if (sscanf(value, "%u:%u", &pp->pid, &pp->mw) == 2) d->pid_powers++;
+    }
     else if (!strcmp(key, "period_ms")) d->period_us = v ? v * 1000ULL : 1000000ULL;
     else if (!strcmp(key, "util_gpu")) d->util_gpu = (unsigned)v;
     else if (!strcmp(key, "util_mem")) d->util_mem = (unsigned)v;
@@ -234,6 +491,8 @@ static void device_key(struct fake_device *d, const char *key, char *value) {
     else if (!strcmp(key, "pcie_tx")) d->pcie_tx = (unsigned)v;
     else if (!strcmp(key, "pcie_rx")) d->pcie_rx = (unsigned)v;
     else if (!strcmp(key, "unsupported")) parse_unsupported(d, value);
+    else if (!strcmp(key, "fail")) parse_fail(d, value);
+    else if (!strcmp(key, "mig")) d->mig = (int)v;
     else if (!strcmp(key, "proc") && d->procs < MAX_PROCS) {
         fake_proc *p = &d->proc[d->procs];
         if (sscanf(value, "%u:%u:%u", &p->pid, &p->sm, &p->mem) == 3) d->procs++;
@@ -258,8 +517,12 @@ static void defaults(void) {
         d->temperature = 40;
         d->pcie_tx = 1000;
         d->pcie_rx = 2000;
+        d->busy_mw = 200000;
     }
+    memset(call_cost_us, 0, sizeof call_cost_us);
+    field_cost_us = 0;
     device_count = 0;
+    energy_step_us = 0;
     power_sample_us = 20000;
     pcie_delay_us = 0;
     util_sample_us = 50000;
@@ -290,6 +553,12 @@ static nvmlReturn_t load_scenario(void) {
         else if (!strcmp(key, "util_sample_ms")) util_sample_us = v ? v * 1000ULL : 50000ULL;
         else if (!strcmp(key, "buffer_samples")) buffer_samples = v ? v : 100;
         else if (!strcmp(key, "pcie_delay_ms")) pcie_delay_us = v * 1000ULL;
+        else if (!strcmp(key, "energy_step_ms")) energy_step_us = v * 1000ULL;
+        else if (!strcmp(key, "call_costs") && !strcmp(value, "h100")) {
+            memcpy(call_cost_us, H100_COST_US, sizeof call_cost_us);
+            field_cost_us = 50;
+        }
+        else if (!strcmp(key, "call_cost_us")) parse_call_costs(value);
         else if (sscanf(key, "d%u.%n", &index, &used) == 1 && used && index < MAX_DEVICES)
             device_key(&devices[index], key + used, value);
     }
@@ -303,9 +572,28 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     nvmlReturn_t result = load_scenario();
     if (result != NVML_SUCCESS) return result;
-    if (!initialised) init_us = now_us();
+    if (!initialised) {
+        init_us = now_us();
+        for (unsigned i = 0; i < device_count; i++) devices[i].init_energy = energy_to(&devices[i], init_us);
+    }
     initialised++;
     return NVML_SUCCESS;
+}
+
+static void write_call_counts(void) {
+    const char *path = getenv("FAKE_NVML_CALLS");
+    if (!path) return;
+    FILE *file = fopen(path, "w");
+    if (!file) return;
+    for (int i = 0; i < C_COUNT; i++) fprintf(file, "%s %llu\n", CALL_NAMES[i], call_count[i]);
+    fclose(file);
+}
+
+/* Not NVML's: how many C calls an entry point has had, for a benchmark in the same process. */
+unsigned long long fakeNvmlCallCount(const char *name) {
+    for (int i = 0; i < C_COUNT; i++)
+        if (!strcmp(name, CALL_NAMES[i])) return call_count[i];
+    return 0;
 }
 
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
@@ -313,6 +601,7 @@ nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     initialised--;
+    if (!initialised) write_call_counts();
     return NVML_SUCCESS;
 }
 
@@ -328,6 +617,8 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
     }
 }
@@ -354,27 +645,36 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
 }
 
 /* The checks every device query starts with. */
-#define DEVICE_CALL(device, out, bit)                                      \
+#define DEVICE_CALL(device, out, bit, which)                               \
     do {                                                                   \
+        called(which);                                                     \
         if (!initialised) return NVML_ERROR_UNINITIALIZED;                 \
         if (!(device) || !(out)) return NVML_ERROR_INVALID_ARGUMENT;       \
         if ((device)->unsupported & (bit)) return NVML_ERROR_NOT_SUPPORTED; \
+        if ((device)->fail[which]) return (device)->fail[which];           \
     } while (0)
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
-    DEVICE_CALL(device, power, U_POWER_USAGE);
+    DEVICE_CALL(device, power, U_POWER_USAGE, C_POWER_USAGE);
     *power = power_average(device, now_us());
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
-    DEVICE_CALL(device, energy, U_ENERGY);
+    DEVICE_CALL(device, energy, U_ENERGY, C_ENERGY);
     *energy = energy_mj(device, now_us());
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
-    DEVICE_CALL(device, values, 0);
+    DEVICE_CALL(device, values, 0, C_FIELD_VALUES);
+    int energy_asked = 0;
+    for (int i = 0; i < count; i++)
+        energy_asked |= values[i].fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
+                        values[i].fieldId == NVML_FI_DEV_ENERGY;
+    if (energy_asked) __atomic_add_fetch(&call_count[C_FIELD_ENERGY], 1, __ATOMIC_RELAXED);
+    spin(field_cost_us * (unsigned long long)(count > 0 ? count : 0) +
+         (energy_asked ? call_cost_us[C_ENERGY] : 0));
     unsigned long long now = now_us();
     for (int i = 0; i < count; i++) {
         nvmlFieldValue_t *v = &values[i];
@@ -384,6 +684,14 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
         v->value.ullVal = 0;
         if (v->fieldId == NVML_FI_DEV_POWER_INSTANT && !(device->unsupported & U_POWER_INSTANT)) {
             v->value.uiVal = power_at(device, now);
+            v->nvmlReturn = NVML_SUCCESS;
+        } else if ((v->fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
+                    v->fieldId == NVML_FI_DEV_ENERGY) && device->fail[C_ENERGY]) {
+            v->nvmlReturn = (unsigned)device->fail[C_ENERGY];
+        } else if ((v->fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
+                    v->fieldId == NVML_FI_DEV_ENERGY) && !(device->unsupported & U_ENERGY)) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->value.ullVal = energy_mj(device, now);
             v->nvmlReturn = NVML_SUCCESS;
         } else if (v->fieldId == NVML_FI_DEV_POWER_AVERAGE &&
                    !(device->unsupported & U_POWER_AVERAGE)) {
@@ -397,8 +705,11 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
 }
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
-    DEVICE_CALL(device, utilization, U_UTILIZATION);
-    utilization->gpu = device->util_gpu;
+    DEVICE_CALL(device, utilization, U_UTILIZATION, C_UTILIZATION);
+    /* slicing: the engine's busy % over the newest utilisation sample period, as drivers do */
+    unsigned long long now = now_us();
+    utilization->gpu = device->slice_ms ? busy_percent(device, now - now % util_sample_us)
+                                        : device->util_gpu;
     utilization->memory = device->util_mem;
     return NVML_SUCCESS;
 }
@@ -412,31 +723,31 @@ static nvmlReturn_t clock_of(unsigned int type, unsigned int sm, unsigned int me
 }
 
 nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock) {
-    DEVICE_CALL(device, clock, U_CLOCK);
+    DEVICE_CALL(device, clock, U_CLOCK, C_CLOCK);
     return clock_of(type, device->clock_sm, device->clock_mem, clock);
 }
 
 nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, unsigned int type,
                                             unsigned int *clock) {
-    DEVICE_CALL(device, clock, U_APP_CLOCK);
+    DEVICE_CALL(device, clock, U_APP_CLOCK, C_APP_CLOCK);
     return clock_of(type, device->app_clock_sm, device->app_clock_mem, clock);
 }
 
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
-    DEVICE_CALL(device, limit, U_POWER_LIMIT);
+    DEVICE_CALL(device, limit, U_POWER_LIMIT, C_POWER_LIMIT);
     *limit = device->power_limit;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, unsigned int *pstate) {
-    DEVICE_CALL(device, pstate, U_POWER_STATE);
+    DEVICE_CALL(device, pstate, U_POWER_STATE, C_POWER_STATE);
     *pstate = device->pstate;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensor,
                                       unsigned int *temperature) {
-    DEVICE_CALL(device, temperature, U_TEMPERATURE);
+    DEVICE_CALL(device, temperature, U_TEMPERATURE, C_TEMPERATURE);
     if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
     *temperature = device->temperature;
     return NVML_SUCCESS;
@@ -444,7 +755,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensor,
 
 nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned int counter,
                                          unsigned int *value) {
-    DEVICE_CALL(device, value, U_PCIE);
+    DEVICE_CALL(device, value, U_PCIE, C_PCIE);
     if (pcie_delay_us) {
         struct timespec pause = {(time_t)(pcie_delay_us / 1000000ULL),
                                  (long)(pcie_delay_us % 1000000ULL) * 1000L};
@@ -476,13 +787,20 @@ static unsigned long long moment(struct fake_device *device, int slot, int sizin
     return at ? at : now_us();
 }
 
+/* The engine's busy % over the utilisation sample period that ends at t. */
+static unsigned int busy_percent(const struct fake_device *d, unsigned long long t) {
+    unsigned long long period_ms = util_sample_us / 1000ULL, end_ms = t / 1000ULL;
+    if (!period_ms) return 0;
+    return (unsigned int)(busy_ms(d, end_ms - period_ms, end_ms) * 100ULL / period_ms);
+}
+
 nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
                                   unsigned long long lastSeenTimeStamp,
                                   unsigned int *sampleValType, unsigned int *sampleCount,
                                   nvmlSample_t *samples) {
     static const unsigned bits[] = {U_SAMPLES_POWER, U_SAMPLES_UTIL, U_SAMPLES_MEM};
     if (type > NVML_MEMORY_UTILIZATION_SAMPLES) return NVML_ERROR_NOT_SUPPORTED;
-    DEVICE_CALL(device, sampleCount, bits[type]);
+    DEVICE_CALL(device, sampleCount, bits[type], C_SAMPLES_POWER + (int)type);
     if (!sampleValType) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned long long period = type == NVML_TOTAL_POWER_SAMPLES ? power_sample_us : util_sample_us;
     unsigned long long now = moment(device, (int)type, samples == NULL);
@@ -504,6 +822,8 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
         samples[i].timeStamp = t;
         samples[i].sampleValue.ullVal = 0;
         if (type == NVML_TOTAL_POWER_SAMPLES) samples[i].sampleValue.uiVal = power_at(device, t);
+        else if (type == NVML_GPU_UTILIZATION_SAMPLES && device->slice_ms)
+            samples[i].sampleValue.uiVal = busy_percent(device, t);
         else if (type == NVML_GPU_UTILIZATION_SAMPLES) samples[i].sampleValue.uiVal = device->util_gpu;
         else samples[i].sampleValue.uiVal = device->util_mem;
     }
@@ -511,11 +831,71 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type,
     return NVML_SUCCESS;
 }
 
+/* One entry per pid, as the driver gives them: what a pid got, summed over the samples newer
+ * than `after`; `count` samples in all. Returns how many pids. */
+typedef struct { unsigned int pid; unsigned long long sum, newest; } pid_total;
+
+static int slice_totals(const struct fake_device *d, unsigned long long after,
+                        unsigned long long now, pid_total *totals, unsigned long long *count) {
+    unsigned long long first;
+    *count = grid_window(util_sample_us, after, now, &first);
+    int n = 0;
+    for (unsigned long long i = 0; i < *count; i++) {
+        unsigned long long t = first + i * util_sample_us;
+        int busy = 0;
+        unsigned int pid = resident(d, t / 1000ULL - 1, &busy); /* resident at the instant */
+        if (!pid) continue;
+        int j = 0;
+        while (j < n && totals[j].pid != pid) j++;
+        if (j == n) {
+            if (n == MAX_SLOTS) continue;
+            totals[n++] = (pid_total){pid, 0, 0};
+        }
+        totals[j].sum += busy_percent(d, t);
+        totals[j].newest = t;
+    }
+    /* a pid whose samples all read 0 % had no "non-zero utilization": not listed */
+    int kept = 0;
+    for (int j = 0; j < n; j++)
+        if (totals[j].sum) totals[kept++] = totals[j];
+    return kept;
+}
+
+static nvmlReturn_t slice_processes(struct fake_device *device,
+                                    nvmlProcessUtilizationSample_t *utilization,
+                                    unsigned int *processSamplesCount,
+                                    unsigned long long lastSeenTimeStamp) {
+    unsigned long long now = moment(device, 3, utilization == NULL);
+    pid_total totals[MAX_SLOTS];
+    unsigned long long samples = 0;
+    int n = slice_totals(device, lastSeenTimeStamp, now, totals, &samples);
+    if (n == 0) {
+        device->sizing_now_us[3] = 0;
+        *processSamplesCount = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!utilization || *processSamplesCount < (unsigned)n) {
+        *processSamplesCount = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    device->sizing_now_us[3] = 0;
+    for (int j = 0; j < n; j++) {
+        utilization[j] = (nvmlProcessUtilizationSample_t){
+            .pid = totals[j].pid, .timeStamp = totals[j].newest,
+            .smUtil = (unsigned)((totals[j].sum + samples / 2) / samples)};
+    }
+    *processSamplesCount = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                              nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *processSamplesCount,
                                              unsigned long long lastSeenTimeStamp) {
-    DEVICE_CALL(device, processSamplesCount, U_PROCESSES);
+    DEVICE_CALL(device, processSamplesCount, U_PROCESSES, C_PROCESSES);
+    if (device->mig) return NVML_ERROR_NOT_SUPPORTED;
+    if (device->slice_ms)
+        return slice_processes(device, utilization, processSamplesCount, lastSeenTimeStamp);
     unsigned long long now = moment(device, 3, utilization == NULL);
     unsigned long long first;
     unsigned long long points = device->procs ? grid_window(util_sample_us, lastSeenTimeStamp,
@@ -542,5 +922,35 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         }
     }
     *processSamplesCount = n;
+    return NVML_SUCCESS;
+}
+
+/* ---- identity and MIG, for `wattflow check` ---- */
+
+static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, text);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return copy_text("580.159.04-stand-in", version, length);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    return copy_text("13.580.159.04-stand-in", version, length);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    return copy_text("NVML stand-in GPU", name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = (unsigned)device->mig;
     return NVML_SUCCESS;
 }

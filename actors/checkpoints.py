@@ -1,0 +1,336 @@
+"""Acknowledged checkpoints: an input's position and the formulas' state, committed together
+once every output has written what came before them.
+
+An input that can resume (the MongoDB input in stream mode) reports its position at each batch
+boundary (:meth:`Checkpoints.boundary`). Once an interval, when every such input stands at a
+boundary, a :class:`Barrier` goes into the router's mailbox behind everything they handed on. It
+travels the pipeline like any batch, in order: each formula actor, on taking it, snapshots the
+state of its instances (:meth:`Formula.state`: learned models, their windows, and the ticks a
+formula still holds) and passes it on; each output, on taking it, has written (or
+dead-lettered with a reason other than an outage) every batch before it, and acknowledges it.
+When the last acknowledgement is in, the positions and the snapshots are saved as one document
+(:class:`StateStore`). A crash then re-reads only what came after that barrier, and the restored
+formulas hold exactly what they held at it: nothing is lost, nothing is estimated from nothing
+again, and an idempotent output (MongoDB by ``_id``, InfluxDB by series and time) writes each
+report once.
+
+The cost is one check per input batch and one barrier per interval: no per-report bookkeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import time
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from wattflow.formats.frames import Frame
+from wattflow.formats.reports import Report
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+"""The layout of a saved checkpoint; a checkpoint of another version is not restored."""
+
+MAX_STATE_BYTES = 8 << 20
+"""The largest compressed checkpoint saved (MongoDB's documents end at 16 MiB): a larger one is
+not saved, the last one stays, and the log says so."""
+
+
+class Barrier(Frame):
+    """A checkpoint's marker: a frame of no reports, travelling alone through the mailboxes.
+
+    ``final`` marks the one sent at a clean stop: the formulas snapshot after their flush.
+    """
+
+    kind: ClassVar[str] = "checkpoint barrier"
+    __slots__ = ("epoch", "final")
+
+    def __init__(self, epoch: int, *, final: bool = False) -> None:
+        self.epoch = epoch
+        self.final = final
+
+    def __len__(self) -> int:
+        return 0
+
+    def reports(self) -> list[Report]:
+        return []
+
+
+def barrier_of(batch: Sequence[Any]) -> Barrier | None:
+    """The barrier a batch is, if it is one (barriers travel alone; pairs as in formula
+    mailboxes are looked into)."""
+    if len(batch) != 1:
+        return None
+    item = batch[0]
+    if type(item) is tuple:
+        item = item[1]
+    return item if type(item) is Barrier else None
+
+
+# --- encoding state -------------------------------------------------------------------------
+
+
+def pack_floats(values: Any) -> dict[str, Any] | None:
+    """Floats (a list, list of lists or array) as exact bytes: JSON has no NaN, and text loses
+    nothing here but costs more."""
+    if values is None:
+        return None
+    array = np.asarray(values, dtype=np.float64)
+    return {"shape": list(array.shape), "f8": base64.b64encode(array.tobytes()).decode()}
+
+
+def unpack_floats(packed: dict[str, Any] | None) -> npt.NDArray[np.float64] | None:
+    """The array :func:`pack_floats` packed."""
+    if packed is None:
+        return None
+    data = np.frombuffer(base64.b64decode(packed["f8"]), dtype=np.float64)
+    return data.reshape(packed["shape"]).copy()
+
+
+def encode_checkpoint(checkpoint: dict[str, Any]) -> bytes:
+    """A checkpoint as compressed JSON (an input's position values JSON has no type for, such
+    as ObjectIds, as their text: an input that keeps its position itself reads its own)."""
+    return zlib.compress(orjson.dumps(checkpoint, default=str), 3)
+
+
+def decode_checkpoint(data: bytes) -> dict[str, Any] | None:
+    """A checkpoint :func:`encode_checkpoint` made, or ``None`` for another version."""
+    checkpoint: dict[str, Any] = orjson.loads(zlib.decompress(data))
+    if checkpoint.get("version") != STATE_VERSION:
+        logger.warning(
+            "saved state of version %s, not %s: starting without it",
+            checkpoint.get("version"),
+            STATE_VERSION,
+        )
+        return None
+    return checkpoint
+
+
+class StateStore(ABC):
+    """Where checkpoints are kept."""
+
+    @abstractmethod
+    async def save(self, data: bytes, positions: dict[str, Any]) -> None:
+        """Keep a checkpoint (``data``, :func:`encode_checkpoint`'s) and the inputs' positions
+        it holds, replacing the previous one in one step."""
+
+    async def load(self) -> bytes | None:
+        """The checkpoint saved last, if any, before the pipeline starts (a store that is
+        read by its input instead returns None and the input restores it)."""
+        return None
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where, for the log."""
+
+
+class FileStateStore(StateStore):
+    """A local file (``--state-file``), replaced atomically on each save."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    async def load(self) -> bytes | None:
+        try:
+            return await asyncio.to_thread(self.path.read_bytes)
+        except FileNotFoundError:
+            return None
+
+    async def save(self, data: bytes, positions: dict[str, Any]) -> None:
+        await asyncio.to_thread(_replace_file, self.path, data)
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write a file whole or not at all: a crash mid-save leaves the previous one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+class _Open:
+    """A barrier on its way: what it carries and who has answered."""
+
+    __slots__ = ("acks", "epoch", "positions", "sent", "states")
+
+    def __init__(self, epoch: int, positions: dict[str, Any]) -> None:
+        self.epoch = epoch
+        self.positions = positions
+        self.states: dict[str, dict[str, Any]] = {}
+        self.sent = 0
+        self.acks = 0
+
+
+class Checkpoints:
+    """Starts barriers, gathers the formulas' snapshots and the outputs' acknowledgements, and
+    saves each checkpoint once it is complete (one save at a time, the newest one waiting).
+
+    One barrier is on its way at a time: an output that cannot write holds the checkpoint back,
+    and no more barriers pile up behind it.
+    """
+
+    def __init__(self, store: StateStore | None, interval_s: float, formulas: int) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.formulas = formulas
+        """Formula actors that snapshot each barrier."""
+        self.restored: dict[str, dict[str, Any]] = {}
+        """Each formula's saved instance states, by key, until the instance is created."""
+        self.inputs: list[Any] = []
+        """The emitters of inputs that can resume."""
+        self.saved = 0
+        """Checkpoints saved."""
+        self.saved_positions: dict[str, Any] = {}
+        self._epoch = 0
+        self._open: _Open | None = None
+        self._started_at = time.monotonic()
+        self._ready: tuple[bytes, dict[str, Any]] | None = None
+        self._saver: asyncio.Task[None] | None = None
+        self._warned = False
+        self.store_blocked = False
+        """Whether an output lost a batch: no checkpoint is saved any more."""
+
+    # --- restoring -------------------------------------------------------------------------
+
+    def restore(self, data: bytes | None) -> None:
+        """Take the formulas' state from a saved checkpoint, for instances created later."""
+        if not data:
+            return
+        try:
+            checkpoint = decode_checkpoint(data)
+        except (zlib.error, orjson.JSONDecodeError) as error:
+            logger.warning("saved state unreadable (%s): starting without it", error)
+            return
+        if checkpoint is None:
+            return
+        self.restored = {
+            name: dict(states) for name, states in checkpoint.get("formulas", {}).items()
+        }
+        count = sum(len(states) for states in self.restored.values())
+        logger.info("restored the state of %d formula instances", count)
+
+    def restored_state(self, formula: str, key: Any) -> Any:
+        """The saved state of one instance (once: it is handed over)."""
+        states = self.restored.get(formula)
+        if not states:
+            return None
+        return states.pop(str(key), None)
+
+    # --- barriers ---------------------------------------------------------------------------
+
+    def due(self) -> bool:
+        """Whether a barrier should start now: the interval has passed, none is on its way, and
+        every input that can resume stands at a batch boundary."""
+        return (
+            self._open is None
+            and time.monotonic() - self._started_at >= self.interval_s
+            and all(emitter.at_boundary for emitter in self.inputs)
+        )
+
+    def start(self, *, final: bool = False) -> Barrier:
+        """A new barrier, carrying every resumable input's position."""
+        self._epoch += 1
+        positions = {emitter.name: emitter.position for emitter in self.inputs}
+        self._open = _Open(self._epoch, positions)
+        self._started_at = time.monotonic()
+        return Barrier(self._epoch, final=final)
+
+    def sent(self, barrier: Barrier, copies: int = 1) -> None:
+        """Copies of a barrier were queued for outputs: as many acknowledgements are due."""
+        if self._open is not None and self._open.epoch == barrier.epoch:
+            self._open.sent += copies
+
+    def snapshot(self, barrier: Barrier, formula: str, states: dict[str, Any]) -> None:
+        """A formula actor's instance states at a barrier, given after it passed the barrier
+        on (so every copy owed to outputs is counted by then)."""
+        if self._open is not None and self._open.epoch == barrier.epoch:
+            self._open.states[formula] = states
+            self._complete()
+
+    def ack(self, barrier: Barrier) -> None:
+        """An output wrote everything before a copy of the barrier."""
+        if self._open is not None and self._open.epoch == barrier.epoch:
+            self._open.acks += 1
+            self._complete()
+
+    def withhold(self, output: str, why: str) -> None:
+        """An output lost a batch (written nowhere but in dead letters): no later checkpoint is
+        saved, so a restart reads that batch again."""
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "%s could not write a batch (%s): checkpoints stop advancing, so a restart "
+                "reads again from the last one",
+                output,
+                why,
+            )
+        self.store_blocked = True
+
+    def _complete(self) -> None:
+        pending = self._open
+        if pending is None or len(pending.states) < self.formulas or pending.acks < pending.sent:
+            return
+        self._open = None
+        if self.store_blocked or self.store is None:
+            return
+        checkpoint = {
+            "version": STATE_VERSION,
+            "positions": pending.positions,
+            "formulas": pending.states,
+        }
+        data = encode_checkpoint(checkpoint)
+        if len(data) > MAX_STATE_BYTES:
+            logger.error(
+                "the state to save takes %d bytes, more than %d: not saved (the last "
+                "checkpoint stays)",
+                len(data),
+                MAX_STATE_BYTES,
+            )
+            return
+        self._ready = (data, pending.positions)
+        if self._saver is None or self._saver.done():
+            self._saver = asyncio.get_running_loop().create_task(self._save_ready())
+
+    async def _save_ready(self) -> None:
+        while self._ready is not None:
+            data, positions = self._ready
+            self._ready = None
+            assert self.store is not None
+            try:
+                await self.store.save(data, positions)
+            except Exception as error:  # the next checkpoint tries again
+                logger.warning(
+                    "could not save a checkpoint to %s: %s", self.store.describe(), error
+                )
+                continue
+            self.saved += 1
+            self.saved_positions = positions
+
+    async def close(self) -> None:
+        """Wait for the saves under way, then release the store."""
+        if self._saver is not None:
+            with contextlib.suppress(Exception):
+                await self._saver
+        if self.store is not None:
+            await self.store.close()
