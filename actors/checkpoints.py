@@ -121,6 +121,11 @@ def decode_checkpoint(data: bytes) -> dict[str, Any] | None:
 class StateStore(ABC):
     """Where checkpoints are kept."""
 
+    hands_back_positions: ClassVar[bool] = False
+    """Whether :meth:`load` gives the inputs' positions back at the start (a file does); a
+    store its input reads itself (the MongoDB checkpoint document) gives back the formulas'
+    state only, and inputs that keep no position of their own start from the beginning."""
+
     @abstractmethod
     async def save(self, data: bytes, positions: dict[str, Any]) -> None:
         """Keep a checkpoint (``data``, :func:`encode_checkpoint`'s) and the inputs' positions
@@ -141,6 +146,8 @@ class StateStore(ABC):
 
 class FileStateStore(StateStore):
     """A local file (``--state-file``), replaced atomically on each save."""
+
+    hands_back_positions = True
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -197,6 +204,8 @@ class Checkpoints:
         """Formula actors that snapshot each barrier."""
         self.restored: dict[str, dict[str, Any]] = {}
         """Each formula's saved instance states, by key, until the instance is created."""
+        self.positions: dict[str, Any] = {}
+        """Each input's position saved with the state restored, by input name."""
         self.inputs: list[Any] = []
         """The emitters of inputs that can resume."""
         self.saved = 0
@@ -227,6 +236,8 @@ class Checkpoints:
         self.restored = {
             name: dict(states) for name, states in checkpoint.get("formulas", {}).items()
         }
+        positions = checkpoint.get("positions")
+        self.positions = dict(positions) if isinstance(positions, dict) else {}
         count = sum(len(states) for states in self.restored.values())
         logger.info("restored the state of %d formula instances", count)
 

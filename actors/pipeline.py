@@ -472,6 +472,9 @@ class Pipeline:
         checkpoints = self.checkpoints
         if checkpoints.store is not None:
             checkpoints.restore(await checkpoints.store.load())
+            for actor in self.pullers:
+                if actor.puller.resumable and checkpoints.store.hands_back_positions:
+                    actor.puller.resume_from(checkpoints.positions.get(actor.emitter.name))
         self._start_actors()
         timer = asyncio.ensure_future(self._checkpoint_timer())
         drained = asyncio.ensure_future(self._drain(timer))

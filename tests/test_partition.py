@@ -331,3 +331,78 @@ def test_a_partition_lets_other_sensors_zeromq_messages_go_by_their_topic(tmp_pa
     assert sorted(output.read_text().splitlines()) == expected
     assert read_jsonl(letters) == []
     assert skipped_in(log) == sum(len(lines[s]) for s in others) + 1  # the bad line too
+
+
+def test_a_partition_moved_to_another_instance_goes_on_without_relearning(
+    recording: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """Instance A takes partition 0/2 of a MongoDB stream and is stopped, as an orchestrator
+    stops a pod it moves; instance B, a new process in another working directory (nothing
+    local carries over), takes partition 0/2. Its formulas' state comes from the partition's
+    checkpoint document: its first ticks are estimated for every container at once (a
+    relearning SmartWatts estimates none for ``--learn-min-samples-required`` ticks), and A
+    and B together write exactly what one instance of partition 0/2 writes, each report once.
+    """
+    documents = [
+        hwpc_sensor_document(powerapi.decode_json(HWPCReport, line, "recording", None))  # type: ignore[arg-type]
+        for line in recording.read_bytes().splitlines()
+    ]
+    database = client_of(mongodb_server)["powerapi"]
+    database["everything"].insert_many([dict(d) for d in documents])
+    uri = mongodb_uri(mongodb_server)
+    partition = ["--partition", "0/2", "--input", "mongodb", "-u", uri, "-d", "powerapi"]
+    one = wattflow("run", *partition, "-c", "everything", *output_flags(tmp_path, "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    expected = written(tmp_path / "one.jsonl")
+
+    half = len(documents) // 2
+    database["moved"].insert_many(documents[:half])
+    key = "puller_mongodb:powerapi.moved:partition-0/2"
+
+    def instance(name: str) -> Service:
+        """``wattflow run -s --partition 0/2`` in a working directory of its own."""
+        directory = tmp_path / name
+        directory.mkdir()
+        return Service(
+            tmp_path / f"{name}.log",
+            command=[
+                "sh", "-c", f'cd "{directory}" && exec "$0" -m wattflow.service "$@"',
+                sys.executable, "run", "-s", *partition, "-c", "moved",
+                "--checkpoint-interval-s", "0.2", *output_flags(directory, "power"),
+            ],
+        )  # fmt: skip
+
+    def checkpoint() -> Document:
+        return database["wattflow_checkpoints"].find_one({"_id": key}) or {}
+
+    with instance("a") as first:
+        wait_until(
+            lambda: (
+                first.alive()
+                and checkpoint().get("last_id") == documents[half - 1]["_id"]
+                and checkpoint().get("state") is not None
+            ),
+            60,
+            "instance A's checkpoint at the last document",
+        )
+        first.stop()
+    with instance("b") as second:
+        second.wait_for_log("restored the state of", timeout_s=60)
+        for start in range(half, len(documents), 40):
+            database["moved"].insert_many(documents[start : start + 40])
+        wait_until(
+            lambda: second.alive() and checkpoint().get("last_id") == documents[-1]["_id"],
+            60,
+            "instance B's checkpoint at the last document",
+        )
+        second.stop()
+    by_a, by_b = (written(tmp_path / name / "power.jsonl") for name in ("a", "b"))
+    assert by_a
+    assert by_b
+    assert by_a + by_b == expected, "a PowerReport missing, doubled or different"
+    first_tick = min(entry[0] for entry in by_b)
+    containers = {entry[2] for entry in by_b if entry[0] == first_tick} - {"rapl", "all"}
+    assert containers, "instance B estimated its first tick's containers"
+    assert {entry for entry in by_b if entry[0] == first_tick} == {
+        entry for entry in expected if entry[0] == first_tick
+    }

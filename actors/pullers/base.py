@@ -61,6 +61,14 @@ class Emitter(Protocol):
         whose they are before decoding (a ZeroMQ topic)."""
 
 
+async def boundary(emitter: Emitter, position: Any) -> None:
+    """Tell the pipeline the input handed on everything up to ``position`` (an emitter that
+    commits no checkpoints, as in a puller run on its own, has no ``boundary``)."""
+    report = getattr(emitter, "boundary", None)
+    if report is not None:
+        await report(position)
+
+
 class LineOutbox:
     """Complete JSON lines an input read and has not handed on yet, decoded together when they
     are: a busy sensor's reads, however the network cut them, become one frame
@@ -145,6 +153,19 @@ class Puller(ABC, Generic[C]):
         its position at each batch boundary (``emitter.boundary``), and the pipeline commits it
         once the outputs wrote what came before it (:mod:`wattflow.actors.checkpoints`)."""
         return False
+
+    def resume_from(self, position: Any) -> None:
+        """Take the position saved with the last checkpoint (``None`` before the first), before
+        ``pull``: the pipeline calls it when it commits checkpoints to a store it reads at the
+        start (``--state-file``). An input that keeps its position itself (MongoDB) ignores it."""
+        self.saved_position = position
+        self.checkpointed = True
+
+    saved_position: Any = None
+    """The position :meth:`resume_from` handed over."""
+    checkpointed: bool = False
+    """Whether the positions this input reports are committed, to be handed back at a restart:
+    it then leaves an incomplete last line for the next run instead of reading it at a stop."""
 
     def state_store(self) -> StateStore | None:
         """Where this input keeps checkpoints when no ``--state-file`` is given: beside its

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import IO, Annotated, Any, cast
 
 from pydantic import BeforeValidator, Field, PositiveInt
 
@@ -13,6 +15,8 @@ from wattflow.actors.pullers.base import Emitter, PullerConfig
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import Report
+
+logger = logging.getLogger(__name__)
 
 FileList = Annotated[list[Path], BeforeValidator(split_commas)]
 """Files given as a list, or as PowerAPI's comma-separated ``--files a.csv,b.csv``."""
@@ -132,3 +136,71 @@ def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
         return lines[:-1], lines[-1] + held
     lines = data.split(b"\n")
     return lines[:-1], lines[-1]
+
+
+class FollowedFile:
+    """Where a followed file stands: which file it is (device and inode) and how far it was
+    handed on, in bytes and lines, always at the end of a line.
+
+    It is the position a followed input reports at its batch boundaries
+    (:meth:`position`), and the one it takes back at a start (:meth:`resume`): a file that is
+    still the one saved, and at least as long, is read on from there; a file replaced, rotated
+    or truncated since is read from its start, with a warning.
+    """
+
+    __slots__ = ("device", "inode", "line", "offset", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.device = 0
+        self.inode = 0
+        self.offset = 0
+        """Bytes handed on: the start of the first line not handed on yet."""
+        self.line = 0
+        """Lines handed on."""
+
+    def opened(self, handle: IO[bytes]) -> None:
+        """A (re)opened file, read from its start."""
+        status = os.fstat(handle.fileno())
+        self.device, self.inode = status.st_dev, status.st_ino
+        self.offset = self.line = 0
+
+    def resume(self, handle: IO[bytes], saved: Any) -> None:
+        """Seek a file just opened to the position saved for it, if it is still that file."""
+        self.opened(handle)
+        if not isinstance(saved, dict):
+            return
+        try:
+            device, inode = int(saved["device"]), int(saved["inode"])
+            offset, line = int(saved["offset"]), int(saved["line"])
+        except (KeyError, TypeError, ValueError):
+            logger.warning(
+                "%s: saved position %r unreadable: reading from the start", self.path, saved
+            )
+            return
+        size = os.fstat(handle.fileno()).st_size
+        if (device, inode) != (self.device, self.inode) or size < offset:
+            logger.warning(
+                "%s was replaced or truncated since the last checkpoint (%s): reading it from "
+                "the start",
+                self.path,
+                "another file" if (device, inode) != (self.device, self.inode) else "shorter",
+            )
+            return
+        handle.seek(offset)
+        self.offset, self.line = offset, line
+        logger.info("%s: going on from line %d (byte %d)", self.path, line + 1, offset)
+
+    def handed_on(self, consumed_bytes: int, lines: int) -> None:
+        """Whole lines were handed on."""
+        self.offset += consumed_bytes
+        self.line += lines
+
+    def position(self) -> dict[str, int]:
+        """The position as a checkpoint keeps it."""
+        return {
+            "device": self.device,
+            "inode": self.inode,
+            "offset": self.offset,
+            "line": self.line,
+        }

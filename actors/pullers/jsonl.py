@@ -6,15 +6,16 @@ import asyncio
 import contextlib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import IO, Any, Literal
 
 from pydantic import Field, PositiveInt
 
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller
+from wattflow.actors.pullers.base import Emitter, Puller, boundary
 from wattflow.actors.pullers.files import (
     BatchEmitter,
     FilePullerConfig,
+    FollowedFile,
     check_files_exist,
     split_lines,
 )
@@ -65,7 +66,7 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
     async def pull(self, emitter: Emitter) -> None:
         kind = report_kind(self.config.model)
         if self.config.follow or self.stream:
-            await asyncio.gather(*(self._follow(path, emitter) for path in self.config.files))
+            await self._follow_all(emitter)
             return
         batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
         for path in self.config.files:
@@ -97,57 +98,95 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                 break
         await batcher.flush()
 
+    @property
+    def resumable(self) -> bool:
+        """Following, the input reports each file's position (device, inode, byte and line) at
+        its batch boundaries, and goes on from the saved one at a start."""
+        return self.config.follow or self.stream
+
+    async def _follow_all(self, emitter: Emitter) -> None:
+        """Follow every file at once; each hands its lines on under one lock, so the positions
+        reported together stand at a boundary of every file."""
+        saved = self.saved_position if isinstance(self.saved_position, dict) else {}
+        names = {str(path) for path in self.config.files}
+        self._positions: dict[str, Any] = {k: v for k, v in saved.items() if k in names}
+        self._lock = asyncio.Lock()
+        await boundary(emitter, dict(self._positions))
+        await asyncio.gather(*(self._follow(path, emitter) for path in self.config.files))
+
     async def _follow(self, path: Path, emitter: Emitter) -> None:
         """Tail one file: complete lines only, reopened when it is rotated or truncated."""
-        kind = report_kind(self.config.model)
         batcher = BatchEmitter(emitter, self.config.max_batch, None)
-        handle = None
-        line_number = 0
+        place = FollowedFile(path)
+        saved = self._positions.get(str(path))
+        handle: IO[bytes] | None = None
         partial = b""
         layouts: dict[str, Layout] = {}
         try:
             while not emitter.stopping.is_set():
                 if handle is None:
-                    try:
-                        handle = path.open("rb")
-                    except FileNotFoundError:
+                    handle, saved, partial = self._open(path, place, saved), None, b""
+                    if handle is None:
                         await self._sleep(emitter)
                         continue
-                    line_number, partial = 0, b""
                 chunk = handle.read(1 << 16)
                 if not chunk:
-                    await batcher.flush()
                     if self._replaced(path, handle):
                         handle.close()
                         handle = None
                         continue
                     await self._sleep(emitter)
                     continue
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                if len(partial) > self.config.max_line_bytes:
-                    emitter.reject(
-                        None,
-                        f"{path}:{line_number + 1}: line longer than "
-                        f"{self.config.max_line_bytes} bytes, skipped",
-                    )
-                    partial = b""
-                decoded, errors = decode_json_batch(
-                    kind, lines, str(path), line_number + 1, layouts
-                )
-                line_number += len(lines)
-                await batcher.add_batch(decoded, errors)
-            if partial.strip():
+                async with self._lock:
+                    partial = await self._hand_on(place, partial + chunk, batcher, layouts)
+            if partial.strip() and not self.checkpointed:
                 # A last line without its newline: at a stop it is read as it is, a report or
                 # (a writer cut off mid-line) a dead letter naming its line, never dropped.
+                # With checkpoints it stays for the next run, which reads it whole.
                 decoded, errors = decode_json_batch(
-                    kind, [partial], str(path), line_number + 1, layouts
+                    report_kind(self.config.model), [partial], str(path), place.line + 1, layouts
                 )
                 await batcher.add_batch(decoded, errors)
         finally:
             await batcher.flush()
             if handle is not None:
                 handle.close()
+
+    @staticmethod
+    def _open(path: Path, place: FollowedFile, saved: Any) -> IO[bytes] | None:
+        """The file opened at its saved position (or its start), or None while it is absent."""
+        try:
+            handle = path.open("rb")
+        except FileNotFoundError:
+            return None
+        place.resume(handle, saved)
+        return handle
+
+    async def _hand_on(
+        self, place: FollowedFile, data: bytes, batcher: BatchEmitter, layouts: dict[str, Layout]
+    ) -> bytes:
+        """Hand on the complete lines of ``data`` and report the position after them; return
+        the incomplete rest."""
+        emitter = batcher.emitter
+        lines = data.split(b"\n")
+        partial = lines.pop()
+        consumed = len(data) - len(partial)
+        if len(partial) > self.config.max_line_bytes:
+            emitter.reject(
+                None,
+                f"{place.path}:{place.line + len(lines) + 1}: line longer than "
+                f"{self.config.max_line_bytes} bytes, skipped",
+            )
+            consumed, partial = len(data), b""
+        decoded, errors = decode_json_batch(
+            report_kind(self.config.model), lines, str(place.path), place.line + 1, layouts
+        )
+        await batcher.add_batch(decoded, errors)
+        await batcher.flush()
+        place.handed_on(consumed, len(lines))
+        self._positions[str(place.path)] = place.position()
+        await boundary(emitter, dict(self._positions))
+        return partial
 
     @staticmethod
     def _replaced(path: Path, handle: object) -> bool:

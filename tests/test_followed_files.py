@@ -1,0 +1,163 @@
+"""A followed JSON Lines file goes on where the last run stopped (``--follow``/``-s`` with
+``--state-file``).
+
+The input reports each file's position (device, inode, byte, line) at its batch boundaries; the
+checkpoint commits it with the formulas' state once the outputs wrote what came before it. A
+restart takes both back: it reads only the lines added since, with the models it had. A file
+replaced or truncated since is read from its start, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wattflow.actors.checkpoints import decode_checkpoint
+from wattflow.formats import powerapi
+
+from .conftest import Service, wait_until, wattflow
+from .test_cli import rapl_line
+from .test_smartwatts import reports_of, workload
+from .test_state_file import powers
+
+TICKS = 40
+PER_TICK = 4
+WAIT_S = 60.0
+
+
+def saved_positions(state: Path) -> dict[str, Any]:
+    """The positions of the last checkpoint saved to ``state`` (none before the first)."""
+    if not state.exists():
+        return {}
+    checkpoint = decode_checkpoint(state.read_bytes())
+    assert checkpoint is not None
+    return dict(checkpoint["positions"].get("puller_jsonl") or {})
+
+
+def committed_to_the_end(state: Path, source: Path) -> bool:
+    """Whether the last checkpoint stands at the end of ``source``."""
+    place = saved_positions(state).get(str(source))
+    return place is not None and place["offset"] == source.stat().st_size
+
+
+def follow(tmp_path: Path, log: str, source: Path, state: Path, *outputs: str) -> Service:
+    return Service(
+        tmp_path / log, "run", "-s", "--state-file", str(state), "--state-interval-s", "0.2",
+        "--input", "jsonl", "--files", str(source), "--poll-interval-s", "0.05", *outputs,
+    )  # fmt: skip
+
+
+def test_a_followed_file_goes_on_where_the_last_run_stopped(tmp_path: Path) -> None:
+    lines = [powerapi.encode_json(r) + "\n" for r in reports_of(workload(TICKS))]
+    whole, source, state = tmp_path / "all.jsonl", tmp_path / "hwpc.jsonl", tmp_path / "state"
+    whole.write_text("".join(lines))
+    clean = wattflow(
+        "run", "--input", "jsonl", "--files", str(whole),
+        "--output", "jsonl", "--file", str(tmp_path / "clean.jsonl"),
+    )  # fmt: skip
+    assert clean.returncode == 0, clean.stderr
+    half = TICKS // 2 * PER_TICK
+    source.write_text("".join(lines[:half]))
+
+    runs = []
+    for run, more in enumerate((lines[half:], [])):
+        out = tmp_path / f"run{run}.jsonl"
+        record = ["--output", "jsonl", "--file", str(out)]
+        with follow(tmp_path, f"run{run}.log", source, state, *record) as service:
+            wait_until(
+                lambda: service.alive() and committed_to_the_end(state, source),
+                WAIT_S,
+                "a checkpoint at the end of the file",
+            )
+            log = service.stop()
+        runs.append((out, log))
+        with source.open("a") as growing:
+            growing.write("".join(more))
+
+    first, second = runs
+    assert "going on from line 81" in second[1], second[1][-2000:]
+    assert "restored the state of 2 formula instances" in second[1]
+    expected = powers(tmp_path / "clean.jsonl")
+    got = powers(first[0])
+    later = powers(second[0])
+    assert got
+    assert later
+    assert not set(got) & set(later), "a report written by both runs"
+    got.update(later)
+    assert set(got) == set(expected)
+    assert all(abs(got[key] - value) <= 1e-6 * max(1.0, value) for key, value in expected.items())
+
+
+def recorded_stamps(path: Path) -> list[str]:
+    return [json.loads(line)["timestamp"] for line in path.read_text().splitlines()]
+
+
+def stamp(index: int) -> str:
+    return str(json.loads(rapl_line(index))["timestamp"])
+
+
+@pytest.mark.parametrize("change", ["replaced", "truncated"])
+def test_a_file_replaced_or_truncated_since_is_read_from_its_start(
+    tmp_path: Path, change: str
+) -> None:
+    source, state = tmp_path / "hwpc.jsonl", tmp_path / "state"
+    source.write_text("".join(rapl_line(i) + "\n" for i in range(10)))
+    record = ["--output", "jsonl", "--model", "HWPCReport"]
+    first = tmp_path / "first.jsonl"
+    with follow(tmp_path, "first.log", source, state, *record, "--file", str(first)) as service:
+        wait_until(
+            lambda: service.alive() and committed_to_the_end(state, source),
+            WAIT_S,
+            "a checkpoint at the end of the file",
+        )
+        service.stop()
+    assert recorded_stamps(first) == [stamp(i) for i in range(10)]
+    newer = "".join(rapl_line(i) + "\n" for i in range(100, 104))
+    if change == "replaced":  # a rotation: a new file under the same name
+        fresh = tmp_path / "fresh.jsonl"
+        fresh.write_text(newer)
+        os.replace(fresh, source)
+    else:
+        source.write_text(newer)  # the same file, cut shorter and written again
+    second = tmp_path / "second.jsonl"
+    with follow(tmp_path, "second.log", source, state, *record, "--file", str(second)) as service:
+        service.wait_for_lines(second, 4, WAIT_S)
+        log = service.stop()
+    assert "was replaced or truncated since the last checkpoint" in log
+    assert recorded_stamps(second) == [stamp(i) for i in range(100, 104)]
+
+
+def test_an_unfinished_last_line_waits_for_the_next_run(tmp_path: Path) -> None:
+    """With checkpoints, a line whose writer has not ended it yet is left at a stop: the next
+    run reads it whole, rather than this one reading half of it as a dead letter."""
+    source, state = tmp_path / "hwpc.jsonl", tmp_path / "state"
+    whole = "".join(rapl_line(i) + "\n" for i in range(5))
+    source.write_text(whole + rapl_line(5)[:20])
+    record = ["--output", "jsonl", "--model", "HWPCReport"]
+    first, letters = tmp_path / "first.jsonl", tmp_path / "dead.jsonl"
+    with follow(
+        tmp_path, "first.log", source, state, "--dead-letters", str(letters), *record,
+        "--file", str(first),
+    ) as service:  # fmt: skip
+        wait_until(
+            lambda: (
+                service.alive()
+                and saved_positions(state).get(str(source), {}).get("offset") == len(whole)
+            ),
+            WAIT_S,
+            "a checkpoint after the fifth line",
+        )
+        service.stop()
+    assert recorded_stamps(first) == [stamp(i) for i in range(5)]
+    assert not letters.exists() or letters.read_text() == ""
+    with source.open("a") as growing:
+        growing.write(rapl_line(5)[20:] + "\n" + rapl_line(6) + "\n")
+    second = tmp_path / "second.jsonl"
+    with follow(tmp_path, "second.log", source, state, *record, "--file", str(second)) as service:
+        service.wait_for_lines(second, 2, WAIT_S)
+        service.stop()
+    assert recorded_stamps(second) == [stamp(5), stamp(6)]
