@@ -65,6 +65,26 @@ class Partition:
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
+    def split(self, workers: int) -> list[Partition]:
+        """This partition shared by ``workers`` processes (``--workers``): worker ``j`` takes
+        partition ``index + count * j`` of ``count * workers``.
+
+        A sensor whose hash ``h`` gives ``h mod (count * workers) = index + count * j`` has
+        ``h mod count = index``: the workers together take exactly this partition's sensors,
+        each sensor in one worker.
+        """
+        if workers < 1:
+            raise ValueError(f"the number of workers must be 1 or more, got {workers}")
+        total = self.count * workers
+        return [Partition(self.index + self.count * j, total) for j in range(workers)]
+
+    def worker_of(self, sensor: str, workers: int) -> int | None:
+        """Which of :meth:`split`'s workers takes ``sensor``; None when this partition does
+        not take it at all."""
+        if not self.owns(sensor):
+            return None
+        return (_crc32(sensor) % (self.count * workers)) // self.count
+
     def owns(self, sensor: str) -> bool:
         """Whether this instance takes ``sensor``'s reports."""
         return self.count == 1 or _crc32(sensor) % self.count == self.index

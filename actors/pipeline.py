@@ -204,9 +204,12 @@ class Pipeline:
         restart_policy: RestartPolicy | None = None,
         drain_timeout_s: float | None = None,
         partition: Partition | None = None,
+        label: str = "pipeline",
         state_store: StateStore | None = None,
         checkpoint_interval_s: float | None = None,
     ) -> None:
+        self.label = label
+        """What the log calls this pipeline (``worker 1/2`` under ``--workers``)."""
         self.queue = queue or QueueConfig()
         self.partition = _assign(partition, pullers)
         """The sensors this instance takes (``--partition``); None: every sensor."""
@@ -610,7 +613,7 @@ class Pipeline:
             past_deadline=past_deadline,
             deadline_passed=self._past_deadline_reason is not None,
         )
-        logger.info("pipeline drained: %s", self.ledger.summary())
+        logger.info("%s drained: %s", self.label, self.ledger.summary())
         if not self.ledger.balanced():
             logger.error("ledger does not balance: %s", self.ledger)
         return result

@@ -20,6 +20,12 @@ Checks, per run: exit code 0; the ledger line wattflow logs at exit (``pipeline 
 entered=… delivered=…``) says every report sent entered, none was rejected or dead-lettered, and
 it delivered as many PowerReports as OUT holds lines. A failed check fails the script (exit 1).
 
+``--workers 1,2`` runs each round once per worker count (``wattflow run --workers N``, each
+worker writing its own ``OUT.workerJ.jsonl``), prints the rate of each and its ratio to the
+first count's, and the CPU time per report of each (every process: parent and workers). With
+workers, wattflow is not pinned: its processes and the senders share the machine's cores, so on
+a machine with few cores the senders take a share of what the workers could use.
+
 Prints the decode rate, wattflow's end-to-end rate and their ratio (per round, and the median
 of the rounds), wattflow's CPU time (all of it, start-up included; and from the first byte sent
 to its exit, with the share of its core that is) and its peak RSS (``VmHWM``). Run from the
@@ -64,6 +70,7 @@ FLAGS = (
 """SmartWatts' flags, as the other benchmarks give them; the generator ticks once a second."""
 LISTENING = re.compile(rb"listening for hwpc-sensor on \S+:(\d+)")
 DRAINED = re.compile(rb"pipeline drained: (.*)")
+WORKER_READY = b"reading the hwpc-sensor connections handed to this worker"
 START_TIMEOUT_S = 120.0
 EXIT_TIMEOUT_S = 120.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -134,12 +141,14 @@ class Log:
         self.port: int | None = None
         self.ledger: dict[str, int] | None = None
         self.listening = threading.Event()
+        self.workers_ready = 0
         self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self.thread.start()
 
     def _read(self, stream: IO[bytes]) -> None:
         for line in stream:
             self.lines.append(line)
+            self.workers_ready += WORKER_READY in line
             if self.port is None and (found := LISTENING.search(line)):
                 self.port = int(found.group(1))
                 self.listening.set()
@@ -153,9 +162,21 @@ class Log:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a running process, all threads, from ``/proc``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """User + system CPU time of a running process, all threads, and of its child processes
+    (the workers of ``--workers``, running or waited for), from ``/proc``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    own = sum(int(fields[index]) for index in (11, 12, 13, 14)) / CLOCK_TICKS
+    return own + sum(cpu_seconds(int(child)) for child in children)
+
+
+def outputs(output: Path) -> list[Path]:
+    """The files wattflow wrote: OUT, or with workers, one per worker (OUT.workerJ.jsonl)."""
+    found = sorted(output.parent.glob(f"{output.stem}.worker*{output.suffix}"))
+    return [output] if output.exists() else found
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -224,17 +245,19 @@ def run_wattflow(
     reports: int,
     output: Path,
     timeout: float,
+    workers: int = 1,
 ) -> Run:
     """Start wattflow on the socket input, send every sensor's stream, drain, and measure."""
     run = Run(reports=reports)
-    output.unlink(missing_ok=True)
+    for old in outputs(output):
+        old.unlink()
     process = subprocess.Popen(
-        [*command, "run", "--input", "socket", "--port", "0",
+        [*command, "run", "--input", "socket", "--port", "0", "--workers", str(workers),
          "--output", "jsonl", "--file", str(output), *FLAGS, *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=lambda: pin_to(WATTFLOW_CORE),
+        preexec_fn=(lambda: pin_to(WATTFLOW_CORE)) if workers == 1 else None,
     )  # fmt: skip
     assert process.stderr is not None
     log = Log(process.stderr)
@@ -243,6 +266,11 @@ def run_wattflow(
         if not log.listening.wait(START_TIMEOUT_S) or log.port is None:
             run.problems.append(f"wattflow did not start listening:\n{log.tail()}")
             return run
+        started = time.monotonic()
+        while workers > 1 and log.workers_ready < workers and process.poll() is None:
+            if time.monotonic() - started > START_TIMEOUT_S:
+                break
+            time.sleep(0.05)  # the workers start (the time is not measured)
         go = threading.Event()
         for blob in blobs:
             connection = socket.create_connection(("127.0.0.1", log.port), timeout=30)
@@ -269,10 +297,11 @@ def run_wattflow(
             return run
         run.exit_s = time.time() - start
         usage, run.peak_rss_mb = reaped
-        run.cpu_s = usage.ru_utime + usage.ru_stime
+        run.cpu_s = usage.ru_utime + usage.ru_stime  # with the workers it waited for
         run.cpu_stream_s = run.cpu_s - cpu_before
         log.thread.join(10)
-        run.wall_s = output.stat().st_mtime_ns / 1e9 - start if output.exists() else 0.0
+        written = outputs(output)
+        run.wall_s = max((f.stat().st_mtime_ns / 1e9 for f in written), default=start) - start
         check(run, process.returncode, log, output)
         return run
     finally:
@@ -287,15 +316,20 @@ def check(run: Run, returncode: int | None, log: Log, output: Path) -> None:
     """Exit code 0, and the ledger accounts for every report sent and every line written."""
     if returncode != 0:
         run.problems.append(f"wattflow exited with {returncode}:\n{log.tail()}")
-    if not output.exists():
+    written = outputs(output)
+    if not written:
         run.problems.append(f"wattflow wrote no {output}")
         return
-    with output.open("rb") as handle:
-        run.written = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b""))
-        handle.seek(0)
-        first = orjson.loads(handle.readline() or b"{}")
+    first: dict[str, object] = {}
+    for path in written:
+        with path.open("rb") as handle:
+            run.written += sum(
+                chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b"")
+            )
+            handle.seek(0)
+            first = first or orjson.loads(handle.readline() or b"{}")
     if "power" not in first:
-        run.problems.append(f"the first line of {output} is not a PowerReport: {first}")
+        run.problems.append(f"the first line of {written[0]} is not a PowerReport: {first}")
     ledger = log.ledger
     if ledger is None:
         run.problems.append(
@@ -327,6 +361,11 @@ def main() -> int:
     parser.add_argument(
         "--wattflow-args", default="", help="more flags for `wattflow run` (--wattflow-args='…')"
     )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="worker counts to compare, comma-separated (e.g. 1,2): `wattflow run --workers N`",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="longest wait for wattflow to read the input"
@@ -334,6 +373,12 @@ def main() -> int:
     args = parser.parse_args()
     if min(args.sensors, args.containers, args.ticks, args.repeat) < 1:
         parser.error("--sensors, --containers, --ticks and --repeat take 1 or more")
+    try:
+        counts = [int(n) for n in args.workers.split(",")]
+    except ValueError:
+        parser.error("--workers takes counts separated by commas, e.g. 1,2")
+    if min(counts) < 1:
+        parser.error("--workers takes counts of 1 or more")
     command = shlex.split(args.wattflow)
     extra = shlex.split(args.wattflow_args)
 
@@ -356,50 +401,65 @@ def main() -> int:
     )
 
     decodes: list[float] = []
-    runs: list[Run] = []
+    runs: dict[int, list[Run]] = {count: [] for count in counts}
     with tempfile.TemporaryDirectory(prefix="wattflow-live-") as directory:
         output = Path(directory) / "power.jsonl"
         for round_number in range(1, args.repeat + 1):
             decodes.append(decode_rate(streams))
-            run = run_wattflow(command, extra, blobs, reports, output, args.timeout)
-            runs.append(run)
-            print(
-                f"round {round_number}: decode {decodes[-1]:,.0f} reports/s; wattflow "
-                f"{run.rate:,.0f} reports/s = {run.rate / decodes[-1]:.1%} ({run.wall_s:.2f} s, "
-                f"input read in {run.read_s:.2f} s), "
-                f"{run.written:,} PowerReports, CPU {run.cpu_stream_s:.2f} s to exit "
-                f"({run.busy:.0%} of one core; {run.cpu_s:.2f} s in all), "
-                f"peak RSS {run.peak_rss_mb:,.0f} MB" + ("" if not run.problems else "; FAILED")
-            )
-            if not run.problems and run.busy < BUSY_WARNING:
-                print(
-                    f"  warning: wattflow had {run.busy:.0%} of its core: "
-                    "another process shared core 0, or the senders did not keep it busy"
-                )
-            for problem in run.problems:
-                print(f"  problem: {problem}", file=sys.stderr)
+            for count in counts:
+                run = run_wattflow(command, extra, blobs, reports, output, args.timeout, count)
+                runs[count].append(run)
+                report_round(round_number, count, run, decodes[-1])
+    return summary(runs, decodes, counts)
 
+
+def report_round(round_number: int, workers: int, run: Run, decode: float) -> None:
+    print(
+        f"round {round_number}, {workers} worker{'s' if workers > 1 else ''}: decode "
+        f"{decode:,.0f} reports/s; wattflow "
+        f"{run.rate:,.0f} reports/s = {run.rate / decode:.1%} ({run.wall_s:.2f} s, "
+        f"input read in {run.read_s:.2f} s), "
+        f"{run.written:,} PowerReports, CPU {run.cpu_stream_s:.2f} s to exit "
+        f"({run.busy:.0%} of one core; {run.cpu_s:.2f} s in all), "
+        f"peak RSS {run.peak_rss_mb:,.0f} MB" + ("" if not run.problems else "; FAILED")
+    )
+    if not run.problems and workers == 1 and run.busy < BUSY_WARNING:
+        print(
+            f"  warning: wattflow had {run.busy:.0%} of its core: "
+            "another process shared core 0, or the senders did not keep it busy"
+        )
+    for problem in run.problems:
+        print(f"  problem: {problem}", file=sys.stderr)
+
+
+def summary(runs: dict[int, list[Run]], decodes: list[float], counts: list[int]) -> int:
+    """The medians of the rounds, per worker count, and each count's ratio to the first."""
     decode = statistics.median(decodes)
-    ratio = statistics.median(run.rate / rate for run, rate in zip(runs, decodes, strict=True))
-    rate = statistics.median(run.rate for run in runs)
-    wall = statistics.median(run.wall_s for run in runs)
-    cpu_stream = statistics.median(run.cpu_stream_s for run in runs)
-    busy = statistics.median(run.busy for run in runs)
     print()
     print(f"decode limit (orjson.loads per line): {decode:>12,.0f} reports/s")
-    print(f"wattflow end to end (socket → jsonl): {rate:>12,.0f} reports/s  ({wall:.2f} s)")
-    print(f"wattflow / decode (median of rounds): {ratio:>12.1%}")
-    print(
-        f"wattflow CPU: {cpu_stream:.2f} s from the first byte to exit "
-        f"({busy:.0%} of one core; "
-        f"{statistics.median(run.cpu_s for run in runs):.2f} s in all, start-up included); "
-        f"peak RSS {max(run.peak_rss_mb for run in runs):,.0f} MB"
-    )
-    failed = [run for run in runs if run.problems]
+    anchor = statistics.median(run.rate for run in runs[counts[0]])
+    for count in counts:
+        done = runs[count]
+        rate = statistics.median(run.rate for run in done)
+        ratio = statistics.median(run.rate / d for run, d in zip(done, decodes, strict=True))
+        cpu_stream = statistics.median(run.cpu_stream_s for run in done)
+        per_report_us = cpu_stream / done[0].reports * 1e6
+        print(
+            f"wattflow --workers {count} (socket → jsonl): {rate:>12,.0f} reports/s "
+            f"({statistics.median(run.wall_s for run in done):.2f} s), "
+            f"{ratio:.1%} of the decode limit, "
+            f"{rate / anchor if anchor else 0:.2f}× --workers {counts[0]}; "
+            f"CPU {cpu_stream:.2f} s from the first byte to exit = {per_report_us:.1f} µs per "
+            f"report ({statistics.median(run.busy for run in done):.0%} of one core; "
+            f"{statistics.median(run.cpu_s for run in done):.2f} s in all, start-up included); "
+            f"peak RSS of the parent {max(run.peak_rss_mb for run in done):,.0f} MB"
+        )
+    every = [run for count in counts for run in runs[count]]
+    failed = [run for run in every if run.problems]
     if failed:
-        print(f"{len(failed)} of {len(runs)} runs FAILED their checks (see above)")
+        print(f"{len(failed)} of {len(every)} runs FAILED their checks (see above)")
         return 1
-    written = {run.written for run in runs}
+    written = {run.written for run in every}
     print(f"checks passed: exit 0, ledger balanced, PowerReports written {sorted(written)}")
     return 0
 

@@ -26,7 +26,7 @@ from pydantic_core import PydanticUndefined
 from wattflow.formats.errors import WattflowError
 
 if TYPE_CHECKING:
-    from wattflow.actors.pipeline import Pipeline
+    from wattflow.actors.pipeline import Pipeline, PipelineResult
     from wattflow.actors.pullers.base import Puller
     from wattflow.actors.pushers.base import Pusher
     from wattflow.actors.registry import Registry
@@ -235,11 +235,11 @@ def load_run_config(argv: Sequence[str], environ: dict[str, str] | None = None) 
     return service_config.build({normalise(k): v for k, v in raw.items()})
 
 
-def _configure_logging(verbose: bool, quiet: bool = False) -> None:
+def configure_logging(verbose: bool, quiet: bool = False, label: str = "") -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(
         level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {label}%(name)s: %(message)s",
         stream=sys.stderr,
         force=True,
     )
@@ -255,9 +255,10 @@ YOUNG_COLLECTION_THRESHOLD = 100_000
 
 
 @contextmanager
-def _few_collections() -> Iterator[None]:
-    """Collect cyclic garbage rarely while ``wattflow run`` runs its pipeline, and while
-    ``wattflow export`` reads a run (its pages of rows are the same kind of short-lived mass).
+def few_collections() -> Iterator[None]:
+    """Collect cyclic garbage rarely while ``wattflow run`` runs its pipeline (in each worker
+    under ``--workers``), and while ``wattflow export`` reads a run (its pages of rows are the
+    same kind of short-lived mass).
 
     Reports are nested dicts, thousands of them in the mailboxes at any time, and almost all
     are freed by reference counting once written. With the default threshold (700 net
@@ -288,7 +289,12 @@ def run_command(argv: Sequence[str]) -> int:
 
     try:
         config = load_run_config(argv)
-        _configure_logging(config.verbose)
+        configure_logging(config.verbose)
+        if config.workers > 1:
+            from wattflow.service.workers import run_workers
+
+            with few_collections():
+                return run_workers(config)
         pipeline = assemble(config)
         asyncio.run(check(pipeline))
         status = status_server(config, pipeline)
@@ -296,7 +302,7 @@ def run_command(argv: Sequence[str]) -> int:
         return _fail(str(error), 2)
     loop = asyncio.new_event_loop()
     try:
-        with _few_collections():
+        with few_collections():
             result = loop.run_until_complete(serve(pipeline, status))
     except Interrupted as interrupted:
         _fail(str(interrupted), 1)
@@ -307,18 +313,24 @@ def run_command(argv: Sequence[str]) -> int:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
-    ledger = result.ledger
-    problems = list(result.failures.values())
-    if ledger.dead_out:
-        problems.append(f"{ledger.dead_out} reports could not be written: {_reasons(pipeline)}")
-    if not ledger.balanced():
-        problems.append(f"reports unaccounted for: {ledger.summary()}")
+    problems = run_problems(result, pipeline)
     for problem in problems:
         _fail(problem, 1)
     code = 1 if problems else 0
     if result.deadline_passed:
         _exit_now(code)
     return code
+
+
+def run_problems(result: PipelineResult, pipeline: Pipeline) -> list[str]:
+    """What makes a finished run exit 1: an actor failed, reports not written or unaccounted."""
+    ledger = result.ledger
+    problems = list(result.failures.values())
+    if ledger.dead_out:
+        problems.append(f"{ledger.dead_out} reports could not be written: {_reasons(pipeline)}")
+    if not ledger.balanced():
+        problems.append(f"reports unaccounted for: {ledger.summary()}")
+    return problems
 
 
 def _exit_now(code: int) -> NoReturn:
@@ -417,11 +429,11 @@ def sensor_run_args(argv: Sequence[str]) -> list[str]:
 def _runs(command: str, argv: Sequence[str]) -> int:
     from wattflow.service.runs_cli import export_command, runs_command
 
-    _configure_logging(verbose=False, quiet=True)
+    configure_logging(verbose=False, quiet=True)
     try:
         if command == "runs":
             return runs_command(argv)
-        with _few_collections():  # an export reads a run's reports a page at a time, as a run
+        with few_collections():  # an export reads a run's reports a page at a time, as a run
             return export_command(argv)
     except (WattflowError, ValueError, OSError) as error:  # a bad run, store or output path
         return _fail(str(error), 2)

@@ -136,6 +136,16 @@ class ServiceConfig(BaseModel):
         "(0 to N-1) of N instances reading one input. A sensor's partition is the CRC-32 of "
         "its name modulo N; reports of other partitions are skipped, not dead letters.",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Worker processes, each taking the sensors whose hash falls to it (its "
+        "formula state with it), for more than one core: socket, MongoDB, ZeroMQ (SUB) and "
+        "file inputs. A JSON Lines output or dead-letter file gets one file per worker "
+        "(name.workerJ.ext), and so does --state-file; the table and Prometheus outputs, "
+        "--run, and the NVML and meter inputs need 1.",
+    )
     state_file: Path | None = Field(
         default=None,
         description="File that keeps the formulas' learned state (checkpointed every few "

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # prometheus_client is imported only for --http-port
     from wattflow.service.status_server import StatusServer
 
 
-def assemble(config: ServiceConfig) -> Pipeline:
+def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
     """Build the pipeline a config describes.
 
     Raises:
@@ -52,6 +52,7 @@ def assemble(config: ServiceConfig) -> Pipeline:
         dead_letters=DeadLetters(config.dead_letters),
         drain_timeout_s=config.drain_timeout_s,
         partition=config.partition_spec(),
+        label=label,
         state_store=None if config.state_file is None else FileStateStore(config.state_file),
         checkpoint_interval_s=config.state_interval_s,
     )
@@ -90,12 +91,18 @@ class Interrupted(Exception):
     """A second signal arrived while draining: the run stopped without finishing the drain."""
 
 
-async def serve(pipeline: Pipeline, status: StatusServer | None = None) -> PipelineResult:
+async def serve(
+    pipeline: Pipeline, status: StatusServer | None = None, *, worker: bool = False
+) -> PipelineResult:
     """Run the pipeline; SIGTERM and SIGINT make it stop reading and drain.
 
     A second signal during the drain stops at once and raises :class:`Interrupted`, for the
     operator whose sink is gone and who would rather lose what is in flight than wait.
     ``status`` answers from this pipeline while it runs, and is closed when it ends.
+
+    A ``worker`` (``--workers``) takes its orders from its parent alone: SIGTERM drains, again
+    or not (a service manager may signal every process of the service as well as the parent),
+    and SIGUSR1, the parent's answer to a second signal, stops at once.
     """
     loop = asyncio.get_running_loop()
     if status is not None:
@@ -106,12 +113,19 @@ async def serve(pipeline: Pipeline, status: StatusServer | None = None) -> Pipel
     def on_signal() -> None:
         if not pipeline.stopping.is_set():
             pipeline.stop()
-        elif main is not None:
+        elif main is not None and not worker:
             main.cancel("second signal")
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    def on_abort() -> None:
+        if main is not None:
+            main.cancel("second signal")
+
+    handlers = {signal.SIGTERM: on_signal, signal.SIGINT: on_signal}
+    if worker:
+        handlers = {signal.SIGTERM: on_signal, signal.SIGUSR1: on_abort}
+    for sig, handler in handlers.items():
         try:
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, handler)
             handled.append(sig)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass

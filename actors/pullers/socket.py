@@ -6,22 +6,28 @@ holds at most ``max_buffered_bytes`` of lines read and not yet handed on, whatev
 connections: when the pipeline is full, the handlers wait to hand on, the budget runs out, every
 connection stops being read, and TCP flow control slows the sensors instead of memory filling.
 Lines are bounded: one longer than ``max_line_bytes`` is dead-lettered and skipped, so a broken
-peer cannot make the service buffer without limit.
+peer cannot make the service buffer without limit. Under ``--workers``, a worker's input listens
+on no port: it adopts the connections the acceptor hands it (:mod:`wattflow.actors.handoff`) and
+reads them through the same on-demand, byte-budgeted path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import Field, PositiveInt
 
 from wattflow.actors.errors import PullUnavailable
+from wattflow.actors.handoff import receive_connections
+from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
@@ -211,11 +217,22 @@ class SocketPuller(Puller[SocketPullerConfig]):
         self.listening = asyncio.Event()
         self.budget = ByteBudget(config.max_buffered_bytes)
         self._connections: set[_Connection] = set()
+        self.handoff: socket.socket | None = None
+        """``--workers``: the channel on which the acceptor hands this worker its connections
+        (:mod:`wattflow.actors.handoff`); None: this input listens itself."""
+        self.instance: Partition | None = None
+        """``--workers``: the partition the workers share (``--partition``, or None: every
+        sensor), to tell another worker's sensor from another instance's."""
 
     def not_ready(self) -> str | None:
+        if self.handoff is not None:
+            return None
         return None if self.bound_port is not None else "not listening yet"
 
     async def pull(self, emitter: Emitter) -> None:
+        if self.handoff is not None and self.partition is not None:
+            emitter = _OwnSensors(emitter, self.partition, self.instance)
+
         async def serve(connection: _Connection) -> None:
             self._connections.add(connection)
             try:
@@ -225,6 +242,10 @@ class SocketPuller(Puller[SocketPullerConfig]):
                 if connection.transport is not None:
                     connection.transport.close()
 
+        if self.handoff is not None:
+            await self._take_handed(self.handoff, serve, emitter)
+            await self._close_connections()
+            return
         loop = asyncio.get_running_loop()
         try:
             server = await loop.create_server(
@@ -240,14 +261,59 @@ class SocketPuller(Puller[SocketPullerConfig]):
         async with server:
             await emitter.stopping.wait()
             server.close()
-            if self._connections:
-                await asyncio.wait(self._tasks(), timeout=self.config.drain_grace_s)
-            # Peers still connected after the grace period are cut off; what they sent before
-            # is already handed on, and a line cut in half is dead-lettered.
-            for connection in list(self._connections):
-                connection.cut()
-            if self._connections:
-                await asyncio.wait(self._tasks())
+            await self._close_connections()
+
+    async def _take_handed(
+        self,
+        channel: socket.socket,
+        serve: Callable[[_Connection], Coroutine[Any, Any, None]],
+        emitter: Emitter,
+    ) -> None:
+        """Read the connections the acceptor hands over until the pipeline stops.
+
+        A handed connection becomes a :class:`_Connection` on an accepted socket, exactly as
+        one this input accepts itself: read on demand, within the same byte budget.
+        """
+        loop = asyncio.get_running_loop()
+        channel.setblocking(False)
+        starting: set[asyncio.Task[Any]] = set()
+        logger.info("reading the hwpc-sensor connections handed to this worker")
+
+        async def adopt(connection: socket.socket) -> None:
+            try:
+                await loop.connect_accepted_socket(lambda: _Connection(serve), sock=connection)
+            except OSError as error:  # the sensor hung up while the connection was handed
+                logger.info("a handed connection could not be read: %s", error)
+                connection.close()
+
+        def on_readable() -> None:
+            received = receive_connections(channel)
+            if received is None:  # the acceptor closed the channel: no more connections
+                loop.remove_reader(channel.fileno())
+                return
+            for connection in received:
+                task = loop.create_task(adopt(connection))
+                starting.add(task)
+                task.add_done_callback(starting.discard)
+
+        loop.add_reader(channel.fileno(), on_readable)
+        try:
+            await emitter.stopping.wait()
+        finally:
+            loop.remove_reader(channel.fileno())
+            if starting:  # connections received just now: read them like the others
+                await asyncio.wait(set(starting))
+
+    async def _close_connections(self) -> None:
+        """Read what connected sensors already sent for ``drain_grace_s``, then cut them off."""
+        if self._connections:
+            await asyncio.wait(self._tasks(), timeout=self.config.drain_grace_s)
+        # Peers still connected after the grace period are cut off; what they sent before
+        # is already handed on, and a line cut in half is dead-lettered.
+        for connection in list(self._connections):
+            connection.cut()
+        if self._connections:
+            await asyncio.wait(self._tasks())
 
     def _tasks(self) -> set[asyncio.Task[None]]:
         return {c.task for c in self._connections if c.task is not None}
@@ -409,3 +475,60 @@ class _CountedOutbox(LineOutbox):
         """Give back everything still counted (the connection is done)."""
         self.budget.give(self.read_bytes)
         self.read_bytes = self.held_bytes = 0
+
+
+class _OwnSensors:
+    """A worker's emitter for handed connections: reports of a sensor that another worker
+    owns (a connection carrying several sensors, handed over by its first line's) are
+    dead-lettered, not skipped: no other worker reads this connection, so skipping would lose
+    them. Reports of sensors no worker of this instance takes (``--partition``) go on to the
+    pipeline, which skips them."""
+
+    def __init__(self, emitter: Emitter, worker: Partition, instance: Partition | None) -> None:
+        self._emitter = emitter
+        self._worker = worker
+        self._instance = instance
+        self.stopping = emitter.stopping
+
+    def _foreign(self, sensor: str) -> bool:
+        return not self._worker.owns(sensor) and (
+            self._instance is None or self._instance.owns(sensor)
+        )
+
+    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+        if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
+            await self._emit_frame(batch[0])
+            return
+        reports = [r for r in batch if isinstance(r, Report)]
+        if len(reports) != len(batch):  # another kind of frame: the pipeline sorts it out
+            await self._emitter.emit(batch)
+            return
+        self._reject_all([r for r in reports if self._foreign(r.sensor)])
+        await self._emitter.emit([r for r in reports if not self._foreign(r.sensor)])
+
+    async def _emit_frame(self, frame: HWPCFrame) -> None:
+        sensors = frame.sensors()
+        if not any(self._foreign(s) for s in sensors):
+            await self._emitter.emit([frame])
+            return
+        for sensor in sensors:
+            part = frame.of_sensor(sensor)
+            if self._foreign(sensor):
+                self._reject_all(part.reports())
+            else:
+                await self._emitter.emit([part])
+
+    def _reject_all(self, reports: Sequence[Report]) -> None:
+        for report in reports:
+            self._emitter.reject(
+                report,
+                f"sensor {report.sensor!r} belongs to another worker (--workers): this "
+                "connection went to the worker of its first report's sensor; send each "
+                "sensor's reports on a connection of its own",
+            )
+
+    def reject(self, payload: Any, reason: str) -> None:
+        self._emitter.reject(payload, reason)
+
+    def skip(self, count: int) -> None:
+        self._emitter.skip(count)

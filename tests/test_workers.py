@@ -1,0 +1,287 @@
+"""``wattflow run --workers N``: N processes, each with its share of the sensors.
+
+Against real sockets, real files and a real MongoDB: two workers write the PowerReports one
+process writes, each sensor in one worker; a worker killed mid-stream is restarted and goes on
+taking its sensors' connections; SIGTERM drains every worker and the exit line adds up their
+ledgers; ``/health`` and ``/metrics`` answer for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wattflow.actors.checkpoints import decode_checkpoint
+from wattflow.actors.handoff import first_sensor
+from wattflow.actors.partition import Partition
+from wattflow.service.workers import per_worker_path
+
+from .conftest import Service, drained_ledger, wait_until, wattflow
+from .servers import free_port
+from .test_partition import SENSORS, SETTINGS, read_jsonl, recording, written
+from .test_status_server import get, samples
+
+__all__ = ["recording"]  # the fixture, shared with the partition tests
+
+WORKERS = 2
+
+
+def flags(directory: Path, name: str) -> list[str]:
+    return [
+        *SETTINGS,
+        "--output", "jsonl", "--file", str(directory / f"{name}.jsonl"),
+        "--dead-letters", str(directory / f"{name}-dead.jsonl"),
+    ]  # fmt: skip
+
+
+def workers_written(directory: Path, name: str, count: int = WORKERS) -> list[Counter[Any]]:
+    """Each worker's PowerReports, from its own file."""
+    return [written(per_worker_path(directory / f"{name}.jsonl", j)) for j in range(count)]
+
+
+def sensors_of(reports: Counter[Any]) -> set[str]:
+    return {key[1] for key in reports}
+
+
+def lines_per_sensor(recording: Path) -> dict[str, bytes]:
+    """Each machine's hwpc-sensor stream, as it sends it on its own connection."""
+    streams: dict[str, list[bytes]] = {}
+    for line in recording.read_bytes().splitlines(keepends=True):
+        sensor = first_sensor(line, complete=True)
+        assert sensor is not None
+        streams.setdefault(sensor, []).append(line)
+    return {sensor: b"".join(lines) for sensor, lines in streams.items()}
+
+
+def listening_port(service: Service) -> int:
+    service.wait_for_log("listening for hwpc-sensor on ")
+    found = re.search(r"listening for hwpc-sensor on [^:\s]+:(\d+)", service.text())
+    assert found, service.text()
+    return int(found[1])
+
+
+def send(port: int, data: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        connection.sendall(data)
+
+
+def read_from_socket(http_port: int) -> float:
+    """The reports the socket input of every worker has handed on, from the parent's
+    ``/metrics``; it fails unless both workers' metrics are there, labelled."""
+    found = samples(get(f"http://127.0.0.1:{http_port}/metrics")[1])
+    counts = {
+        dict(labels).get("worker"): count
+        for (name, labels), count in found.items()
+        if name == "wattflow_actor_reports_out_total"
+        and dict(labels).get("actor") == "puller:puller_socket"
+    }
+    assert set(counts) == {str(j) for j in range(WORKERS)}, counts
+    return sum(counts.values())
+
+
+def check_split(directory: Path, name: str, expected: Counter[Any]) -> None:
+    """The workers' files hold, together, exactly ``expected``; each sensor in its worker's."""
+    parts = workers_written(directory, name)
+    assert sum(parts, Counter()) == expected
+    for index, part in enumerate(parts):
+        mine = Partition(0, 1).split(WORKERS)[index]
+        assert part, f"worker {index} wrote nothing"
+        assert all(mine.owns(sensor) for sensor in sensors_of(part)), (index, sensors_of(part))
+
+
+def test_the_acceptor_finds_the_sensor_of_a_first_line() -> None:
+    line = b'{"timestamp": 1, "sensor": "node-\\u00e9", "target": "all", "groups": {}}\n'
+    assert first_sensor(line, complete=True) == "node-é"
+    assert first_sensor(line[:40], complete=False) == "node-é", "before the line is whole"
+    assert first_sensor(b'{"timestamp": 1, "sen', complete=False) is None
+    assert first_sensor(b"not json at all\n", complete=True) is None
+
+
+def test_each_sensor_goes_to_exactly_one_worker_of_a_partition() -> None:
+    instance = Partition(1, 3)
+    workers = instance.split(2)
+    for number in range(500):
+        sensor = f"node-{number}"
+        owners = [j for j, part in enumerate(workers) if part.owns(sensor)]
+        assert len(owners) == (1 if instance.owns(sensor) else 0), sensor
+        assert instance.worker_of(sensor, 2) == (owners[0] if owners else None)
+
+
+def test_two_workers_on_the_socket_write_what_one_process_writes(
+    recording: Path, tmp_path: Path
+) -> None:
+    """Six machines, one connection each: the two workers' files are the single process's
+    output split by sensor, nothing dead-lettered, and the exit line sums both ledgers."""
+    streams = lines_per_sensor(recording)
+    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = written(tmp_path / "one.jsonl")
+    assert expected
+    port = free_port()
+    with Service(
+        tmp_path / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
+        "--input", "socket", "--port", "0", *flags(tmp_path, "two"),
+    ) as service:  # fmt: skip
+        socket_port = listening_port(service)
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready")
+        for data in streams.values():
+            send(socket_port, data)
+        sent = len(recording.read_bytes().splitlines())
+        wait_until(
+            lambda: service.alive() and read_from_socket(port) == sent,
+            60,
+            "every report read, as the workers' metrics say",
+        )
+        log = service.stop()
+    check_split(tmp_path, "two", expected)
+    ledger = drained_ledger(log)
+    assert ledger["entered"] == len(recording.read_bytes().splitlines())
+    assert ledger["delivered"] == sum(expected.values())
+    assert ledger["rejected_input"] == ledger["dead_out"] == 0
+    assert ledger["workers"] == WORKERS
+    assert ledger["worker_restarts"] == 0
+    for index in range(WORKERS):
+        assert read_jsonl(per_worker_path(tmp_path / "two-dead.jsonl", index)) == []
+
+
+def test_a_killed_worker_is_restarted_and_takes_its_sensors_again(
+    recording: Path, tmp_path: Path
+) -> None:
+    """SIGKILL one worker: the parent starts it again, and the sensors it owns, connecting
+    afterwards, are read by the new one: the output is whole."""
+    streams = lines_per_sensor(recording)
+    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    port = free_port()
+    with Service(
+        tmp_path / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
+        "--input", "socket", "--port", "0", *flags(tmp_path, "two"),
+    ) as service:  # fmt: skip
+        socket_port = listening_port(service)
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready")
+        found = re.search(r"worker 0/2 started \(pid (\d+)\)", service.text())
+        assert found, service.text()
+        os.kill(int(found[1]), signal.SIGKILL)
+        service.wait_for_log("worker 0/2 was killed by SIGKILL")
+        service.wait_for_log("worker 0/2 started", count=2)
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready again")
+        for data in streams.values():
+            send(socket_port, data)
+        sent = len(recording.read_bytes().splitlines())
+        wait_until(
+            lambda: service.alive() and read_from_socket(port) == sent, 60, "every report read"
+        )
+        log = service.stop()
+    check_split(tmp_path, "two", written(tmp_path / "one.jsonl"))
+    assert drained_ledger(log)["worker_restarts"] == 1
+
+
+def test_a_connection_of_several_sensors_goes_to_its_first_sensors_worker(
+    recording: Path, tmp_path: Path
+) -> None:
+    """Every machine's reports on one connection: the worker of the first line's sensor reads
+    it, and the reports of the other worker's sensors are dead letters, not lost silently."""
+    data = recording.read_bytes()
+    first = first_sensor(data, complete=True)
+    assert first is not None
+    owner = Partition(0, 1).worker_of(first, WORKERS)
+    assert owner is not None
+    theirs = [s for s in SENSORS if Partition(0, 1).worker_of(s, WORKERS) != owner]
+    assert theirs, "the recording's sensors fall to both workers"
+    expected_dead = sum(1 for line in data.splitlines() if first_sensor(line, True) in theirs)
+    port = free_port()
+    with Service(
+        tmp_path / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
+        "--input", "socket", "--port", "0", *flags(tmp_path, "two"),
+    ) as service:  # fmt: skip
+        socket_port = listening_port(service)
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready")
+        send(socket_port, data)
+        kept = len(data.splitlines()) - expected_dead
+        wait_until(
+            lambda: service.alive() and read_from_socket(port) == kept, 60, "every report read"
+        )
+        log = service.stop()
+    dead = per_worker_path(tmp_path / "two-dead.jsonl", owner)
+    assert len(read_jsonl(dead)) == expected_dead
+    assert "belongs to another worker" in read_jsonl(dead)[0]["reason"]
+    assert drained_ledger(log)["rejected_input"] == expected_dead
+
+
+def test_two_workers_share_a_file_input_by_sensor(recording: Path, tmp_path: Path) -> None:
+    """Files: each worker reads them and keeps its sensors; both end with the input."""
+    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    two = wattflow(
+        "run", "--workers", str(WORKERS), "--input", "jsonl", "--files", str(recording),
+        *flags(tmp_path, "two"),
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    check_split(tmp_path, "two", written(tmp_path / "one.jsonl"))
+    ledger = drained_ledger(two.stderr)
+    lines = len(recording.read_bytes().splitlines())
+    assert ledger["entered"] + ledger["skipped"] == WORKERS * lines
+    assert ledger["entered"] == lines
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--input", "zeromq", "--uri", "tcp://127.0.0.1:1", "--socket-type", "PULL"], "PULL"),
+        (["--input", "jsonl", "--files", "x.jsonl", "--output", "table"], "table"),
+        (["--input", "jsonl", "--files", "x.jsonl", "--run", "e/b/s/1"], "--run"),
+    ],
+)
+def test_what_one_process_must_do_is_refused_with_workers(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    result = wattflow(
+        "run", "--workers", "2", *args, "--output", "jsonl", "--file", str(tmp_path / "o.jsonl"),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr, result.stderr
+    assert "--workers" in result.stderr, result.stderr
+
+
+def test_each_worker_keeps_its_own_state_file(recording: Path, tmp_path: Path) -> None:
+    """``--state-file`` under ``--workers``: each worker saves its sensors' formula state in a
+    file of its own and restores it, so a recording run in two halves by two workers writes
+    what one process writes over the whole recording (relearning would leave ticks out)."""
+    lines = recording.read_bytes().splitlines(keepends=True)
+    stamps = sorted({json.loads(line)["timestamp"] for line in lines})
+    middle = stamps[len(stamps) // 2]  # a whole tick of every sensor in one half or the other
+    halves = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
+    halves[0].write_bytes(b"".join(x for x in lines if json.loads(x)["timestamp"] < middle))
+    halves[1].write_bytes(b"".join(x for x in lines if json.loads(x)["timestamp"] >= middle))
+    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    state = tmp_path / "state" / "wattflow.state"
+    got: dict[tuple[Any, ...], float] = {}
+    for number, half in enumerate(halves):
+        done = wattflow(
+            "run", "--workers", str(WORKERS), "--input", "jsonl", "--files", str(half),
+            "--state-file", str(state), *flags(tmp_path, f"half{number}"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not state.exists(), "the workers share no state file"
+        for index in range(WORKERS):
+            saved = decode_checkpoint(per_worker_path(state, index).read_bytes())
+            assert saved is not None, index
+            assert saved["formulas"], index
+        if number:
+            assert done.stderr.count("restored the state of") == WORKERS, done.stderr[-3000:]
+        for part in workers_written(tmp_path, f"half{number}"):
+            for key in part:
+                assert key[:5] not in got, f"{key} written twice"
+                got[key[:5]] = float(key[5])
+    expected = {key[:5]: float(key[5]) for key in written(tmp_path / "one.jsonl")}
+    assert set(got) == set(expected)
+    assert all(abs(got[key] - value) <= 1e-6 * max(1.0, value) for key, value in expected.items())
