@@ -161,3 +161,55 @@ def test_an_unfinished_last_line_waits_for_the_next_run(tmp_path: Path) -> None:
         service.wait_for_lines(second, 2, WAIT_S)
         service.stop()
     assert recorded_stamps(second) == [stamp(5), stamp(6)]
+
+
+def meter_rows(start: int, count: int) -> str:
+    """Wattmeter CSV rows, a quarter second apart, each reading its index in mW on d0c0."""
+    first_ms = 1_772_323_200_000
+    return "".join(f"{first_ms + 250 * i},{i}.0,1.0\n" for i in range(start, start + count))
+
+
+def test_a_followed_meter_log_goes_on_after_its_last_reading_with_its_header(
+    tmp_path: Path,
+) -> None:
+    """The meter input keeps its files' positions like the JSON Lines input, and each CSV
+    file's header with them: a restart reads only the rows added since, decoded by the header
+    it no longer reads again (no reading twice, none missing, no row 'before the header')."""
+    source, state, letters = tmp_path / "meter.csv", tmp_path / "state", tmp_path / "dead.jsonl"
+    source.write_text("timestamp,d0c0,d0c1\n" + meter_rows(0, 10))
+
+    def meter(log: str, out: Path) -> Service:
+        return Service(
+            tmp_path / log, "run", "-s", "--state-file", str(state), "--state-interval-s", "0.2",
+            "--input", "meter", "--files", str(source), "--sensor", "node-1",
+            "--poll-interval-s", "0.05", "--dead-letters", str(letters),
+            "--output", "jsonl", "--model", "MeterReport", "--file", str(out),
+        )  # fmt: skip
+
+    def committed(rows: int) -> bool:
+        if not state.exists():
+            return False
+        checkpoint = decode_checkpoint(state.read_bytes())
+        assert checkpoint is not None
+        place = dict(checkpoint["positions"].get("puller_meter") or {}).get(str(source))
+        return place is not None and place["line"] == rows + 1
+
+    first = tmp_path / "first.jsonl"
+    with meter("first.log", first) as service:
+        wait_until(lambda: service.alive() and committed(10), WAIT_S, "a checkpoint at row 10")
+        service.stop()
+    with source.open("a") as growing:
+        growing.write(meter_rows(10, 5))
+    second = tmp_path / "second.jsonl"
+    with meter("second.log", second) as service:
+        service.wait_for_lines(second, 5, WAIT_S)
+        wait_until(lambda: service.alive() and committed(15), WAIT_S, "a checkpoint at row 15")
+        log = service.stop()
+    assert "going on from line 12" in log, log[-2000:]
+    readings = [
+        json.loads(line)["channels"]["d0c0"]
+        for path in (first, second)
+        for line in path.read_text().splitlines()
+    ]
+    assert readings == [float(i) for i in range(15)]
+    assert not letters.exists() or letters.read_text() == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,9 +11,17 @@ from typing import Any
 
 import pytest
 
-from wattflow.actors.formulas.base import Output
+from wattflow.actors.checkpoints import (
+    STATE_VERSION,
+    Checkpoints,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from wattflow.actors.formulas.base import FormulaActor, Output
 from wattflow.actors.formulas.gpu import GpuConfig, GpuFormula
+from wattflow.actors.runtime import DeadLetters, Ledger, QueueConfig
 from wattflow.formats import powerapi
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
 
 from .conftest import wattflow
@@ -253,3 +262,113 @@ def test_a_tick_the_counter_does_not_reach_in_time_keeps_its_own_reading() -> No
     # The others were still held when the counter came: they share the 900 J left.
     assert [powers[i] for i in (2, 3, 4, 5)] == pytest.approx([225.0] * 4)
     assert sum(powers.values()) == pytest.approx(1000.0)  # the counter's increase, over all
+
+
+def busy_stream() -> list[GPUReport]:
+    """Four and a half seconds of a node with two GPUs, ticks every 0.1 s. GPU 0 reads its
+    counter every third tick and its process windows every second tick, each ending a tick
+    before it comes (so ticks wait for them); it rests for a while, its windows stop for 0.6 s
+    (ticks go uncovered), then its counter for 0.7 s (ticks go on their own readings). GPU 1 is
+    a MIG device: power readings only, no processes."""
+    reports = []
+    energy_j = 0.0
+    for step in range(46):
+        second = step / 10
+        resting = 15 <= step < 22
+        power_w = (40.0 + step % 3) if resting else 150.0 + 10 * (step % 4)
+        energy_j += power_w * 1.1 * 0.1
+        fresh = step % 2 == 0 and not 26 <= step < 32
+        processes = [] if resting or not fresh else [(10, 60.0, "/a.slice"), (11, 20.0, None)]
+        window = (second - 0.3, second - 0.1) if fresh and step >= 2 else (second, second)
+        counter = step % 3 == 0 and not 32 < step < 40
+        report = tick(second, energy_j=energy_j if counter else None, power_w=power_w,
+                      util=0 if resting else 80, processes=processes, window=window)  # fmt: skip
+        mig = GPUDevice(power=(60.0 + step % 5) * 1000, util_gpu=30.0)
+        devices = {**report.devices, "1": mig}
+        reports.append(report.model_copy(update={"devices": devices, "metadata": {"n": step}}))
+    return reports
+
+
+def through_checkpoint(formula: GpuFormula) -> Any:
+    """The formula's state as a restart finds it: encoded and decoded as a checkpoint is."""
+    saved = decode_checkpoint(encode_checkpoint({"version": STATE_VERSION, "s": formula.state()}))
+    assert saved is not None
+    return saved["s"]
+
+
+def everything(out: Output) -> list[tuple[datetime, str, float, dict[str, Any]]]:
+    return [
+        (r.timestamp, r.target, r.power, r.metadata)
+        for r in out.reports
+        if isinstance(r, PowerReport)
+    ]
+
+
+def test_a_restart_at_any_checkpoint_gives_the_reports_of_one_uninterrupted_run() -> None:
+    """Cut the stream after every tick: the state, through a checkpoint's encoding, carries the
+    counter, the learned idle, the windows and the ticks still held, so the two halves give
+    exactly the reports (and uncovered-tick count) of one run, none lost and none twice."""
+    reports = busy_stream()
+    settings = {"gpu_hold_ms": 250}
+    whole_formula = GpuFormula(GpuConfig(**settings), "node-1")
+    whole = Output()
+    whole_formula.process(list[Report](reports), whole)
+    whole_formula.flush(whole)
+    assert whole_formula.uncovered_ticks > 0, "the stream exercises uncovered ticks"
+    assert {r.target for r in whole.reports} == {"/a.slice", "pid:11", "gpu0", "gpu1"}
+    held_at_a_cut = 0
+    for cut in range(1, len(reports)):
+        first = GpuFormula(GpuConfig(**settings), "node-1")
+        out = Output()
+        first.process(list[Report](reports[:cut]), out)
+        held_at_a_cut = max(held_at_a_cut, len(first.devices["0"].held))
+        second = GpuFormula(GpuConfig(**settings), "node-1")
+        second.restore(through_checkpoint(first))
+        second.process(list[Report](reports[cut:]), out)
+        second.flush(out)
+        assert everything(out) == everything(whole), f"cut after tick {cut}"
+        assert second.uncovered_ticks == whole_formula.uncovered_ticks
+    assert held_at_a_cut >= 3, "some cuts fall while ticks wait for windows and the counter"
+    # Without its state, the rest of the stream starts from nothing: reports differ.
+    fresh = GpuFormula(GpuConfig(**settings), "node-1")
+    out = Output()
+    fresh.process(list[Report](reports[20:]), out)
+    fresh.flush(out)
+    assert everything(out) != everything(whole)[-len(everything(out)) :]
+
+
+def test_the_gpu_state_is_bounded_by_the_idle_window_and_versioned() -> None:
+    formula = GpuFormula(GpuConfig(gpu_idle_window=600), "node-1")
+    formula.process([tick(second, power_w=30.0 + second, util=0) for second in range(20)],
+                    Output())  # fmt: skip
+    state = through_checkpoint(formula)
+    narrower = GpuFormula(GpuConfig(gpu_idle_window=5), "node-1")
+    narrower.restore(state)
+    assert list(narrower.devices["0"].idle_readings) == [45.0, 46.0, 47.0, 48.0, 49.0]
+    with pytest.raises(ValueError, match="version 0, not 1"):
+        GpuFormula(GpuConfig(), "node-1").restore({**state, "version": 0})
+
+
+def test_a_gpu_state_of_another_version_is_logged_and_the_instance_starts_afresh(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    formula = GpuFormula(GpuConfig(), "node-1")
+    formula.process([tick(second, power_w=30.0, util=0) for second in range(3)], Output())
+    state = {**formula.state(), "version": 99}
+    saved = {"version": STATE_VERSION, "formulas": {"gpu": {"node-1": state}}}
+
+    async def dispatch(produced: list[Report | Frame]) -> None:
+        del produced
+
+    actor = FormulaActor(GpuFormula, GpuConfig(), queue=QueueConfig(), ledger=Ledger(),
+                         dead_letters=DeadLetters(), dispatch=dispatch)  # fmt: skip
+    actor.checkpoints = Checkpoints(None, 60.0, 1)
+    actor.checkpoints.restore(encode_checkpoint(saved))
+    with caplog.at_level(logging.WARNING):
+        instance = actor.instance("node-1")
+    assert (
+        "saved state of node-1 not restored (ValueError: GPU formula state of version 99, "
+        "not 1); it starts afresh" in caplog.text
+    )
+    assert isinstance(instance, GpuFormula)
+    assert instance.devices == {}

@@ -31,6 +31,12 @@ For each device and sampling tick (τ0, τ1]:
    windows without SM use (a context that only holds memory) and of uncovered time, so the
    targets of a device add up to its measured power on every tick.
 
+**State** (:meth:`GpuFormula.state`, kept by checkpoints): per device, the last tick's time,
+the counter's last reading and what released ticks took of it, the idle readings (at most
+``--gpu-idle-window``), the process windows still needed and the ticks still held (at most
+:data:`MAX_WINDOWS` and :data:`MAX_HELD_TICKS`). A restart at a checkpoint then splits the held
+ticks as one uninterrupted run would: none is lost, none is reported twice.
+
 Recordings made before ``process_window`` existed give each tick's processes for that tick
 alone: the tick is then its own window.
 
@@ -48,10 +54,11 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, PositiveInt
 
+from wattflow.actors.checkpoints import pack_floats, unpack_floats
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.formats.reports import GPUDevice, GPUReport, PowerReport, Report
@@ -59,6 +66,10 @@ from wattflow.formats.reports import GPUDevice, GPUReport, PowerReport, Report
 logger = logging.getLogger(__name__)
 
 FORMULA_NAME = "gpu"
+
+STATE_VERSION = 1
+"""The layout of :meth:`GpuFormula.state`; a state of another version is refused (the
+instance starts afresh and the log says so)."""
 
 MAX_HELD_TICKS = 10_000
 """Ticks a device holds at most while waiting for process windows; past that the oldest is
@@ -181,6 +192,25 @@ class GpuFormula(Formula[GpuConfig]):
         """Ticks, over all devices, part of whose active energy stayed with the device's
         target because no process window covered them in time."""
         return sum(state.uncovered_ticks for state in self.devices.values())
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Each device's counter, learned idle readings, process windows and held ticks."""
+        return {
+            "version": STATE_VERSION,
+            "devices": {index: _save_device(device) for index, device in self.devices.items()},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"GPU formula state of version {state.get('version')}, not {STATE_VERSION}"
+            )
+        window = self.config.gpu_idle_window
+        self.devices = {
+            str(index): _restore_device(saved, window) for index, saved in state["devices"].items()
+        }
 
     def process(self, reports: list[Report], out: Output) -> None:
         for report in reports:
@@ -329,6 +359,90 @@ class GpuFormula(Formula[GpuConfig]):
                 "ratio": ratio,
             },
         )
+
+
+def _save_device(state: _DeviceState) -> dict[str, Any]:
+    """A device's state as JSON-ready values (floats round-trip exactly through JSON)."""
+    return {
+        "timestamp": None if state.timestamp is None else state.timestamp.isoformat(),
+        "counter_mj": state.counter_mj,
+        "counter_us": state.counter_us,
+        "spent_mj": state.spent_mj,
+        "counter_w": state.counter_w,
+        "idle_w": pack_floats(list(state.idle_readings)),
+        "windows": [[w.start_us, w.end_us, dict(w.shares), w.busy] for w in state.windows],
+        "covered_us": state.covered_us,
+        "held": [_save_tick(tick) for tick in state.held],
+        "released_us": state.released_us,
+        "uncovered_ticks": state.uncovered_ticks,
+    }
+
+
+def _save_tick(tick: _Tick) -> dict[str, Any]:
+    report = tick.report  # only what the tick's reports take from it
+    return {
+        "report": {
+            "timestamp": report.timestamp.isoformat(),
+            "sensor": report.sensor,
+            "target": report.target,
+            "metadata": dict(report.metadata),
+        },
+        "us": [tick.start_us, tick.end_us],
+        "reading_w": tick.reading_w,
+        "util_gpu": tick.util_gpu,
+        "waits": tick.waits,
+        "power_w": tick.power_w,
+        "settled": tick.settled,
+    }
+
+
+def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
+    """A device's state from :func:`_save_device`, bounded as the running formula bounds it."""
+    stamp = saved["timestamp"]
+    readings = unpack_floats(saved["idle_w"])
+    idle = [] if readings is None else readings.tolist()[-idle_window:]
+    windows = [
+        _Window(int(start), int(end), {str(t): float(v) for t, v in shares.items()}, bool(busy))
+        for start, end, shares, busy in saved["windows"][-MAX_WINDOWS:]
+    ]
+    return _DeviceState(
+        timestamp=None if stamp is None else datetime.fromisoformat(stamp),
+        counter_mj=_float_or_none(saved["counter_mj"]),
+        counter_us=saved["counter_us"],
+        spent_mj=float(saved["spent_mj"]),
+        counter_w=_float_or_none(saved["counter_w"]),
+        idle_readings=deque(idle),
+        windows=deque(windows),
+        covered_us=saved["covered_us"],
+        held=deque(_restore_tick(tick) for tick in saved["held"][-MAX_HELD_TICKS:]),
+        released_us=saved["released_us"],
+        uncovered_ticks=int(saved["uncovered_ticks"]),
+    )
+
+
+def _restore_tick(saved: dict[str, Any]) -> _Tick:
+    fields = saved["report"]
+    report = GPUReport.trusted(
+        timestamp=datetime.fromisoformat(fields["timestamp"]),
+        sensor=fields["sensor"],
+        target=fields["target"],
+        metadata=dict(fields["metadata"]),
+    )
+    start_us, end_us = saved["us"]
+    return _Tick(
+        report,
+        int(start_us),
+        int(end_us),
+        _float_or_none(saved["reading_w"]),
+        _float_or_none(saved["util_gpu"]),
+        bool(saved["waits"]),
+        float(saved["power_w"]),
+        bool(saved["settled"]),
+    )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _micros(timestamp: datetime) -> int:

@@ -11,6 +11,10 @@ A line is one reading, in mW per channel named ``d{device}c{channel}``:
 - JSON: ``{"timestamp": …, "channels": {"d0c0": 1234.5}}``, or the channels at the top level,
   or a whole MeterReport in PowerAPI's JSON layout (its ``sensor`` then wins).
 
+Followed files resume after a restart (``--state-file``): each file's position
+(:class:`~wattflow.actors.pullers.files.FollowedFile`) is reported at batch boundaries with the
+file's CSV header, which the rows after that position need.
+
 Timestamps are Unix milliseconds or ISO 8601 (naive means UTC), as in the other reports.
 ``--clock-offset-ms`` is added to them, for a logger whose clock is off from the node's: the
 node formula matches readings by time, so a meter that runs 2 s late would otherwise be
@@ -27,15 +31,15 @@ import re
 import socket
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import IO, Any, Literal, Self
 
 import orjson
 from pydantic import Field, PositiveInt, model_validator
 
 from wattflow.actors.errors import PullError, PullUnavailable
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.actors.pullers.files import FileList
+from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, boundary
+from wattflow.actors.pullers.files import FileList, FollowedFile, split_lines
 from wattflow.formats.reports import MeterReport, Report, to_utc
 
 logger = logging.getLogger(__name__)
@@ -151,6 +155,22 @@ class LineDecoder:
         )
 
 
+def _text(line: bytes) -> str:
+    return line.decode("utf-8", "replace")
+
+
+def _resume(handle: IO[bytes], place: FollowedFile, decoder: LineDecoder, saved: Any) -> None:
+    """Seek a file just opened to its saved position, with the CSV header it had there (the
+    rows after it need it); a file replaced or truncated since is read from its start."""
+    place.resume(handle, saved)
+    header = saved.get("header") if isinstance(saved, dict) and place.offset else None
+    if isinstance(header, list) and header:
+        try:
+            decoder.decode(",".join(str(cell) for cell in header))
+        except ValueError as error:
+            logger.warning("%s: saved CSV header unreadable (%s)", place.path, error)
+
+
 def _check_channels(channels: Any) -> None:
     """Raise unless a JSON reading's channels are a non-empty mapping of channel names
     (``d<device>c<channel>``) to numbers of mW (booleans are not readings)."""
@@ -181,7 +201,19 @@ class MeterPuller(Puller[MeterPullerConfig]):
             if not path.is_file() and not (self.stream or self.config.follow):
                 raise PullError(f"input '{self.config.name}': {path}: no such file")
 
+    @property
+    def resumable(self) -> bool:
+        """Following files, the input reports each file's position (device, inode, byte, line
+        and CSV header) at its batch boundaries, and goes on from the saved one at a start."""
+        return bool(self.config.files) and (self.stream or self.config.follow)
+
     async def pull(self, emitter: Emitter) -> None:
+        saved = self.saved_position if isinstance(self.saved_position, dict) else {}
+        names = {str(path) for path in self.config.files}
+        self._positions: dict[str, Any] = {k: v for k, v in saved.items() if k in names}
+        self._lock = asyncio.Lock()
+        if self.resumable:
+            await boundary(emitter, dict(self._positions))
         tasks = [asyncio.create_task(self._read_file(path, emitter)) for path in self.config.files]
         if self.config.port is not None:
             tasks.append(asyncio.create_task(self._listen(emitter)))
@@ -208,6 +240,24 @@ class MeterPuller(Puller[MeterPullerConfig]):
                 batch = []
         await emitter.emit(batch)
 
+    async def _hand_on(
+        self, data: bytes, decoder: LineDecoder, emitter: Emitter, place: FollowedFile
+    ) -> bytes:
+        """Hand on the complete lines of ``data`` and, following, report every file's position
+        after them (with the file's CSV header); return the incomplete rest. One file at a
+        time, so the positions reported together stand at a boundary of every file."""
+        lines, rest = split_lines(data)
+        if not lines:
+            return rest
+        text = [_text(line) for line in lines]
+        async with self._lock:
+            await self._handle_lines(text, decoder, place.line + 1, emitter)
+            place.handed_on(len(data) - len(rest), len(lines))
+            if self.resumable:
+                self._positions[str(place.path)] = {**place.position(), "header": decoder.header}
+                await boundary(emitter, dict(self._positions))
+        return rest
+
     async def _read_file(self, path: Path, emitter: Emitter) -> None:
         following = self.stream or self.config.follow
         while not await asyncio.to_thread(path.exists):
@@ -215,23 +265,23 @@ class MeterPuller(Puller[MeterPullerConfig]):
                 return
             await asyncio.sleep(self.config.poll_interval_s)
         decoder = LineDecoder(self.config, str(path))
-        number = 1
-        partial = ""
-        with path.open(encoding="utf-8", errors="replace") as handle:
+        place = FollowedFile(path)
+        partial = b""
+        with path.open("rb") as handle:
+            _resume(handle, place, decoder, self._positions.get(str(path)))
             while True:
                 chunk = await asyncio.to_thread(handle.read, 1 << 20)
                 if chunk:
-                    lines = (partial + chunk).split("\n")
-                    partial = lines.pop()
-                    await self._handle_lines(lines, decoder, number, emitter)
-                    number += len(lines)
+                    partial = await self._hand_on(partial + chunk, decoder, emitter, place)
                     continue
                 if not following or emitter.stopping.is_set():
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
-        if partial.strip():
-            await self._handle_lines([partial], decoder, number, emitter)
+        if partial.strip() and not self.checkpointed:
+            # A last line without its newline: read as it is at a stop, unless a committed
+            # position leaves it for the next run, which reads it whole.
+            await self._handle_lines([_text(partial)], decoder, place.line + 1, emitter)
 
     async def _listen(self, emitter: Emitter) -> None:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -244,8 +294,10 @@ class MeterPuller(Puller[MeterPullerConfig]):
                     if not line:
                         break
                     number += 1
-                    text = line.decode("utf-8", "replace")
-                    await self._handle_lines([text], decoder, number, emitter)
+                    async with self._lock:  # a boundary: socket lines are not read again
+                        await self._handle_lines([_text(line)], decoder, number, emitter)
+                        if self.resumable:
+                            await boundary(emitter, dict(self._positions))
             except (ConnectionError, ValueError) as error:  # ValueError: a line over the limit
                 logger.info("%s closed: %s", peer, error)
             finally:
