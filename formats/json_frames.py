@@ -286,37 +286,19 @@ def decode_hwpc_frames(
 
 
 def _frames(lines: Sequence[bytes | str], layouts: dict[str, Layout]) -> list[HWPCFrame] | None:
-    done: dict[str, list[HWPCFrame]] = {}
-    sensors: dict[str, _Batch] = {}
-    try:
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                document = _decode_whole(line)
-            except msgspec.DecodeError:
-                return None
-            if document.metadata or not document.groups:
-                return None
-            batch = sensors.get(document.sensor)
-            if batch is None:
-                batch = sensors[document.sensor] = _Batch(layouts.get(document.sensor, ()))
-            try:
-                batch.add(document)
-            except _Cut:
-                done.setdefault(document.sensor, []).append(batch.frame())
-                batch = sensors[document.sensor] = batch.next()
-                batch.add(document)
-        frames = [
-            frame
-            for sensor, batch in sensors.items()
-            for frame in [*done.get(sensor, ()), batch.frame()]
-        ]
-    except (_NotPlain, _Cut, KeyError):  # KeyError: a cpu lacking one of its group's events
-        return None
-    for sensor, batch in sensors.items():
-        layouts[sensor] = batch.layout()
-    return frames or None
+    """The frames of plain lines, or None at the first line that is not plain."""
+    documents: list[HwpcDocument | _WholeDocument] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            document = _decode_whole(line)
+        except msgspec.DecodeError:
+            return None
+        if document.metadata or not document.groups:
+            return None
+        documents.append(document)
+    return _document_frames(documents, layouts)
 
 
 def decode_json_batch(
@@ -459,9 +441,10 @@ def _plain_documents(documents: Sequence[dict[str, Any]]) -> list[HwpcDocument] 
 
 
 def _document_frames(
-    documents: list[HwpcDocument], layouts: dict[str, Layout]
+    documents: Sequence[HwpcDocument | _WholeDocument], layouts: dict[str, Layout]
 ) -> list[HWPCFrame] | None:
-    """:func:`decode_hwpc_frames`' pass over documents already checked and parsed."""
+    """One frame per sensor from documents already checked and parsed (lines of hwpc-sensor's
+    JSON, or MongoDB's documents), or None when one of them is not plain."""
     done: dict[str, list[HWPCFrame]] = {}
     sensors: dict[str, _Batch] = {}
     try:
