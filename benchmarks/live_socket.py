@@ -234,8 +234,17 @@ class Run:
         return self.reports / self.wall_s if self.wall_s > 0 else 0.0
 
 
+ALL_CORES = frozenset(os.sched_getaffinity(0))
+"""The cores this script may use, read before it keeps itself off wattflow's core."""
+
+
 def pin_to(core: int) -> None:
     os.sched_setaffinity(0, {core})
+
+
+def free_on_all_cores() -> None:
+    """Several workers run on every core, not on the cores the script kept for itself."""
+    os.sched_setaffinity(0, ALL_CORES)
 
 
 def run_wattflow(
@@ -257,7 +266,7 @@ def run_wattflow(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=(lambda: pin_to(WATTFLOW_CORE)) if workers == 1 else None,
+        preexec_fn=(lambda: pin_to(WATTFLOW_CORE)) if workers == 1 else free_on_all_cores,
     )  # fmt: skip
     assert process.stderr is not None
     log = Log(process.stderr)
