@@ -263,8 +263,11 @@ def test_churn_a_process_that_exits_and_one_without_a_cgroup(
     given = {A: energy[f"pid:{A}"], B: energy[f"pid:{B}"]}
     given[me] = energy[own_cgroup()]
     total_given = sum(given.values())
+    # About 60 driver samples in 12 s: one sample credited to the wrong pid moves a share by
+    # 1/60 (1.7 points), and A's exit mid-window and the period's jittered rotation can move up
+    # to three of them.
     for pid in (A, B, me):
-        assert given[pid] / total_given == pytest.approx(truth[pid] / total_truth, abs=0.03)
+        assert given[pid] / total_given == pytest.approx(truth[pid] / total_truth, abs=0.05)
     assert 0.97 <= total_given / total_truth <= 1.03
 
 
