@@ -137,14 +137,6 @@ class Output:
         self.rejected.extend((report, reason) for report in reports)
         self.failures.append((reason, error))
 
-    def fall_back(self, mark: Mark, error: BaseException, *, way: str) -> None:
-        """A fast way (a frame's arrays) raised before changing any state: forget what it wrote
-        since ``mark``; the caller hands the same reports to the report-by-report way, which
-        fails, if it does, unit by unit with the real reason. The error is logged all the same:
-        the fast way has a bug."""
-        self.rollback(mark)
-        self.failures.append((f"the {way} way failed: {type(error).__name__}: {error}", error))
-
 
 C = TypeVar("C", bound=FormulaConfig)
 

@@ -32,9 +32,10 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import ClassVar
 
+import numpy as np
 from pydantic import Field
 
 from wattflow.actors.backend import CommaList
@@ -43,10 +44,10 @@ from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.rapl import (
     GLOBAL_TARGETS,
     RAPL_UNIT_J,
-    first_rows_per_socket,
+    frame_of_global_reports,
     global_parts,
     rapl_groups,
-    rapl_table,
+    tick_energy,
 )
 from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.powerapi import datetime_of
@@ -56,7 +57,6 @@ from wattflow.formats.reports import (
     MeterReport,
     PowerReport,
     Report,
-    to_millis,
 )
 
 FORMULA_NAME = "node"
@@ -155,7 +155,6 @@ class NodeFormula(Formula[NodeConfig]):
         self.anchor_source: str | None = None
         self.last_anchor: int | None = None
         self.targets: dict[int, dict[str, float]] = defaultdict(dict)
-        self.template: Report | None = None
 
     @classmethod
     def takes_formula_output(cls, config: FormulaConfig) -> bool:
@@ -178,24 +177,31 @@ class NodeFormula(Formula[NodeConfig]):
         return None
 
     def process(self, reports: list[Report], out: Output) -> None:
-        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            if self._rapl_frame(reports[0], out):
-                self._report_ready(out, flushing=False)
-                return
-            reports = reports[0].reports()
+        global_reports: list[Report] = []
         for report in reports:
-            try:
-                if isinstance(report, MeterReport):
-                    self._meter(report, out)
-                elif isinstance(report, HWPCReport):
-                    self._rapl(report, out)
-                elif isinstance(report, GPUReport):
-                    self._gpu(report, out)
-                elif isinstance(report, PowerReport):
-                    self._target(report, out)
-            except Exception as error:  # each source absorbs or rejects last, after its state
-                out.fail([report], error, unit="report")
+            if isinstance(report, HWPCFrame):
+                self._rapl(report, out)
+            elif isinstance(report, HWPCReport):
+                global_reports.append(report)
+            else:
+                self._other(report, out)
+        if global_reports:
+            frame = frame_of_global_reports(global_reports, out)
+            if frame is not None:
+                self._rapl(frame, out)
         self._report_ready(out, flushing=False)
+
+    def _other(self, report: Report, out: Output) -> None:
+        """A meter reading, a GPU sample or a target's estimate: the report is the unit."""
+        try:
+            if isinstance(report, MeterReport):
+                self._meter(report, out)
+            elif isinstance(report, GPUReport):
+                self._gpu(report, out)
+            elif isinstance(report, PowerReport):
+                self._target(report, out)
+        except Exception as error:  # each source absorbs or rejects last, after its state
+            out.fail([report], error, unit="report")
 
     def flush(self, out: Output) -> None:
         self._report_ready(out, flushing=True)
@@ -222,80 +228,44 @@ class NodeFormula(Formula[NodeConfig]):
             return
         self._interval("meter", report, {"meter": sum(channels.values()) / 1000.0}, out)
 
-    def _rapl(self, report: HWPCReport, out: Output) -> None:
-        energy: dict[str, float] = defaultdict(float)
-        for group in rapl_groups(report):
-            for cpus in report.groups[group].values():
-                for events in cpus.values():
-                    for event, value in events.items():
-                        scope = _DOMAIN_SCOPE.get(event)
-                        if scope is not None:
-                            energy[scope] += float(value) * RAPL_UNIT_J
-                    break  # RAPL is per socket: every cpu of a socket repeats it
-        self._interval("rapl", report, dict(energy), out, deltas=True)
-
-    def _rapl_frame(self, frame: HWPCFrame, out: Output) -> bool:
-        """:meth:`_rapl` for every tick of a frame of global reports, without building them;
-        ``False``, having changed nothing, when a tick is not after the previous one (or when
-        reading the arrays raised: logged, and the report-by-report way says what fails).
-
-        Each tick (its global report) is the unit of failure, as report by report."""
+    def _rapl(self, frame: HWPCFrame, out: Output) -> None:
+        """The node's cpu and dram energy of every tick of a frame of global reports, each tick
+        (its global report) the unit of failure: a tick not after the previous one is a dead
+        letter, as a reading of any source is."""
         mark = out.mark()
         try:
-            ticks = self._rapl_frame_ticks(frame)
-        except Exception as error:
-            out.fall_back(mark, error, way="frame")
-            return False
-        if ticks is None:
-            return False
-        sensor = frame.names[int(rapl_table(frame).sensors[0])]
-        failed: dict[int, Exception] = {}
+            ticks = self._rapl_ticks(frame)
+        except Exception as error:  # reading the arrays: no tick was taken yet
+            out.fail(frame.reports(), error, unit="frame", since=mark)
+            return
         for end, energy in ticks:
+            mark = out.mark()
             try:
-                self._rapl_frame_tick(sensor, end, energy, out)
-            except Exception as error:  # it absorbs last, after its state: nothing to undo
-                failed[end] = error
-        if failed:
-            for report in frame.reports():
-                cause = failed.get(to_millis(report.timestamp))
-                if cause is not None:
-                    out.fail([report], cause, unit="report")
-        return True
+                if self._reading("rapl", end, energy, deltas=True):
+                    out.absorb()
+                    continue
+                when = datetime_of(end).isoformat()
+                for report in frame.of_ticks(np.array([end])).reports():
+                    out.reject(report, f"rapl reading at {when} is not new")
+            except Exception as error:
+                out.fail(
+                    frame.of_ticks(np.array([end])).reports(), error, unit="report", since=mark
+                )
 
-    def _rapl_frame_ticks(self, frame: HWPCFrame) -> list[tuple[int, dict[str, float]]] | None:
-        """Each tick's RAPL energy (J) per scope, or ``None`` when the first tick is not after
-        the previous one."""
-        rapl = rapl_table(frame)
-        first = first_rows_per_socket(rapl)
-        millis = rapl.millis[first].tolist()
-        previous = self.previous.get("rapl")
-        if previous is not None and millis[0] <= previous[0]:
-            return None
-        columns = [(at, _DOMAIN_SCOPE[e]) for at, e in enumerate(rapl.events) if e in _DOMAIN_SCOPE]
-        values = rapl.values[first][:, [at for at, _ in columns]].tolist()
-        ticks: list[tuple[int, dict[str, float]]] = []
-        for end, row in zip(millis, values, strict=True):
-            if not ticks or ticks[-1][0] != end:
-                ticks.append((end, defaultdict(float)))
-            energy = ticks[-1][1]
-            for (_, scope), value in zip(columns, row, strict=True):
-                energy[scope] += float(value) * RAPL_UNIT_J
-        return ticks
-
-    def _rapl_frame_tick(
-        self, sensor: str, end: int, energy: dict[str, float], out: Output
-    ) -> None:
-        """:meth:`_interval_at` for one tick of a frame, dated by a report made only if needed."""
-        template = None
-        if self.template is None or "rapl" not in self.previous:
-            template = HWPCReport.trusted(
-                timestamp=datetime_of(end),
-                sensor=sensor,
-                target="all",
-                metadata={},
-                groups={},
-            )
-        self._interval_at("rapl", end, dict(energy), out, deltas=True, template=template)
+    @staticmethod
+    def _rapl_ticks(frame: HWPCFrame) -> list[tuple[int, dict[str, float]]]:
+        """Each tick's RAPL energy (J) per scope, summed over sockets, in the order the ticks
+        came."""
+        _, ticks, energy = tick_energy(frame)
+        scopes = [_DOMAIN_SCOPE.get(event) for event in energy.events]
+        per_tick: list[dict[str, float]] = [defaultdict(float) for _ in range(len(ticks))]
+        for tick, event, value in zip(
+            energy.tick.tolist(), energy.event.tolist(), energy.value.tolist(), strict=True
+        ):
+            scope = scopes[event]
+            if scope is not None:
+                per_tick[tick][scope] += value * RAPL_UNIT_J
+        return [(end, dict(energy)) for end, energy in zip(ticks.tolist(), per_tick, strict=True)]
 
     def _gpu(self, report: GPUReport, out: Output) -> None:
         energy_j = 0.0
@@ -327,45 +297,32 @@ class NodeFormula(Formula[NodeConfig]):
         report: Report,
         values: dict[str, float],
         out: Output,
-        *,
-        deltas: bool = False,
     ) -> None:
-        """Record ``values`` (watts, or energy in J when ``deltas``) for the interval ending at
-        the report, which starts at the previous report of the same source."""
-        end = _millis(report.timestamp)
-        previous = self.previous.get(name)
-        if previous is not None and end <= previous[0]:
-            self.previous[name] = (end, values)
+        """Record a reading of ``values`` (watts) for the interval ending at the report, which
+        starts at the previous report of the same source; a reading not after it is a dead
+        letter."""
+        if self._reading(name, _millis(report.timestamp), values, deltas=False):
+            out.absorb()
+        else:
             out.reject(report, f"{name} reading at {report.timestamp.isoformat()} is not new")
-            return
-        self._interval_at(name, end, values, out, deltas=deltas, template=report)
 
-    def _interval_at(
-        self,
-        name: str,
-        end: int,
-        values: dict[str, float],
-        out: Output,
-        *,
-        deltas: bool,
-        template: Report | None,
-    ) -> None:
-        """:meth:`_interval` for a reading ending at ``end`` ms, later than the previous one;
-        ``template`` (a report at about that time) dates the node's reports."""
+    def _reading(self, name: str, end: int, values: dict[str, float], *, deltas: bool) -> bool:
+        """Record ``values`` (watts, or energy in J when ``deltas``) for the interval from the
+        previous reading of the source to ``end`` (ms); ``False`` when ``end`` is not after it
+        (the reading then becomes the previous one all the same, as a source that went back in
+        time goes on from there)."""
         previous = self.previous.get(name)
         self.previous[name] = (end, values)
         if previous is None:
-            self.template = self.template or template
-            out.absorb()
-            return
+            return True
         start = previous[0]
+        if end <= start:
+            return False
         seconds = (end - start) / 1000.0
         for source, value in values.items():
             self.series[source].add(start, end, value / seconds if deltas else value)
-        self._anchor(name, previous[0], end)
-        if template is not None:
-            self.template = template
-        out.absorb()
+        self._anchor(name, start, end)
+        return True
 
     def _counter_interval(self, name: str, report: Report, energy_j: float, out: Output) -> None:
         end = _millis(report.timestamp)
@@ -430,7 +387,7 @@ class NodeFormula(Formula[NodeConfig]):
         parts = {source: means.get(source) for source in ("cpu", "dram", "gpu")}
         known = {k: v for k, v in parts.items() if v is not None}
         rest = meter - sum(known.values())
-        timestamp = _from_millis(end, self.template)
+        timestamp = datetime_of(end)
         rounded = {k: round(v, 6) for k, v in known.items()}
         out.emit(self._node_report(timestamp, "node", meter, {"ratio": 1.0, **rounded}))
         out.emit(self._node_report(timestamp, "rest", rest, {"ratio": _share(rest, meter)}))
@@ -463,9 +420,3 @@ class NodeFormula(Formula[NodeConfig]):
 def _share(power_w: float, meter_w: float) -> float:
     """``power_w`` as a share of the meter's power; 0 when the meter reads 0 W."""
     return power_w / meter_w if meter_w else 0.0
-
-
-def _from_millis(millis: int, template: Report | None) -> datetime:
-    assert template is not None
-    reference = template.timestamp
-    return reference + timedelta(milliseconds=millis - _millis(reference))

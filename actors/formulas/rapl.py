@@ -155,20 +155,6 @@ def tick_intervals(ticks: IntArray, previous: int | None, period_ms: int) -> tup
     return seconds, 0 if previous is not None else 1
 
 
-def rapl_table(frame: HWPCFrame) -> EventsTable:
-    """The ``rapl`` group's rows of a frame that :func:`global_parts` made."""
-    return next(table for table in frame.tables if table.group == "rapl")
-
-
-def first_rows_per_socket(rapl: EventsTable) -> npt.NDArray[np.int64]:
-    """Each tick's first row of each socket, in row order: RAPL is per socket, and every cpu
-    of a socket repeats it."""
-    slot = rapl.millis * (int(rapl.sockets.max()) + 1) + rapl.sockets
-    first: npt.NDArray[np.int64] = np.unique(slot, return_index=True)[1]
-    first.sort()
-    return first
-
-
 class Energy(NamedTuple):
     """The RAPL energy of a frame's global reports, one entry per tick, table, socket and event,
     in the order of the reports' ticks, groups, sockets and events."""
@@ -236,6 +222,34 @@ def _arrival(tables: list[EventsTable]) -> IntArray:
     return arrival
 
 
+def tick_energy(frame: HWPCFrame) -> tuple[list[EventsTable], IntArray, Energy]:
+    """A frame's tables that hold RAPL energy, its ticks in the order they came, and their
+    energy (:func:`rapl_energy`): what the RAPL and node formulas read of a frame."""
+    tables = _rapl_tables(frame)
+    ticks = _arrival(tables)
+    return tables, ticks, rapl_energy(tables, ticks)
+
+
+def frame_of_global_reports(reports: list[Report], out: Output) -> HWPCFrame | None:
+    """Global reports as one frame (:meth:`HWPCFrame.from_reports`), the way into a formula of
+    reports that did not come as a frame; a second report of a tick, and a report a frame
+    cannot hold, are dead letters. ``None`` when no report is left."""
+    kept: dict[int, HWPCReport] = {}
+    for report in reports:
+        assert isinstance(report, HWPCReport)
+        millis = to_millis(report.timestamp)
+        if millis in kept:
+            out.reject(
+                report, f"tick at {report.timestamp.isoformat()} is not after the previous one"
+            )
+            continue
+        kept[millis] = report
+    frame, refused = HWPCFrame.from_reports(list(kept.values()))
+    for report in refused:
+        out.reject(report, "socket or cpu ids that are not plain numbers (such as '0')")
+    return frame if len(frame) else None
+
+
 @formulas.register("rapl")
 class RaplFormula(Formula[RaplConfig]):
     """One instance per sensor: every socket of a sensor shares its tick timestamps.
@@ -281,7 +295,7 @@ class RaplFormula(Formula[RaplConfig]):
         if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
             frame: HWPCFrame | None = reports[0]
         else:
-            frame = self._frame_of(reports, out)
+            frame = frame_of_global_reports(reports, out)
         if frame is None:
             return
         mark = out.mark()
@@ -290,29 +304,9 @@ class RaplFormula(Formula[RaplConfig]):
         except Exception as error:  # outside any tick's step: the frame is the unit
             out.fail(frame.reports(), error, unit="frame", since=mark)
 
-    def _frame_of(self, reports: list[Report], out: Output) -> HWPCFrame | None:
-        """The reports as a frame; a second report of a tick, and a report a frame cannot
-        hold, are dead letters."""
-        kept: dict[int, HWPCReport] = {}
-        for report in reports:
-            assert isinstance(report, HWPCReport)
-            millis = to_millis(report.timestamp)
-            if millis in kept:
-                out.reject(
-                    report, f"tick at {report.timestamp.isoformat()} is not after the previous one"
-                )
-                continue
-            kept[millis] = report
-        frame, refused = HWPCFrame.from_reports(list(kept.values()))
-        for report in refused:
-            out.reject(report, "socket or cpu ids that are not plain numbers (such as '0')")
-        return frame if len(frame) else None
-
     def _estimate(self, frame: HWPCFrame, out: Output) -> None:
         """Each tick's interval in turn, then the power of every tick that has one."""
-        tables = _rapl_tables(frame)
-        ticks = _arrival(tables)
-        energy = rapl_energy(tables, ticks)
+        tables, ticks, energy = tick_energy(frame)
         negative = np.flatnonzero(energy.value < 0)
         ticks_with, first = np.unique(energy.tick[negative], return_index=True)
         first_negative = dict(zip(ticks_with.tolist(), negative[first].tolist(), strict=True))
