@@ -210,7 +210,6 @@ class Checkpoints:
         """The emitters of inputs that can resume."""
         self.saved = 0
         """Checkpoints saved."""
-        self.saved_positions: dict[str, Any] = {}
         self._epoch = 0
         self._open: _Open | None = None
         self._started_at = time.monotonic()
@@ -336,7 +335,6 @@ class Checkpoints:
                 )
                 continue
             self.saved += 1
-            self.saved_positions = positions
 
     async def close(self) -> None:
         """Wait for the saves under way, then release the store."""

@@ -153,7 +153,6 @@ class NodeFormula(Formula[NodeConfig]):
         self.anchor_ends: list[int] = []
         self.anchor_seen: list[float] = []
         self.anchor_source: str | None = None
-        self.last_anchor: int | None = None
         self.targets: dict[int, dict[str, float]] = defaultdict(dict)
 
     @classmethod

@@ -210,11 +210,6 @@ class PowerModel:
         self.hash = digest.hexdigest()
         return True
 
-    def predict(self, features: FloatArray) -> FloatArray:
-        """Raw power predictions, intercept included, one per row of ``features``."""
-        assert self.coef is not None
-        return dynamic_power(features, self.coef) + self.intercept
-
     def state(self) -> dict[str, Any]:
         """The model and its windows, for a checkpoint (floats kept exactly)."""
         return {

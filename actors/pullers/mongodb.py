@@ -194,7 +194,6 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     def __init__(self, config: MongoDBPullerConfig, *, stream: bool = False) -> None:
         super().__init__(config, stream=stream)
         self.source = f"mongodb {config.db}.{config.collection}"
-        self.skipped_overlap = 0
         self._recent: set[Any] = set()
         self._recent_order: deque[Any] = deque()
         self._down_since: float | None = None
@@ -453,7 +452,6 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         identifier = _hashable(document.get("_id"))
         if identifier in self._recent:
             self._recent.discard(identifier)
-            self.skipped_overlap += 1
             return True
         return False
 
