@@ -277,17 +277,16 @@ def decode_hwpc_frames(
     A line whose groups come in another order than its frame's tables starts another frame of
     its sensor, so that each frame gives its reports back as they came.
     """
-    known = {} if layouts is None else layouts
-    frames = _frames(lines, known)
-    if frames is None and known:  # a sensor whose groups changed: learn them again
-        known.clear()
-        frames = _frames(lines, known)
-    return frames
+    documents = _plain_lines(lines)
+    if documents is None:
+        return None
+    return _frames_learning_again(documents, layouts)
 
 
-def _frames(lines: Sequence[bytes | str], layouts: dict[str, Layout]) -> list[HWPCFrame] | None:
-    """The frames of plain lines, or None at the first line that is not plain."""
-    documents: list[HwpcDocument | _WholeDocument] = []
+def _plain_lines(lines: Sequence[bytes | str]) -> list[_WholeDocument] | None:
+    """Each line checked and parsed (blank lines skipped), or None at the first line that is
+    not plain."""
+    documents: list[_WholeDocument] = []
     for line in lines:
         if not line.strip():
             continue
@@ -298,7 +297,29 @@ def _frames(lines: Sequence[bytes | str], layouts: dict[str, Layout]) -> list[HW
         if document.metadata or not document.groups:
             return None
         documents.append(document)
-    return _document_frames(documents, layouts)
+    return documents
+
+
+def _frames_learning_again(
+    documents: Sequence[HwpcDocument | _WholeDocument], layouts: dict[str, Layout] | None
+) -> list[HWPCFrame] | None:
+    """The frames of plain documents, their tables in the order ``layouts`` remembers of each
+    sensor; when that fails and some layout was remembered, the frames of the batch on its
+    own, from which ``layouts`` learns again.
+
+    The retry is for a sensor whose groups changed (restarted with other events, a group
+    renamed, another sensor under the same name): its reports may no longer fit the layout
+    remembered from its earlier batches, and ``layouts`` is only kept from a batch that made
+    frames, so without a retry the stale layout would stay and every later batch of that
+    sensor would go the line-by-line way. Forgetting the layouts and trying once more makes
+    the batch's frames as if it were the first and keeps its layout for the batches that
+    follow; a batch that is not plain on its own still gives None."""
+    known = {} if layouts is None else layouts
+    frames = _document_frames(documents, known)
+    if frames is None and known:
+        known.clear()
+        frames = _document_frames(documents, known)
+    return frames
 
 
 def decode_json_batch(
@@ -396,12 +417,7 @@ def decode_hwpc_document_frames(
     plain = _plain_documents(documents)
     if plain is None:
         return None
-    known = {} if layouts is None else layouts
-    frames = _document_frames(plain, known)
-    if frames is None and known:  # a sensor whose groups changed: learn them again
-        known.clear()
-        frames = _document_frames(plain, known)
-    return frames
+    return _frames_learning_again(plain, layouts)
 
 
 def _plain_documents(documents: Sequence[dict[str, Any]]) -> list[HwpcDocument] | None:

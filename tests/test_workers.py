@@ -14,6 +14,9 @@ import re
 import signal
 import socket
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,46 @@ def read_from_socket(http_port: int) -> float:
     return sum(counts.values())
 
 
+def one_process_output(recording: Path, directory: Path) -> Counter[Any]:
+    """The PowerReports one process writes from the recording (``one.jsonl``): what the
+    workers must write together."""
+    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(directory, "one"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return written(directory / "one.jsonl")
+
+
+@dataclass
+class SocketWorkers:
+    """``wattflow run --workers 2`` on the socket input, writing to ``two.jsonl``."""
+
+    service: Service
+    socket_port: int
+    http_port: int
+
+    def ready(self) -> bool:
+        return get(f"http://127.0.0.1:{self.http_port}/ready")[0] == 200
+
+    def wait_read(self, count: int, what: str) -> None:
+        """Wait until the workers' socket inputs have handed on ``count`` reports in all."""
+        wait_until(
+            lambda: self.service.alive() and read_from_socket(self.http_port) == count, 60, what
+        )
+
+
+@contextmanager
+def socket_workers(directory: Path) -> Iterator[SocketWorkers]:
+    """The workers started, once their socket listens and ``/ready`` answers; killed on the
+    way out unless the test stopped them."""
+    port = free_port()
+    with Service(
+        directory / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
+        "--input", "socket", "--port", "0", *flags(directory, "two"),
+    ) as service:  # fmt: skip
+        workers = SocketWorkers(service, listening_port(service), port)
+        wait_until(workers.ready, 60, "/ready")
+        yield workers
+
+
 def check_split(directory: Path, name: str, expected: Counter[Any]) -> None:
     """The workers' files hold, together, exactly ``expected``; each sensor in its worker's."""
     parts = workers_written(directory, name)
@@ -121,26 +164,14 @@ def test_two_workers_on_the_socket_write_what_one_process_writes(
     """Six machines, one connection each: the two workers' files are the single process's
     output split by sensor, nothing dead-lettered, and the exit line sums both ledgers."""
     streams = lines_per_sensor(recording)
-    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    expected = written(tmp_path / "one.jsonl")
+    expected = one_process_output(recording, tmp_path)
     assert expected
-    port = free_port()
-    with Service(
-        tmp_path / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
-        "--input", "socket", "--port", "0", *flags(tmp_path, "two"),
-    ) as service:  # fmt: skip
-        socket_port = listening_port(service)
-        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready")
+    with socket_workers(tmp_path) as workers:
         for data in streams.values():
-            send(socket_port, data)
+            send(workers.socket_port, data)
         sent = len(recording.read_bytes().splitlines())
-        wait_until(
-            lambda: service.alive() and read_from_socket(port) == sent,
-            60,
-            "every report read, as the workers' metrics say",
-        )
-        log = service.stop()
+        workers.wait_read(sent, "every report read, as the workers' metrics say")
+        log = workers.service.stop()
     check_split(tmp_path, "two", expected)
     ledger = drained_ledger(log)
     assert ledger["entered"] == len(recording.read_bytes().splitlines())
@@ -158,29 +189,20 @@ def test_a_killed_worker_is_restarted_and_takes_its_sensors_again(
     """SIGKILL one worker: the parent starts it again, and the sensors it owns, connecting
     afterwards, are read by the new one: the output is whole."""
     streams = lines_per_sensor(recording)
-    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    port = free_port()
-    with Service(
-        tmp_path / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
-        "--input", "socket", "--port", "0", *flags(tmp_path, "two"),
-    ) as service:  # fmt: skip
-        socket_port = listening_port(service)
-        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready")
+    expected = one_process_output(recording, tmp_path)
+    with socket_workers(tmp_path) as workers:
+        service = workers.service
         found = re.search(r"worker 0/2 started \(pid (\d+)\)", service.text())
         assert found, service.text()
         os.kill(int(found[1]), signal.SIGKILL)
         service.wait_for_log("worker 0/2 was killed by SIGKILL")
         service.wait_for_log("worker 0/2 started", count=2)
-        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready again")
+        wait_until(workers.ready, 60, "/ready again")
         for data in streams.values():
-            send(socket_port, data)
-        sent = len(recording.read_bytes().splitlines())
-        wait_until(
-            lambda: service.alive() and read_from_socket(port) == sent, 60, "every report read"
-        )
+            send(workers.socket_port, data)
+        workers.wait_read(len(recording.read_bytes().splitlines()), "every report read")
         log = service.stop()
-    check_split(tmp_path, "two", written(tmp_path / "one.jsonl"))
+    check_split(tmp_path, "two", expected)
     assert drained_ledger(log)["worker_restarts"] == 1
 
 
@@ -197,19 +219,10 @@ def test_a_connection_of_several_sensors_goes_to_its_first_sensors_worker(
     theirs = [s for s in SENSORS if Partition(0, 1).worker_of(s, WORKERS) != owner]
     assert theirs, "the recording's sensors fall to both workers"
     expected_dead = sum(1 for line in data.splitlines() if first_sensor(line, True) in theirs)
-    port = free_port()
-    with Service(
-        tmp_path / "service.log", "run", "--workers", str(WORKERS), "--http-port", str(port),
-        "--input", "socket", "--port", "0", *flags(tmp_path, "two"),
-    ) as service:  # fmt: skip
-        socket_port = listening_port(service)
-        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 60, "/ready")
-        send(socket_port, data)
-        kept = len(data.splitlines()) - expected_dead
-        wait_until(
-            lambda: service.alive() and read_from_socket(port) == kept, 60, "every report read"
-        )
-        log = service.stop()
+    with socket_workers(tmp_path) as workers:
+        send(workers.socket_port, data)
+        workers.wait_read(len(data.splitlines()) - expected_dead, "every report read")
+        log = workers.service.stop()
     dead = per_worker_path(tmp_path / "two-dead.jsonl", owner)
     assert len(read_jsonl(dead)) == expected_dead
     assert "belongs to another worker" in read_jsonl(dead)[0]["reason"]
@@ -218,14 +231,13 @@ def test_a_connection_of_several_sensors_goes_to_its_first_sensors_worker(
 
 def test_two_workers_share_a_file_input_by_sensor(recording: Path, tmp_path: Path) -> None:
     """Files: each worker reads them and keeps its sensors; both end with the input."""
-    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = one_process_output(recording, tmp_path)
     two = wattflow(
         "run", "--workers", str(WORKERS), "--input", "jsonl", "--files", str(recording),
         *flags(tmp_path, "two"),
     )  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
-    check_split(tmp_path, "two", written(tmp_path / "one.jsonl"))
+    check_split(tmp_path, "two", expected)
     ledger = drained_ledger(two.stderr)
     lines = len(recording.read_bytes().splitlines())
     assert ledger["entered"] + ledger["skipped"] == WORKERS * lines
@@ -261,8 +273,7 @@ def test_each_worker_keeps_its_own_state_file(recording: Path, tmp_path: Path) -
     halves = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
     halves[0].write_bytes(b"".join(x for x in lines if json.loads(x)["timestamp"] < middle))
     halves[1].write_bytes(b"".join(x for x in lines if json.loads(x)["timestamp"] >= middle))
-    whole = wattflow("run", "--input", "jsonl", "--files", str(recording), *flags(tmp_path, "one"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    one = one_process_output(recording, tmp_path)
     state = tmp_path / "state" / "wattflow.state"
     got: dict[tuple[Any, ...], float] = {}
     for number, half in enumerate(halves):
@@ -282,6 +293,6 @@ def test_each_worker_keeps_its_own_state_file(recording: Path, tmp_path: Path) -
             for key in part:
                 assert key[:5] not in got, f"{key} written twice"
                 got[key[:5]] = float(key[5])
-    expected = {key[:5]: float(key[5]) for key in written(tmp_path / "one.jsonl")}
+    expected = {key[:5]: float(key[5]) for key in one}
     assert set(got) == set(expected)
     assert all(abs(got[key] - value) <= 1e-6 * max(1.0, value) for key, value in expected.items())

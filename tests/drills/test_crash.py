@@ -15,23 +15,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from pymongo import MongoClient
 
-from ..conftest import Service, wait_until, wattflow
+from ..conftest import wait_until, wattflow
 from ..servers import ServerProcess, mongodb_uri
-from ..test_mongodb import hwpc_documents, identity
+from ..test_mongodb import hwpc_documents
+from .crashes import Document, Restarts, assert_same_powers, power_of
 
 TICKS = 60
 PER_TICK = 4  # the global report and three targets
 WAIT_S = 60.0
 TARGETS = {"web", "db", "batch"}
 """The workload's containers: only SmartWatts estimates them (RAPL reports the sockets)."""
-
-Document = dict[str, Any]
 
 
 def flags(uri: str, collection: str, output: str) -> list[str]:
@@ -40,19 +37,6 @@ def flags(uri: str, collection: str, output: str) -> list[str]:
         "--checkpoint-interval-s", "0.2", "--poll-interval-s", "0.05",
         "--output", "mongodb", "-u", uri, "-d", "powerapi", "-c", output,
     ]  # fmt: skip
-
-
-def power_of(client: MongoClient[Document], collection: str) -> dict[tuple[Any, ...], float]:
-    """Each PowerReport's power by what identifies it; a report stored twice fails."""
-    found = Counter[tuple[Any, ...]]()
-    powers: dict[tuple[Any, ...], float] = {}
-    for document in client["powerapi"][collection].find():
-        key = identity(document)
-        found[key] += 1
-        powers[key] = float(document["power"])
-    doubled = [key for key, count in found.items() if count > 1]
-    assert not doubled, f"PowerReports stored twice: {doubled[:5]}"
-    return powers
 
 
 def checkpoint(client: MongoClient[Document]) -> Document | None:
@@ -80,8 +64,7 @@ def test_sigkill_mid_stream_loses_and_doubles_nothing(
     expected = power_of(client, "clean")
     assert len({key[0] for key in expected}) > TICKS - 5, "the clean run estimated most ticks"
 
-    def service(run: int) -> Service:
-        return Service(tmp_path / f"run{run}.log", "run", "-s", *flags(uri, "hwpc", "power"))
+    runs = Restarts(tmp_path, "run", "-s", *flags(uri, "hwpc", "power"))
 
     def written() -> int:
         return client["powerapi"]["power"].count_documents({})
@@ -89,17 +72,16 @@ def test_sigkill_mid_stream_loses_and_doubles_nothing(
     try:
         insert(client, documents[: 10 * PER_TICK], PER_TICK)
         # 1. Killed right after its start: its change stream just opened.
-        with service(1) as first:
+        with runs.start() as first:
             wait_until(
                 lambda: first.alive() and (checkpoint(client) or {}).get("token") is not None,
                 WAIT_S,
                 "the change stream opened",
             )
-            first.process.kill()
-            first.process.wait()
+            runs.crash(first)
 
         # 2. Killed in the middle of a stream of inserts.
-        with service(2) as second:
+        with runs.start() as second:
             inserter = threading.Thread(
                 target=insert, args=(client, documents[10 * PER_TICK : 40 * PER_TICK], PER_TICK)
             )
@@ -109,14 +91,13 @@ def test_sigkill_mid_stream_loses_and_doubles_nothing(
                 WAIT_S,
                 "reports written and a checkpoint with state",
             )
-            second.process.kill()
-            second.process.wait()
+            runs.crash(second)
             inserter.join(WAIT_S)
 
         # 3. Killed after an idle spell: the checkpoint reached the last document while
         #    SmartWatts still held its last ticks (nothing newer closed them).
         last_id = documents[40 * PER_TICK - 1]["_id"]
-        with service(3) as third:
+        with runs.start() as third:
             wait_until(
                 lambda: (
                     third.alive()
@@ -129,11 +110,10 @@ def test_sigkill_mid_stream_loses_and_doubles_nothing(
             until_now = {key[0] for key in expected if key[0] <= tick_ms(documents, 39)}
             targets = {key[0] for key in power_of(client, "power") if key[2] in TARGETS}
             assert targets < until_now, "SmartWatts still holds the last ticks"
-            third.process.kill()
-            third.process.wait()
+            runs.crash(third)
 
         # 4. Restarted: it goes on with the models it had, and the rest of the stream.
-        with service(4) as fourth:
+        with runs.start() as fourth:
             fourth.wait_for_log("restored the state of", timeout_s=WAIT_S)
             insert(client, documents[40 * PER_TICK :], PER_TICK)
             near_end = tick_ms(documents, TICKS - 5)
@@ -148,14 +128,7 @@ def test_sigkill_mid_stream_loses_and_doubles_nothing(
     finally:
         client.close()
 
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
-    assert not missing, f"{len(missing)} PowerReports missing, first {missing[:3]}"
-    assert not extra, f"{len(extra)} PowerReports the clean run has not, first {extra[:3]}"
-    differing = [
-        key for key in expected if abs(got[key] - expected[key]) > 1e-6 * max(1, expected[key])
-    ]
-    assert not differing, f"{len(differing)} powers differ from the clean run's"
+    assert_same_powers(expected, got)
 
 
 def tick_ms(documents: list[Document], tick: int) -> int:

@@ -23,17 +23,15 @@ from pymongo import MongoClient
 
 from wattflow.formats import powerapi
 
-from ..conftest import Service, wait_until, wattflow
+from ..conftest import wait_until, wattflow
 from ..servers import ServerProcess, mongodb_uri
 from ..test_followed_files import committed_to_the_end, saved_positions
 from ..test_smartwatts import reports_of, workload
-from .test_crash import power_of
+from .crashes import Document, Restarts, assert_same_powers, power_of
 
 TICKS = 60
 PER_TICK = 4
 WAIT_S = 60.0
-
-Document = dict[str, Any]
 
 
 def outputs(uri: str, collection: str, jsonl: Path) -> list[str]:
@@ -87,12 +85,11 @@ def test_sigkill_while_following_a_file_loses_nothing(
     expected = power_of(client, "clean")
     out = tmp_path / "power.jsonl"
 
-    def service(run: int) -> Service:
-        return Service(
-            tmp_path / f"run{run}.log", "run", "-s", "--state-file", str(state),
-            "--state-interval-s", "0.2", "--input", "jsonl", "--files", str(source),
-            "--poll-interval-s", "0.05", *outputs(uri, "power", out),
-        )  # fmt: skip
+    runs = Restarts(
+        tmp_path, "run", "-s", "--state-file", str(state),
+        "--state-interval-s", "0.2", "--input", "jsonl", "--files", str(source),
+        "--poll-interval-s", "0.05", *outputs(uri, "power", out),
+    )  # fmt: skip
 
     def written() -> int:
         return client["powerapi"]["power"].count_documents({})
@@ -100,7 +97,7 @@ def test_sigkill_while_following_a_file_loses_nothing(
     try:
         source.write_text("".join(lines[: 10 * PER_TICK]))
         # 1. Killed in the middle of a stream of appends, after a checkpoint.
-        with service(1) as first:
+        with runs.start() as first:
             wait_until(lambda: first.alive() and written() > 0, WAIT_S, "reports written")
             writer = threading.Thread(
                 target=append, args=(source, lines[10 * PER_TICK : 40 * PER_TICK])
@@ -111,24 +108,22 @@ def test_sigkill_while_following_a_file_loses_nothing(
                 WAIT_S,
                 "a checkpoint saved",
             )
-            first.process.kill()
-            first.process.wait()
+            runs.crash(first)
             writer.join(WAIT_S)
 
         # 2. Killed after an idle spell: the checkpoint reached the end of the file while
         #    SmartWatts still held its last ticks.
-        with service(2) as second:
+        with runs.start() as second:
             second.wait_for_log("going on from line", timeout_s=WAIT_S)
             wait_until(
                 lambda: second.alive() and committed_to_the_end(state, source),
                 WAIT_S,
                 "the checkpoint at the end of the file",
             )
-            second.process.kill()
-            second.process.wait()
+            runs.crash(second)
 
         # 3. Restarted: it goes on with the models it had, and the rest of the file.
-        with service(3) as third:
+        with runs.start() as third:
             third.wait_for_log("going on from line", timeout_s=WAIT_S)
             third.wait_for_log("restored the state of", timeout_s=WAIT_S)
             append(source, lines[40 * PER_TICK :])
@@ -143,14 +138,7 @@ def test_sigkill_while_following_a_file_loses_nothing(
     finally:
         client.close()
 
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
-    assert not missing, f"{len(missing)} PowerReports missing, first {missing[:3]}"
-    assert not extra, f"{len(extra)} PowerReports the clean run has not, first {extra[:3]}"
-    differing = [
-        key for key in expected if abs(got[key] - expected[key]) > 1e-6 * max(1, expected[key])
-    ]
-    assert not differing, f"{len(differing)} powers differ from the clean run's"
+    assert_same_powers(expected, got)
 
     # The appending output: every report, some twice, each time the same one.
     clean_lines = lines_written(tmp_path / "clean.jsonl")

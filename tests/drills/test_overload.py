@@ -37,6 +37,7 @@ from ..test_inputs_agree import differences, read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from generate_hwpc import Machine, containers_named, iso_millis, simulate, tick_views
+from live_socket import FLAGS  # SmartWatts' flags, as the live path's benchmark gives them
 
 DURATION_S = float(os.environ.get("OVERLOAD_DRILL_S", "60"))
 """How long the senders flood: a minute, as the reliability drills ask (less for a quick look)."""
@@ -49,12 +50,6 @@ PEAK_RSS_BOUND_MB = 300.0
 """The service's memory bound under overload with the default settings, start-up (about 90 MB)
 included: measured 271 MB (the socket input's 64 MiB budget of lines, the mailboxes, the
 formulas' state). A 32 MiB budget (``--max-buffered-bytes``) held 240 MB."""
-FLAGS = (
-    "--sensor-reports-frequency", "1000",
-    "--learn-min-samples-required", "10",
-    "--cpu-base-freq", "2100",
-    "--cpu-tdp", "400",
-)  # fmt: skip
 LISTENING = re.compile(r"listening for hwpc-sensor on \S+:(\d+)")
 VM_HWM = re.compile(r"^VmHWM:\s+(\d+) kB", re.MULTILINE)
 
