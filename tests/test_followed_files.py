@@ -213,3 +213,49 @@ def test_a_followed_meter_log_goes_on_after_its_last_reading_with_its_header(
     ]
     assert readings == [float(i) for i in range(15)]
     assert not letters.exists() or letters.read_text() == ""
+
+
+@pytest.mark.parametrize("rotation", ["create", "copytruncate"])
+@pytest.mark.parametrize("kind", ["jsonl", "meter"])
+def test_a_log_rotated_while_followed_is_read_on_in_its_new_file(
+    tmp_path: Path, kind: str, rotation: str
+) -> None:
+    """Loggers rotate their files, by moving the file away and starting a new one (logrotate's
+    ``create``) or by copying it and cutting it back to nothing (``copytruncate``). The input
+    reads the old file to its end, then the new file from its start: every reading once."""
+    if kind == "jsonl":
+        source = tmp_path / "hwpc.jsonl"
+        header, model = "", "HWPCReport"
+        before = "".join(rapl_line(i) + "\n" for i in range(6))
+        after = "".join(rapl_line(i) + "\n" for i in range(6, 10))
+        flags = ["--input", "jsonl"]
+    else:
+        source = tmp_path / "meter.csv"
+        header, model = "timestamp,d0c0,d0c1\n", "MeterReport"
+        before, after = meter_rows(0, 6), meter_rows(6, 4)
+        flags = ["--input", "meter", "--sensor", "node-1"]
+    source.write_text(header + before)
+    out, letters = tmp_path / "out.jsonl", tmp_path / "dead.jsonl"
+    with Service(
+        tmp_path / "run.log", "run", "-s", *flags, "--files", str(source),
+        "--poll-interval-s", "0.05", "--dead-letters", str(letters),
+        "--output", "jsonl", "--model", model, "--file", str(out),
+    ) as service:  # fmt: skip
+        service.wait_for_lines(out, 6, WAIT_S)
+        if rotation == "create":
+            source.rename(tmp_path / f"{source.name}.1")
+            source.write_text(header + after)
+        else:
+            (tmp_path / f"{source.name}.1").write_bytes(source.read_bytes())
+            with source.open("r+") as cut:
+                cut.truncate(0)
+            source.write_text(header + after)
+        service.wait_for_lines(out, 10, WAIT_S)
+        log = service.stop()
+    assert "was rotated: reading the new file from its start" in log, log[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    if kind == "jsonl":
+        assert [r["timestamp"] for r in records] == [stamp(i) for i in range(10)]
+    else:
+        assert [r["channels"]["d0c0"] for r in records] == [float(i) for i in range(10)]
+    assert not letters.exists() or letters.read_text() == ""

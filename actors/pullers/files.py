@@ -1,10 +1,13 @@
-"""What the file pullers share: the list of files flag, and batching with optional pacing."""
+"""What the file pullers share: the list of files flag, batching with optional pacing, and
+following files as they grow and rotate."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import IO, Annotated, Any, cast
 
@@ -204,3 +207,96 @@ class FollowedFile:
             "offset": self.offset,
             "line": self.line,
         }
+
+
+class FileFollower:
+    """One log file read as it grows, for the inputs that tail files (JSON Lines, meter).
+
+    Loggers rotate their files: the path then names a new file, or the file is cut back to
+    nothing. Either way the follower first reads the old file to its end, then opens the file
+    the path names now and reads it from its start, so no reading written before the rotation
+    is lost and none is read twice. A file that does not exist yet is waited for. Reads run in
+    a thread, so a slow disk does not hold up the event loop.
+    """
+
+    def __init__(
+        self,
+        place: FollowedFile,
+        saved: Any,
+        *,
+        following: bool,
+        poll_interval_s: float,
+        stopping: asyncio.Event,
+        chunk_bytes: int = 1 << 20,
+    ) -> None:
+        self.place = place
+        self.saved = saved
+        """The position a checkpoint gave back, used for the first opening only."""
+        self.following = following
+        self.poll_interval_s = poll_interval_s
+        self.stopping = stopping
+        self.chunk_bytes = chunk_bytes
+
+    def opened(self, handle: IO[bytes], saved: Any) -> None:
+        """A file (re)opened: seek it to ``saved`` (``None`` after a rotation: its start).
+        Inputs that keep more of a file's state (the meter's CSV header) extend this."""
+        self.place.resume(handle, saved)
+
+    async def chunks(self) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """The file's bytes as they are written, each chunk with whether it is the first of a
+        newly opened file (a line left incomplete in the file before is then dropped: the
+        logger never finished it). Without ``following``, the file is read to its end once."""
+        handle: IO[bytes] | None = None
+        saved, fresh = self.saved, False
+        try:
+            while not self.stopping.is_set():
+                if handle is None:
+                    handle = await asyncio.to_thread(self._open, saved)
+                    if handle is None:
+                        if not self.following:
+                            return
+                        await self._wait()
+                        continue
+                    saved, fresh = None, True
+                chunk = await asyncio.to_thread(handle.read, self.chunk_bytes)
+                if chunk:
+                    yield chunk, fresh
+                    fresh = False
+                elif not self.following:
+                    return
+                elif await asyncio.to_thread(_rotated, self.place.path, handle):
+                    logger.info(
+                        "%s was rotated: reading the new file from its start", self.place.path
+                    )
+                    handle.close()
+                    handle = None
+                else:
+                    await self._wait()
+        finally:
+            if handle is not None:
+                handle.close()
+
+    def _open(self, saved: Any) -> IO[bytes] | None:
+        try:
+            handle = self.place.path.open("rb")
+        except FileNotFoundError:
+            return None
+        self.opened(handle, saved)
+        return handle
+
+    async def _wait(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), self.poll_interval_s)
+
+
+def _rotated(path: Path, handle: IO[bytes]) -> bool:
+    """Whether ``path`` names another file than ``handle`` now, or the file got shorter than
+    what was read of it (cut back by ``copytruncate``)."""
+    try:
+        current = path.stat()
+    except FileNotFoundError:
+        return False  # moved away, the new one not created yet: wait for it
+    opened = os.fstat(handle.fileno())
+    if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
+        return True
+    return current.st_size < handle.tell()

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveInt
 
@@ -14,6 +13,7 @@ from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, boundary
 from wattflow.actors.pullers.files import (
     BatchEmitter,
+    FileFollower,
     FilePullerConfig,
     FollowedFile,
     check_files_exist,
@@ -115,30 +115,26 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
         await asyncio.gather(*(self._follow(path, emitter) for path in self.config.files))
 
     async def _follow(self, path: Path, emitter: Emitter) -> None:
-        """Tail one file: complete lines only, reopened when it is rotated or truncated."""
+        """Tail one file (:class:`FileFollower`: complete lines only, the new file read from its
+        start when it is rotated or truncated)."""
         batcher = BatchEmitter(emitter, self.config.max_batch, None)
         place = FollowedFile(path)
-        saved = self._positions.get(str(path))
-        handle: IO[bytes] | None = None
+        follower = FileFollower(
+            place,
+            self._positions.get(str(path)),
+            following=True,
+            poll_interval_s=self.config.poll_interval_s,
+            stopping=emitter.stopping,
+        )
         partial = b""
         layouts: dict[str, Layout] = {}
         try:
-            while not emitter.stopping.is_set():
-                if handle is None:
-                    handle, saved, partial = self._open(path, place, saved), None, b""
-                    if handle is None:
-                        await self._sleep(emitter)
-                        continue
-                chunk = handle.read(1 << 16)
-                if not chunk:
-                    if self._replaced(path, handle):
-                        handle.close()
-                        handle = None
-                        continue
-                    await self._sleep(emitter)
-                    continue
-                async with self._lock:
-                    partial = await self._hand_on(place, partial + chunk, batcher, layouts)
+            async with contextlib.aclosing(follower.chunks()) as chunks:
+                async for chunk, fresh in chunks:
+                    if fresh:
+                        partial = b""
+                    async with self._lock:
+                        partial = await self._hand_on(place, partial + chunk, batcher, layouts)
             if partial.strip() and not self.checkpointed:
                 # A last line without its newline: at a stop it is read as it is, a report or
                 # (a writer cut off mid-line) a dead letter naming its line, never dropped.
@@ -149,18 +145,6 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                 await batcher.add_batch(decoded, errors)
         finally:
             await batcher.flush()
-            if handle is not None:
-                handle.close()
-
-    @staticmethod
-    def _open(path: Path, place: FollowedFile, saved: Any) -> IO[bytes] | None:
-        """The file opened at its saved position (or its start), or None while it is absent."""
-        try:
-            handle = path.open("rb")
-        except FileNotFoundError:
-            return None
-        place.resume(handle, saved)
-        return handle
 
     async def _hand_on(
         self, place: FollowedFile, data: bytes, batcher: BatchEmitter, layouts: dict[str, Layout]
@@ -187,17 +171,3 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
         self._positions[str(place.path)] = place.position()
         await boundary(emitter, dict(self._positions))
         return partial
-
-    @staticmethod
-    def _replaced(path: Path, handle: object) -> bool:
-        try:
-            current = path.stat()
-        except FileNotFoundError:
-            return False
-        opened = os.fstat(handle.fileno())  # type: ignore[attr-defined]
-        position = handle.tell()  # type: ignore[attr-defined]
-        return current.st_ino != opened.st_ino or current.st_size < position
-
-    async def _sleep(self, emitter: Emitter) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)

@@ -39,7 +39,7 @@ from pydantic import Field, PositiveInt, model_validator
 from wattflow.actors.errors import PullError, PullUnavailable
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, boundary
-from wattflow.actors.pullers.files import FileList, FollowedFile, split_lines
+from wattflow.actors.pullers.files import FileFollower, FileList, FollowedFile, split_lines
 from wattflow.formats.reports import MeterReport, Report, to_utc
 
 logger = logging.getLogger(__name__)
@@ -159,16 +159,24 @@ def _text(line: bytes) -> str:
     return line.decode("utf-8", "replace")
 
 
-def _resume(handle: IO[bytes], place: FollowedFile, decoder: LineDecoder, saved: Any) -> None:
-    """Seek a file just opened to its saved position, with the CSV header it had there (the
-    rows after it need it); a file replaced or truncated since is read from its start."""
-    place.resume(handle, saved)
-    header = saved.get("header") if isinstance(saved, dict) and place.offset else None
-    if isinstance(header, list) and header:
-        try:
-            decoder.decode(",".join(str(cell) for cell in header))
-        except ValueError as error:
-            logger.warning("%s: saved CSV header unreadable (%s)", place.path, error)
+class _MeterFile(FileFollower):
+    """A followed meter log, whose rows need the CSV header it had where a checkpoint left it."""
+
+    def __init__(self, decoder: LineDecoder, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.decoder = decoder
+
+    def opened(self, handle: IO[bytes], saved: Any) -> None:
+        """Seek a file just opened to its saved position, with the CSV header it had there;
+        a file replaced or truncated since, or a new file after a rotation, is read from its
+        start (where its header is)."""
+        super().opened(handle, saved)
+        header = saved.get("header") if isinstance(saved, dict) and self.place.offset else None
+        if isinstance(header, list) and header:
+            try:
+                self.decoder.decode(",".join(str(cell) for cell in header))
+            except ValueError as error:
+                logger.warning("%s: saved CSV header unreadable (%s)", self.place.path, error)
 
 
 def _check_channels(channels: Any) -> None:
@@ -259,25 +267,24 @@ class MeterPuller(Puller[MeterPullerConfig]):
         return rest
 
     async def _read_file(self, path: Path, emitter: Emitter) -> None:
-        following = self.stream or self.config.follow
-        while not await asyncio.to_thread(path.exists):
-            if emitter.stopping.is_set():
-                return
-            await asyncio.sleep(self.config.poll_interval_s)
+        """Read one file (followed: as it grows, the new file from its start when the logger
+        rotates it, whose header comes again in its first line)."""
         decoder = LineDecoder(self.config, str(path))
         place = FollowedFile(path)
+        follower = _MeterFile(
+            decoder,
+            place,
+            self._positions.get(str(path)),
+            following=self.stream or self.config.follow,
+            poll_interval_s=self.config.poll_interval_s,
+            stopping=emitter.stopping,
+        )
         partial = b""
-        with path.open("rb") as handle:
-            _resume(handle, place, decoder, self._positions.get(str(path)))
-            while True:
-                chunk = await asyncio.to_thread(handle.read, 1 << 20)
-                if chunk:
-                    partial = await self._hand_on(partial + chunk, decoder, emitter, place)
-                    continue
-                if not following or emitter.stopping.is_set():
-                    break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
+        async with contextlib.aclosing(follower.chunks()) as chunks:
+            async for chunk, fresh in chunks:
+                if fresh:
+                    partial = b""
+                partial = await self._hand_on(partial + chunk, decoder, emitter, place)
         if partial.strip() and not self.checkpointed:
             # A last line without its newline: read as it is at a stop, unless a committed
             # position leaves it for the next run, which reads it whole.
