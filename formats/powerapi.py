@@ -848,9 +848,26 @@ def hwpc_csv_rows(report: HWPCReport) -> Iterator[tuple[str, list[str], list[str
 # --- CSV output -------------------------------------------------------------------------------
 
 
+OWN_SCOPES = frozenset({"gpu", "node"})
+"""Scopes of the PowerReports of wattflow's own formulas (GPU, node), which PowerAPI has not:
+their metadata has other keys than SmartWatts' (the GPU's ``device``), so in CSV they have a
+file of their own beside PowerAPI's, each with one header whatever comes first."""
+
+
+def csv_output_name(report: Report) -> str:
+    """The name of a report's CSV file, without ``.csv``: its kind, as PowerAPI names it, and
+    for a PowerReport of one of :data:`OWN_SCOPES`, the scope after it (``PowerReport-gpu``)."""
+    if isinstance(report, PowerReport):
+        scope = report.metadata.get("scope")
+        if scope in OWN_SCOPES:
+            return f"{report.kind}-{scope}"
+    return report.kind
+
+
 def csv_output_path(directory: Path, report: Report) -> Path:
-    """Where PowerAPI's CSV output puts a report: ``<dir>/<sensor>-<target>/<Kind>.csv``."""
-    return directory / f"{report.sensor}-{report.target}" / f"{report.kind}.csv"
+    """Where the CSV output puts a report: ``<dir>/<sensor>-<target>/<Kind>.csv``, as PowerAPI
+    does (:func:`csv_output_name` for wattflow's own scopes)."""
+    return directory / f"{report.sensor}-{report.target}" / f"{csv_output_name(report)}.csv"
 
 
 def csv_output_header(report: Report) -> list[str]:

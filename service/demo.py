@@ -181,7 +181,8 @@ def demo_command(argv: Sequence[str]) -> int:
         store.save_run(run)
         show_summary(console, store, run)
         written = [
-            ("CSV, PowerAPI's layout", f"{directory}/<sensor>-<target>/PowerReport.csv: "
+            ("CSV, PowerAPI's layout", f"{directory}/<sensor>-<target>/PowerReport.csv "
+             f"(GPU and node power: PowerReport-gpu.csv, PowerReport-node.csv): "
              f"{ledger.delivered_by_pusher['csv']} power reports"),
             ("run store", f"{store_uri}: run {identifier}, {store.count(run)} reports"),
         ]  # fmt: skip

@@ -30,7 +30,7 @@ class Demo:
     directory: Path
     stdout: str
     rows: list[dict[str, str]]
-    """Every row of every PowerReport.csv the demo wrote."""
+    """Every row of every PowerReport*.csv the demo wrote (cpu and dram, GPU, node)."""
 
 
 def bundled(name: str) -> str:
@@ -49,7 +49,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     done = wattflow("demo", "--directory", str(directory))
     assert done.returncode == 0, done.stdout + done.stderr
     rows: list[dict[str, str]] = []
-    for path in sorted(directory.glob("*/PowerReport.csv")):
+    for path in sorted(directory.glob("*/PowerReport*.csv")):
         with path.open(newline="") as handle:
             rows += csv.DictReader(handle)
     return Demo(directory, done.stdout, rows)

@@ -458,3 +458,58 @@ def test_the_collector_settings_come_back_after_a_run() -> None:
     assert result.ok
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("gpu_first", [False, True], ids=["cpu-first", "gpu-first"])
+def test_csv_output_writes_a_targets_gpu_and_node_power_beside_its_cpu_power(
+    tmp_path: Path, gpu_first: bool
+) -> None:
+    """A container on a GPU node has SmartWatts' cpu and dram reports, the GPU formula's (with a
+    ``device``) and the node formula's: each family in its own file, with one header whatever
+    comes first, and none refused for a column the other family's header lacks."""
+    stamp = to_utc(1_772_323_200_000)
+    cpu = [
+        PowerReport.trusted(
+            timestamp=stamp, sensor="node-1", target="web", power=watts,
+            metadata={"scope": scope, "socket": "0", "formula": "f", "ratio": 0.5},
+        )
+        for scope, watts in (("cpu", 12.5), ("dram", 2.0))
+    ]  # fmt: skip
+    gpu = PowerReport.trusted(
+        timestamp=stamp, sensor="node-1", target="web", power=150.0,
+        metadata={"scope": "gpu", "device": "0", "formula": "gpu", "ratio": 0.75},
+    )  # fmt: skip
+    node = PowerReport.trusted(
+        timestamp=stamp, sensor="node-1", target="web", power=164.5,
+        metadata={"scope": "node", "formula": "node", "ratio": 0.4},
+    )  # fmt: skip
+    batch: list[Report] = [gpu, node, *cpu] if gpu_first else [*cpu, gpu, node]
+
+    async def write() -> list[tuple[Report, str]]:
+        pusher = CsvPusher(CsvPusherConfig(type="csv", name="out", directory=tmp_path))
+        refused = await pusher.write(batch)
+        await pusher.close()
+        return refused
+
+    assert run_async(write()) == []
+    folder = tmp_path / "node-1-web"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "PowerReport-gpu.csv",
+        "PowerReport-node.csv",
+        "PowerReport.csv",
+    ]
+
+    def rows(name: str) -> list[dict[str, str]]:
+        with (folder / name).open(newline="") as handle:
+            return list(csv.DictReader(handle))
+
+    assert [(r["scope"], r["power"]) for r in rows("PowerReport.csv")] == [
+        ("cpu", "12.5"),
+        ("dram", "2.0"),
+    ]
+    (gpu_row,) = rows("PowerReport-gpu.csv")
+    assert (gpu_row["device"], gpu_row["power"], gpu_row["ratio"]) == ("0", "150.0", "0.75")
+    (node_row,) = rows("PowerReport-node.csv")
+    assert (node_row["scope"], node_row["power"]) == ("node", "164.5")
+    header = (folder / "PowerReport.csv").read_text().splitlines()[0]
+    assert header == "timestamp,sensor,target,power,socket,formula,ratio,scope"

@@ -474,6 +474,7 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         spans: list[tuple[str, int, int, int, tuple[str, ...]]] = []
         for start, stop in zip(starts, stops, strict=True):
             target = frame.target_names[int(targets[start])]
+            # Frames come from SmartWatts and RAPL, whose scopes are PowerAPI's: PowerReport.csv.
             key = (frame.sensor, target, PowerReport.kind)
             try:
                 opened = self._file_for(key, frame, int(order[start]))
@@ -549,7 +550,7 @@ class CsvPusher(Pusher[CsvPusherConfig]):
             if tags and (missing := self._missing_tag(report)) is not None:
                 refused.append((report, missing))
                 continue
-            key = (report.sensor, report.target, report.kind)
+            key = (report.sensor, report.target, powerapi.csv_output_name(report))
             entry = touched.get(key)
             if entry is None:
                 entry = touched[key] = (self._file(key, report), report, [])
