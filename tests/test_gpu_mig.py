@@ -207,6 +207,37 @@ def test_a_failing_gpm_sample_leaves_the_power_on_the_device_and_says_so(
     assert "GPU 0: no per-process or per-instance activity covered a tick" in run.log
 
 
+def test_a_destroyed_instance_is_dropped_and_the_others_go_on(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """Instance 3 is destroyed 3 s after the run opens NVML (the stand-in's clock, not the
+    test's): its next GPM sample answers Not Found, the sampler lists the instances again at
+    the next tick and goes on with instance 1 alone, which then gets all of the active energy.
+    The window in which it went is covered by none, so its ticks stay with gpu0. Windows come
+    every second from the first tick, so instance 3 is found gone by the fourth at the latest
+    and instance 1 alone has at least three windows in the 8 s of ticks."""
+    run = sample(fake_nvml, tmp_path, [*MIG_GPM, "d0.gi_until_ms=3:3000"], ticks=80)
+    assert "GPU 0: its GPU instances are now [1]" in run.log
+    windows = [r["devices"]["0"] for r in run.gpu if r["devices"]["0"]["instances"]]
+    ids = [[i["id"] for i in device["instances"]] for device in windows]
+    change = ids.index([1])
+    assert ids[:change] == [[1, 3]] * change
+    assert change >= 1
+    assert ids[change:] == [[1]] * (len(ids) - change)
+    assert len(ids) - change >= 3
+    alone = [tuple(device["instance_window"]) for device in windows[change:]]
+    ticks = by_tick(run)
+    for stamp, targets in ticks.items():
+        assert sum(targets.values()) == pytest.approx(POWER_W, abs=1e-6), stamp
+    inside = [  # the ticks (earlier, later] wholly inside a window of instance 1 alone
+        ticks[later]
+        for earlier, later in itertools.pairwise(sorted(ticks))
+        if any(a <= earlier and later <= b for a, b in alone)
+    ]
+    assert len(inside) >= 5
+    assert all(t == pytest.approx({"gpu0/gi1": POWER_W - IDLE_W, "gpu0": IDLE_W}) for t in inside)
+
+
 def test_check_says_which_mig_gpus_are_split_per_instance(fake_nvml: Path, tmp_path: Path) -> None:
     """`wattflow check`: GPU 0 (MIG with GPM) is attributed per GPU instance, naming them;
     GPU 1 (MIG, no GPM) per device."""

@@ -676,7 +676,9 @@ class NvmlSampler:
         window, (previous GPM samples, these]. None where the GPU cannot tell.
 
         Between windows, and when a read fails (the next one starts over: the time between is
-        covered by no window), a window of no length."""
+        covered by no window), a window of no length. The instances are listed again every
+        ``SETTINGS_S``, and at the tick after a sample answered NOT_FOUND (an instance was
+        destroyed)."""
         if not state.gpm_supported or "gpm" in state.unsupported:
             return None
         if self._due(state, "instances", SETTINGS_S, now):
@@ -685,10 +687,12 @@ class NvmlSampler:
         if not asked or state.gpm is None:
             return [], (last, last)
         answer = self._call(state, "gpm", state.gpm.read, _now_us())
+        if answer is _NOT_FOUND:  # an instance is gone: list them again at the next tick
+            state.due["instances"] = 0.0
         if answer is None or answer is _NOT_FOUND:
             return [], (last, last)
         start, end, activity = answer
-        if not all(0 <= g <= 100 and (s is None or 0 <= s <= 100) for g, s in activity.values()):
+        if not _possible(activity):
             rejected.append(
                 ({"gpu": state.index, "instances": activity},
                  f"GPU {state.index}: impossible GPM activity")
@@ -753,6 +757,11 @@ class NvmlSampler:
                 )
             )
         return processes
+
+
+def _possible(activity: dict[int, tuple[float, float | None]]) -> bool:
+    """Whether every instance's GPM activity (graphics %, SM % or None) is a percentage."""
+    return all(0 <= g <= 100 and (s is None or 0 <= s <= 100) for g, s in activity.values())
 
 
 def _union(field_value: Any) -> float:

@@ -43,6 +43,8 @@
  *                                   per µs, so a metric over two samples is the share itself;
  *                                   repeat the key for more instances (one compute instance,
  *                                   one MIG device each, in the order given)
+ *   dN.gi_until_ms=3:3000           GPU instance 3 is destroyed 3000 ms after nvmlInit: it is
+ *                                   no longer listed, and its GPM samples answer NOT_FOUND
  *   dN.gi_proc=1:4242               pid 4242 runs on GPU instance 1 (after that instance's
  *                                   dN.gi line): its MIG device's
  *                                   nvmlDeviceGetComputeRunningProcesses lists it; repeatable
@@ -234,6 +236,7 @@ typedef struct { unsigned int pid, mw; } fake_pid_power;
 /* A GPU instance under MIG, with its one compute instance: a MIG device handle points here. */
 struct fake_gi {
     unsigned int id, graphics, sm;      /* GPM activity, in % of every moment */
+    unsigned long long until_us;        /* destroyed this long after nvmlInit; 0: never */
     int procs;
     unsigned int pid[MAX_PROCS];
 };
@@ -530,6 +533,12 @@ static void device_key(struct fake_device *d, const char *key, char *value) {
         int read = sscanf(value, "%u:%u:%u", &gi->id, &gi->graphics, &gi->sm);
         if (read == 2) gi->sm = gi->graphics;
         if (read >= 2 && gi->graphics <= 100 && gi->sm <= 100) d->gis++;
+    } else if (!strcmp(key, "gi_until_ms")) {
+        unsigned int id = 0;
+        unsigned long long ms = 0;
+        if (sscanf(value, "%u:%llu", &id, &ms) == 2)
+            for (int i = 0; i < d->gis; i++)
+                if (d->gi[i].id == id) d->gi[i].until_us = ms * 1000ULL;
     } else if (!strcmp(key, "gi_proc")) {
         unsigned int id = 0, pid = 0;
         if (sscanf(value, "%u:%u", &id, &pid) == 2)
@@ -1013,6 +1022,10 @@ static struct fake_gi *gi_of_handle(const void *handle) {
     return NULL;
 }
 
+static int gi_alive(const struct fake_gi *gi) {
+    return !gi->until_us || now_us() < init_us + gi->until_us;
+}
+
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!device || !count) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1025,9 +1038,15 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!device || !mig_device) return NVML_ERROR_INVALID_ARGUMENT;
     if (!device->mig) return NVML_ERROR_NOT_SUPPORTED;
-    if (index >= (unsigned)device->gis) return NVML_ERROR_NOT_FOUND;
-    *mig_device = (nvmlDevice_t)(void *)&device->gi[index];
-    return NVML_SUCCESS;
+    unsigned alive = 0;
+    for (int i = 0; i < device->gis; i++) {
+        if (!gi_alive(&device->gi[i])) continue;
+        if (alive++ == index) {
+            *mig_device = (nvmlDevice_t)(void *)&device->gi[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
@@ -1056,12 +1075,13 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     nvmlProcessInfo_t found[MAX_GIS * MAX_PROCS + MAX_PROCS];
     unsigned n = 0;
     struct fake_gi *gi = gi_of_handle(device);
+    if (gi && !gi_alive(gi)) return NVML_ERROR_NOT_FOUND;
     if (gi) {
         for (int p = 0; p < gi->procs; p++)
             found[n++] = (nvmlProcessInfo_t){gi->pid[p], 0, gi->id, 0};
     } else if (device->mig) {
         for (int i = 0; i < device->gis; i++)
-            for (int p = 0; p < device->gi[i].procs; p++)
+            for (int p = 0; gi_alive(&device->gi[i]) && p < device->gi[i].procs; p++)
                 found[n++] = (nvmlProcessInfo_t){device->gi[i].pid[p], 0, device->gi[i].id, 0};
     } else {
         for (int p = 0; p < device->procs; p++)
@@ -1118,7 +1138,7 @@ nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpu_instance_
     if (!device->gpm || !device->mig) return NVML_ERROR_NOT_SUPPORTED;
     for (int i = 0; i < device->gis; i++) {
         const struct fake_gi *gi = &device->gi[i];
-        if (gi->id != gpu_instance_id) continue;
+        if (gi->id != gpu_instance_id || !gi_alive(gi)) continue;
         unsigned long long t = now_us();
         *sample = (struct fake_gpm_sample){device, gi->id, t, t * gi->graphics, t * gi->sm, 1};
         return NVML_SUCCESS;
