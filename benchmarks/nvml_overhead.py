@@ -9,8 +9,9 @@ With a real NVIDIA driver on the machine it samples the real GPUs; otherwise it 
 stand-in of the tests (gcc needed) and samples ``--fake-gpus`` simulated ones, each C call
 spinning the CPU time an idle H100's driver spends in it (``call_costs=h100``: the energy
 counter 3.8 ms, field values with instantaneous power 0.082 ms, process utilisation 1.15 ms...;
-``--free-calls`` for a stand-in that answers in microseconds: the sampler's own share). It
-prints the % of one core per GPU against the 1 % target, and over the stand-in the C calls
+``--free-calls`` for a stand-in that answers in microseconds: the sampler's own share;
+``--mig-instances N`` for GPUs in MIG mode with GPM and N GPU instances, read once a window).
+It prints the % of one core per GPU against the 1 % target, and over the stand-in the C calls
 per second per GPU of each entry point. Run from the repository root:
 
     python benchmarks/nvml_overhead.py --fake-gpus 4
@@ -67,12 +68,30 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def mig_lines(gpu: int, instances: int, processes: int) -> list[str]:
+    """A simulated GPU's processes: sharing it, or one on each of ``instances`` MIG GPU
+    instances (busy 10 %, 20 %... of the time) when ``instances`` is not 0."""
+    if not instances:
+        return [f"d{gpu}.proc={1000 + p}:{10 + p}:5" for p in range(processes)]
+    lines = [f"d{gpu}.mig=1", f"d{gpu}.gpm=1"]
+    for gi in range(1, instances + 1):
+        lines += [f"d{gpu}.gi={gi}:{10 * gi}", f"d{gpu}.gi_proc={gi}:{1000 + gi}"]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured sampling time")
     parser.add_argument("--window", type=float, default=10.0, help="seconds per window")
     parser.add_argument("--fake-gpus", type=int, default=1, help="GPUs the stand-in simulates")
     parser.add_argument("--processes", type=int, default=4, help="processes per simulated GPU")
+    parser.add_argument(
+        "--mig-instances",
+        type=int,
+        default=0,
+        help="simulated GPUs in MIG mode with GPM and this many GPU instances (at most 7), a "
+        "process on each, instead of processes sharing the GPU",
+    )
     parser.add_argument("--interval-ms", type=int, default=100)
     parser.add_argument(
         "--settle", type=float, default=5.0, help="seconds left to start-up before measuring"
@@ -99,14 +118,17 @@ def main() -> None:
                 lines.append("call_costs=h100")
             for gpu in range(args.fake_gpus):
                 lines.append(f"d{gpu}.power=0:100000,500:250000")
-                lines += [f"d{gpu}.proc={1000 + p}:{10 + p}:5" for p in range(args.processes)]
+                lines += mig_lines(gpu, args.mig_instances, args.processes)
             scenario = write_scenario(directory / "scenario.txt", lines)
             environment = nvml_environment(library, scenario)
             environment["FAKE_NVML_CALLS"] = str(directory / "calls.txt")
             costs = "free calls" if args.free_calls else "H100 call costs"
-            what = (
-                f"the C stand-in ({args.fake_gpus} GPUs, {args.processes} processes each, {costs})"
+            each = (
+                f"MIG with GPM, {args.mig_instances} GPU instances"
+                if args.mig_instances
+                else f"{args.processes} processes"
             )
+            what = f"the C stand-in ({args.fake_gpus} GPUs, {each} each, {costs})"
         output = directory / "gpu.jsonl"
         flags = ["--interval-ms", str(args.interval_ms)]
         if not args.with_formula:

@@ -149,6 +149,27 @@ class GPUProcess(BaseModel):
     cgroup: str | None = Field(default=None, description="cgroup the process belongs to.")
 
 
+class GPUInstanceActivity(BaseModel):
+    """One MIG GPU instance's activity over a window, from the GPU's GPM counters (Hopper and
+    newer), and the processes on it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int = Field(description="The GPU instance id (nvidia-smi's GI ID).")
+    graphics_util: float = Field(
+        ge=0, le=100, description="Share of the window any engine of the instance was busy, in %."
+    )
+    sm_util: float | None = Field(
+        default=None, ge=0, le=100, description="Share of the instance's SMs busy, in %."
+    )
+    pids: list[int] = Field(
+        default_factory=list, description="Processes with a context on the instance."
+    )
+    cgroups: list[str | None] = Field(
+        default_factory=list, description="The cgroup of each of `pids`, in their order."
+    )
+
+
 GPUSampleKind = Literal["TOTAL_POWER", "GPU_UTILIZATION", "MEMORY_UTILIZATION"]
 
 
@@ -185,6 +206,16 @@ class GPUDevice(BaseModel):
         description="[start_us, end_us]: the driver samples `processes` averages, those after "
         "start up to end; start = end when the driver had nothing new. Absent in recordings "
         "that predate it, whose processes cover their own tick.",
+    )
+    instances: list[GPUInstanceActivity] | None = Field(
+        default=None,
+        description="Under MIG with GPM: each GPU instance's activity over `instance_window`; "
+        "absent where the GPU cannot tell (no MIG, or no GPM before Hopper).",
+    )
+    instance_window: tuple[int, int] | None = Field(
+        default=None,
+        description="[start_us, end_us]: the two GPM samples `instances` lies between; start = "
+        "end between samples.",
     )
 
 

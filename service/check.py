@@ -106,7 +106,8 @@ def _perf_event_open(pmu_type: int, config: int) -> int | str:
 
 def nvml() -> Finding:
     """NVML through the sampler's own seam (``nvml_api``), and what each GPU offers: under MIG
-    the driver gives no per-process utilisation, so power stays per device."""
+    the driver gives no per-process utilisation, so power goes per GPU instance where the GPU
+    has GPM counters, else stays per device."""
     from wattflow.actors.pullers.nvml_api import Nvml, NvmlError, NvmlUnavailable
 
     what = "NVML (GPUs)"
@@ -138,10 +139,7 @@ def _gpu(api: Any, index: int) -> str:
     handle = api.call(module.nvmlDeviceGetHandleByIndex, index)
     name = str(api.call(module.nvmlDeviceGetName, handle))
     if api.mig_enabled(handle):
-        return (
-            f"{index}: {name}, MIG mode: no per-process utilisation (NVML does not support it "
-            "under MIG); power is attributed per device"
-        )
+        return f"{index}: {name}, {_mig(api, handle, index)}"
     try:
         ProcessReader(api, handle).read(time.time_ns() // 1000 - 1_000_000)
     except NvmlNotFound:
@@ -149,6 +147,27 @@ def _gpu(api: Any, index: int) -> str:
     except NvmlNotSupported:
         return f"{index}: {name}, no per-process utilisation: power is attributed per device"
     return f"{index}: {name}"
+
+
+def _mig(api: Any, handle: Any, index: int) -> str:
+    """How a GPU in MIG mode is attributed: per GPU instance where it has GPM counters (Hopper
+    and newer), else per device."""
+    from wattflow.actors.pullers.nvml_api import NvmlError, gpm_supported, mig_devices
+
+    try:
+        if not gpm_supported(api, handle):
+            return (
+                "MIG mode without GPM (before Hopper): no per-process or per-instance activity; "
+                "power is attributed per device"
+            )
+        instances = mig_devices(api, handle)
+    except NvmlError as error:
+        return f"MIG mode: GPM or the GPU instances cannot be read ({error})"
+    ids = ", ".join(f"gpu{index}/gi{gi}" for gi in sorted(instances)) or "none yet"
+    return (
+        f"MIG mode with GPM: power is attributed per GPU instance by its activity "
+        f"({len(instances)} instance(s): {ids})"
+    )
 
 
 async def backends(argv: Sequence[str]) -> list[Finding]:

@@ -23,6 +23,11 @@ For each device and sampling tick (τ0, τ1]:
    window among its processes by their share of its SM utilisation. Processes are grouped into
    their cgroup (a container) unless ``--gpu-targets process`` asks for ``pid:<pid>`` targets;
    a process with no known cgroup is always its own target.
+   **Per GPU instance (MIG).** Under MIG the driver gives no per-process utilisation; on a GPU
+   with GPM counters (Hopper and newer) the NVML input reports instead each GPU instance's
+   graphics activity between two GPM samples, ``instance_window``. Those windows are split the
+   same way, each instance a target ``gpu<index>/gi<id>`` with its activity as its share. The
+   processes on an instance are named in the input's report but get no power of their own.
 5. **Waiting for the window.** A window arrives after the ticks it covers (it ends at the
    driver's newest sample), so a tick is held until a window covers its end, for at most
    ``--gpu-hold-ms`` of report time. What no window covers by then goes to the device's target,
@@ -42,7 +47,9 @@ alone: the tick is then its own window.
 
 Limits: SM utilisation is a time share, not an energy share, so a memory-bound process and a
 compute-bound one at the same utilisation get the same power. Under MIG the driver reports no
-per-process utilisation: everything above idle stays with the device target. Each driver
+per-process utilisation: with GPM, power above idle goes to the GPU instances by their activity
+(a time share: a small instance and a large one equally busy get the same power); without GPM
+(before Hopper) everything above idle stays with the device target. Each driver
 sample is one draw of who holds the engine, so a process's share is exact only over many
 samples (tens of seconds), not per tick.
 """
@@ -104,7 +111,8 @@ class GpuConfig(FormulaConfig):
     gpu_hold_ms: PositiveInt = Field(
         default=3000,
         description="How long a tick waits, in report time, for the per-process utilisation "
-        "that covers it; what none covers by then stays with the device's target.",
+        "(under MIG, the per-instance activity) that covers it; what none covers by then stays "
+        "with the device's target.",
         json_schema_extra={"unit": "ms"},
     )
     gpu_targets: Literal["cgroup", "process"] = Field(
@@ -136,7 +144,8 @@ class _Tick:
     """The tick's own power reading; ``None`` where the device gave only its counter."""
     util_gpu: float | None
     waits: bool
-    """False where the device gives no per-process utilisation (MIG): nothing to wait for."""
+    """False where the device gives neither per-process utilisation nor per-instance activity
+    (MIG without GPM): nothing to wait for."""
     power_w: float = 0.0
     """The tick's power, once settled."""
     settled: bool = False
@@ -250,9 +259,11 @@ class GpuFormula(Formula[GpuConfig]):
         start_us = end_us - 1 if state.timestamp is None else _micros(state.timestamp)
         state.timestamp = report.timestamp
         reading_w = _reading_power_w(device)
-        waits = device.processes is not None
-        if waits:
+        waits = device.processes is not None or device.instances is not None
+        if device.processes is not None:
             self._add_window(device, state, start_us, end_us)
+        elif device.instances is not None:
+            self._add_instance_window(device, state, index, start_us, end_us)
         _hold(state, _Tick(report, start_us, end_us, reading_w, device.util_gpu, waits),
               device.total_energy, first)  # fmt: skip
         hold_us = self.config.gpu_hold_ms * 1000
@@ -273,15 +284,26 @@ class GpuFormula(Formula[GpuConfig]):
         recordings. A window of no length (no new answer from the driver) adds nothing."""
         if device.process_window is not None:
             start_us, end_us = device.process_window
-        if end_us <= start_us:
-            return
         idle_util = self.config.gpu_idle_util
         busy = any(p.sm_util > idle_util for p in device.processes or ())
-        state.windows.append(_Window(start_us, end_us, self._shares(device), busy))
-        if state.covered_us is None or end_us > state.covered_us:
-            state.covered_us = end_us
-        while len(state.windows) > MAX_WINDOWS:
-            state.windows.popleft()
+        _append_window(state, _Window(start_us, end_us, self._shares(device), busy))
+
+    def _add_instance_window(
+        self, device: GPUDevice, state: _DeviceState, index: str, start_us: int, end_us: int
+    ) -> None:
+        """Under MIG: the GPU instances' GPM window (the tick itself where a report gives
+        none), each instance a target ``gpu<index>/gi<id>`` with its graphics activity as its
+        share, as a process's SM utilisation is."""
+        if device.instance_window is not None:
+            start_us, end_us = device.instance_window
+        idle_util = self.config.gpu_idle_util
+        shares = {
+            f"gpu{index}/gi{instance.id}": instance.graphics_util
+            for instance in device.instances or ()
+            if instance.graphics_util > 0
+        }
+        busy = any(util > idle_util for util in shares.values())
+        _append_window(state, _Window(start_us, end_us, shares, busy))
 
     def _release(self, tick: _Tick, state: _DeviceState, index: str, out: Output) -> int:
         """Split one tick's active energy among its windows' targets; emit one report for each
@@ -310,8 +332,8 @@ class GpuFormula(Formula[GpuConfig]):
         count = state.uncovered_ticks
         if count & (count - 1) == 0:  # 1, 2, 4, 8...: a steady problem does not flood the log
             logger.warning(
-                "GPU %s: no per-process utilisation covered a tick within %d ms; its active "
-                "power stays with gpu%s (%d ticks so far)",
+                "GPU %s: no per-process or per-instance activity covered a tick within %d ms; "
+                "its active power stays with gpu%s (%d ticks so far)",
                 index,
                 self.config.gpu_hold_ms,
                 index,
@@ -448,6 +470,17 @@ def _float_or_none(value: Any) -> float | None:
 def _micros(timestamp: datetime) -> int:
     """A timestamp in Unix µs, exactly, as the driver stamps its samples."""
     return (timestamp - _EPOCH) // _MICROSECOND
+
+
+def _append_window(state: _DeviceState, window: _Window) -> None:
+    """Keep a window for the ticks it overlaps; one of no length (nothing new) adds nothing."""
+    if window.end_us <= window.start_us:
+        return
+    state.windows.append(window)
+    if state.covered_us is None or window.end_us > state.covered_us:
+        state.covered_us = window.end_us
+    while len(state.windows) > MAX_WINDOWS:
+        state.windows.popleft()
 
 
 def _covered(tick: _Tick, state: _DeviceState) -> bool:

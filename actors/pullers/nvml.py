@@ -37,6 +37,7 @@ from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.pullers.nvml_api import (
     FieldReader,
+    GpmInstances,
     Nvml,
     NvmlError,
     NvmlNoPermission,
@@ -46,11 +47,14 @@ from wattflow.actors.pullers.nvml_api import (
     ProcessReader,
     SampleReader,
     UtilizationReader,
+    gpm_supported,
+    mig_devices,
     typed,
 )
 from wattflow.formats.reports import (
     EMPTY_DEVICE,
     GPUDevice,
+    GPUInstanceActivity,
     GPUProcess,
     GPUReport,
     GPUSampleKind,
@@ -187,7 +191,14 @@ class _DeviceState:
     cgroups: dict[int, str | None] = field(default_factory=dict)
     """cgroups of the processes seen last window (``None``: unreadable, or gone): a process
     keeps its cgroup while it runs, so its file is read when it appears, not every window. A
-    pid absent for a window is forgotten, so a new process that reuses it is read afresh."""
+    pid absent for a window is forgotten, so a new process that reuses it is read afresh.
+    Under MIG, the processes on the GPU instances."""
+    gpm_supported: bool = False
+    """Whether the GPU is in MIG mode and has GPM counters (Hopper and newer)."""
+    gpm: GpmInstances | None = None
+    """Its GPU instances' GPM samples, where it has any instance."""
+    instance_end_us: int = 0
+    """End of the last GPM window reported (at first, when the sampler started)."""
 
 
 @dataclass
@@ -231,6 +242,9 @@ class NvmlSampler:
         self.api = api if api is not None else Nvml()
         self.nvml = self.api.module
         self.devices: list[_DeviceState] = []
+        self.announce = True
+        """Whether :meth:`open` logs how each GPU in MIG mode is attributed (the start's
+        probe opens NVML quietly, so the log says it once)."""
         self._cgroup_root = str(config.cgroup_root)
         self._window_s = config.window_ms / 1000
         self._energy_s = config.energy_ms / 1000
@@ -305,17 +319,58 @@ class NvmlSampler:
         if self.api.mig_enabled(handle):
             # NVML answers per-process utilisation only for the whole GPU, not under MIG.
             state.unsupported.add("processes")
-            logger.info(
-                "GPU %d is in MIG mode: NVML gives no per-process utilisation there; its "
-                "power above idle stays with gpu%d",
-                index,
-                index,
-            )
+            self._open_gpm(state, since_us)
         else:
             state.processes = self._call(state, "processes", ProcessReader, self.api, handle)
         state.utilization = self._call(state, "utilization", UtilizationReader, self.api, handle)
         self._learn_fields(state)
         return state
+
+    def _open_gpm(self, state: _DeviceState, since_us: int) -> None:
+        """Under MIG: whether the GPU has GPM, and its GPU instances' first samples. Said once
+        in the log, since it decides how the GPU's power is attributed."""
+        index = state.index
+        state.instance_end_us = since_us
+        state.gpm_supported = bool(self._call(state, "gpm", gpm_supported, self.api, state.handle))
+        level = logging.INFO if self.announce else logging.DEBUG
+        if not state.gpm_supported:
+            logger.log(
+                level,
+                "GPU %d is in MIG mode without GPM counters (before Hopper): NVML gives no "
+                "per-process or per-instance activity there; its power above idle stays with "
+                "gpu%d",
+                index,
+                index,
+            )
+            return
+        state.due["instances"] = time.monotonic() + SETTINGS_S - self._slack_s
+        self._list_instances(state)
+        count = 0 if state.gpm is None else len(state.gpm.ids)
+        logger.log(
+            level,
+            "GPU %d is in MIG mode with GPM: its power above idle is split among its %d GPU "
+            "instances by their GPM activity (targets gpu%d/gi<id>), read every %d ms",
+            index,
+            count,
+            index,
+            self.config.window_ms,
+        )
+
+    def _list_instances(self, state: _DeviceState) -> None:
+        """(Re)list the GPU's instances; a new set gets new samples, starting a new window."""
+        instances = self._call(state, "gpm", mig_devices, self.api, state.handle)
+        if instances is None or instances is _NOT_FOUND:
+            return
+        if state.gpm is not None:
+            if state.gpm.ids == sorted(instances):
+                return
+            logger.info("GPU %d: its GPU instances are now %s", state.index, sorted(instances))
+            state.gpm.close()
+            state.gpm = None
+        if instances:
+            state.gpm = self._call(state, "gpm", GpmInstances, self.api, state.handle, instances)
+        if state.gpm is not None:
+            self._call(state, "gpm", state.gpm.read, _now_us())
 
     def _learn_fields(self, state: _DeviceState) -> None:
         """Which power field the GPU answers, and whether the energy counter comes with it
@@ -347,6 +402,9 @@ class NvmlSampler:
                     count,
                 )
             state.failing.clear()
+            if state.gpm is not None:
+                state.gpm.close()
+                state.gpm = None
         try:
             self.api.shutdown()
         except NvmlError as error:
@@ -356,11 +414,13 @@ class NvmlSampler:
         """Read every device once, each figure at its own rate:
 
         - every tick: power (one field value, or the legacy call) and utilisation rates;
-        - every ``--window-ms``: the per-process utilisation and the driver's power samples;
+        - every ``--window-ms``: the per-process utilisation and the driver's power samples, or
+          under MIG one GPM sample per GPU instance and the processes on each;
         - every ``--energy-ms``: the energy counter (in the same field-values call as power);
         - every ``STATE_S``: clocks, temperature and performance state;
         - every ``BUFFERS_S``: the GPU and memory utilisation sample buffers;
-        - every ``SETTINGS_S`` (and at the first tick): application clocks, power limit;
+        - every ``SETTINGS_S`` (and at the first tick): application clocks, power limit; under
+          MIG with GPM, the list of GPU instances (from the sampler's start);
         - PCIe throughput on its own thread (``read_pcie``).
         """
         timestamp = datetime.now(UTC)
@@ -470,6 +530,9 @@ class NvmlSampler:
         processes = self._processes(state, rejected, asked=window)
         if processes is not None:
             fields["processes"], fields["process_window"] = processes
+        instances = self._instances(state, now, rejected, asked=window)
+        if instances is not None:
+            fields["instances"], fields["instance_window"] = instances
         # Every value above is already a float, int, bool or a checked list: skip validation.
         return trusted_device(fields)
 
@@ -606,6 +669,65 @@ class NvmlSampler:
         state.last_process_us = end
         return self._named(state, sums, rejected), (start, end)
 
+    def _instances(
+        self, state: _DeviceState, now: float, rejected: list[tuple[Any, str]], *, asked: bool
+    ) -> tuple[list[GPUInstanceActivity], tuple[int, int]] | None:
+        """Under MIG with GPM: each GPU instance's activity since the previous window, and that
+        window, (previous GPM samples, these]. None where the GPU cannot tell.
+
+        Between windows, and when a read fails (the next one starts over: the time between is
+        covered by no window), a window of no length. The instances are listed again every
+        ``SETTINGS_S``, and at the tick after a sample answered NOT_FOUND (an instance was
+        destroyed)."""
+        if not state.gpm_supported or "gpm" in state.unsupported:
+            return None
+        if self._due(state, "instances", SETTINGS_S, now):
+            self._list_instances(state)
+        last = state.instance_end_us
+        if not asked or state.gpm is None:
+            return [], (last, last)
+        answer = self._call(state, "gpm", state.gpm.read, _now_us())
+        if answer is _NOT_FOUND:  # an instance is gone: list them again at the next tick
+            state.due["instances"] = 0.0
+        if answer is None or answer is _NOT_FOUND:
+            return [], (last, last)
+        start, end, activity = answer
+        if not _possible(activity):
+            rejected.append(
+                ({"gpu": state.index, "instances": activity},
+                 f"GPU {state.index}: impossible GPM activity")
+            )  # fmt: skip
+            return [], (last, last)
+        state.instance_end_us = end
+        return self._on_instances(state, activity), (start, end)
+
+    def _on_instances(
+        self, state: _DeviceState, activity: dict[int, tuple[float, float | None]]
+    ) -> list[GPUInstanceActivity]:
+        """The instances' activity with the processes on each and their cgroups (read when a
+        process appears, as for per-process utilisation)."""
+        assert state.gpm is not None
+        known = state.cgroups
+        state.cgroups = {}
+        found = []
+        for gi, (graphics, sm) in sorted(activity.items()):
+            pids: set[int] = set()
+            for reader in state.gpm.processes[gi]:
+                answer = self._call(state, "instance_processes", reader.read)
+                if isinstance(answer, list):
+                    pids.update(answer)
+            cgroups = []
+            for pid in sorted(pids):
+                cgroup = known[pid] if pid in known else read_cgroup(self._cgroup_root, pid)
+                state.cgroups[pid] = cgroup
+                cgroups.append(cgroup)
+            found.append(
+                GPUInstanceActivity.model_construct(
+                    id=gi, graphics_util=graphics, sm_util=sm, pids=sorted(pids), cgroups=cgroups
+                )
+            )
+        return found
+
     def _named(
         self, state: _DeviceState, sums: dict[int, list[float]], rejected: list[tuple[Any, str]]
     ) -> list[GPUProcess]:
@@ -637,6 +759,11 @@ class NvmlSampler:
         return processes
 
 
+def _possible(activity: dict[int, tuple[float, float | None]]) -> bool:
+    """Whether every instance's GPM activity (graphics %, SM % or None) is a percentage."""
+    return all(0 <= g <= 100 and (s is None or 0 <= s <= 100) for g, s in activity.values())
+
+
 def _union(field_value: Any) -> float:
     """The number an ``nvmlFieldValue_t`` holds, from the union member its type names."""
     member = _UNION_MEMBER.get(int(field_value.valueType), "uiVal")
@@ -665,6 +792,7 @@ class NvmlPuller(Puller[NvmlPullerConfig]):
 
         def probe() -> None:
             sampler = NvmlSampler(self.config)
+            sampler.announce = False
             sampler.open(_now_us())
             sampler.close()
 

@@ -16,6 +16,7 @@ and fill it in one call.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 from types import ModuleType
@@ -342,3 +343,138 @@ class UtilizationReader:
             raise _typed_code(self.nvml, code, "nvmlDeviceGetUtilizationRates")
         rates = self.rates
         return rates.gpu, rates.memory
+
+
+class RunningProcessReader(BufferReader):
+    """``nvmlDeviceGetComputeRunningProcesses_v3`` of one MIG device (a compute instance): the
+    processes that hold a context on it, in one C call (``pynvml`` asks twice, size then fill)."""
+
+    def __init__(self, nvml: Nvml, handle: Any, size: int = 16) -> None:
+        entry = plain(nvml.module.c_nvmlProcessInfo_v3_t)
+        super().__init__(nvml, "nvmlDeviceGetComputeRunningProcesses_v3", entry, size)
+        self.handle = handle
+
+    def read(self) -> list[int]:
+        """The pids, sorted, each once.
+
+        Raises:
+            NvmlError: any failure.
+        """
+        while True:
+            self.count.value = self.size
+            code = self.function(self.handle, ctypes.byref(self.count), self.buffer)
+            if code == INSUFFICIENT_SIZE and self._grow(self.count.value):
+                continue
+            self._check(code)
+            return sorted({int(info.pid) for info in self.buffer[: self.count.value]})
+
+
+GPM_MIN_INTERVAL_US = 100_000
+"""Shortest time between two GPM samples that NVML documents as meaningful (its counters
+refresh about every 100 ms)."""
+
+
+def gpm_supported(nvml: Nvml, handle: Any) -> bool:
+    """Whether the GPU has GPM counters (Hopper and newer); False where the driver cannot say.
+
+    Raises:
+        NvmlError: a failure other than NOT_SUPPORTED (a lost GPU, a timeout…).
+    """
+    try:
+        support = nvml.call(nvml.module.nvmlGpmQueryDeviceSupport, handle)
+    except NvmlNotSupported:
+        return False
+    return bool(support.isSupportedDevice)
+
+
+def mig_devices(nvml: Nvml, handle: Any) -> dict[int, list[Any]]:
+    """The MIG devices (compute instances) of a GPU in MIG mode, by GPU instance id.
+
+    Raises:
+        NvmlError: the GPU cannot be listed.
+    """
+    module = nvml.module
+    found: dict[int, list[Any]] = {}
+    for index in range(int(nvml.call(module.nvmlDeviceGetMaxMigDeviceCount, handle))):
+        try:
+            mig = nvml.call(module.nvmlDeviceGetMigDeviceHandleByIndex, handle, index)
+        except NvmlNotFound:  # no MIG device in that slot
+            continue
+        found.setdefault(int(nvml.call(module.nvmlDeviceGetGpuInstanceId, mig)), []).append(mig)
+    return found
+
+
+class GpmInstances:
+    """The GPM activity of every GPU instance of one GPU in MIG mode: one
+    ``nvmlGpmMigSampleGet`` per instance per read, and the metrics between a read's samples
+    and the previous read's.
+
+    Two sample buffers per instance, swapped at each read, allocated once. A read that fails
+    for any instance starts over: its samples become the previous ones of no window, so a
+    window always holds every instance, each over the same span.
+    """
+
+    METRICS = ("graphics_util", "sm_util")
+
+    def __init__(self, nvml: Nvml, handle: Any, instances: dict[int, list[Any]]) -> None:
+        module = nvml.module
+        self.nvml = nvml
+        self.handle = handle
+        self.ids = sorted(instances)
+        self.processes = {
+            gi: [RunningProcessReader(nvml, mig) for mig in migs] for gi, migs in instances.items()
+        }
+        self.previous: dict[int, Any] = {}
+        self.current: dict[int, Any] = {}
+        try:
+            for gi in self.ids:
+                self.previous[gi] = nvml.call(module.nvmlGpmSampleAlloc)
+                self.current[gi] = nvml.call(module.nvmlGpmSampleAlloc)
+        except NvmlError:
+            self.close()
+            raise
+        self.previous_us: int | None = None
+        self.request: Any = module.c_nvmlGpmMetricsGet_t()
+        self.request.version = module.NVML_GPM_METRICS_GET_VERSION
+        self.request.numMetrics = 2
+        self.request.metrics[0].metricId = module.NVML_GPM_METRIC_GRAPHICS_UTIL
+        self.request.metrics[1].metricId = module.NVML_GPM_METRIC_SM_UTIL
+
+    def read(self, now_us: int) -> tuple[int, int, dict[int, tuple[float, float | None]]] | None:
+        """Sample every instance at ``now_us``; with the previous read's samples, each
+        instance's (graphics %, SM % or None) over (previous read, now_us]. None at the first
+        read, after a failed one, and sooner than ``GPM_MIN_INTERVAL_US`` after the last.
+
+        Raises:
+            NvmlError: a sample or the metrics failed (the next read starts over).
+        """
+        previous_us = self.previous_us
+        if previous_us is not None and now_us - previous_us < GPM_MIN_INTERVAL_US:
+            return None
+        self.previous_us = None  # until every instance has answered
+        module = self.nvml.module
+        for gi in self.ids:
+            self.nvml.call(module.nvmlGpmMigSampleGet, self.handle, gi, self.current[gi])
+        activity = None if previous_us is None else {gi: self._metrics(gi) for gi in self.ids}
+        self.previous, self.current = self.current, self.previous
+        self.previous_us = now_us
+        if previous_us is None or activity is None:
+            return None
+        return previous_us, now_us, activity
+
+    def _metrics(self, gi: int) -> tuple[float, float | None]:
+        request = self.request
+        request.sample1, request.sample2 = self.previous[gi], self.current[gi]
+        self.nvml.call(self.nvml.module.nvmlGpmMetricsGet, request)
+        graphics, sm = request.metrics[0], request.metrics[1]
+        if graphics.nvmlReturn != 0:
+            raise _typed_code(self.nvml, int(graphics.nvmlReturn), "nvmlGpmMetricsGet")
+        return float(graphics.value), float(sm.value) if sm.nvmlReturn == 0 else None
+
+    def close(self) -> None:
+        """Free the sample buffers; safe to call twice."""
+        for samples in (self.previous, self.current):
+            for sample in samples.values():
+                with contextlib.suppress(NvmlError):
+                    self.nvml.call(self.nvml.module.nvmlGpmSampleFree, sample)
+            samples.clear()

@@ -34,6 +34,20 @@
  *                                   energy field of nvmlDeviceGetFieldValues
  *   dN.mig=1                        MIG mode on: nvmlDeviceGetMigMode answers 1 and the
  *                                   per-process utilisation NOT_SUPPORTED, as the driver does
+ *   dN.gpm=1                        the GPU has GPM (Hopper and newer): nvmlGpmQueryDeviceSupport
+ *                                   says so and nvmlGpmMigSampleGet answers (default 0: an
+ *                                   older GPU, whose support query says "not supported")
+ *   dN.gi=1:70:50                   under MIG, a GPU instance (id:graphics %:SM %, the SM % is
+ *                                   optional and defaults to the graphics %), busy that share of
+ *                                   every moment: its GPM counters grow by exactly that much
+ *                                   per µs, so a metric over two samples is the share itself;
+ *                                   repeat the key for more instances (one compute instance,
+ *                                   one MIG device each, in the order given)
+ *   dN.gi_until_ms=3:3000           GPU instance 3 is destroyed 3000 ms after nvmlInit: it is
+ *                                   no longer listed, and its GPM samples answer NOT_FOUND
+ *   dN.gi_proc=1:4242               pid 4242 runs on GPU instance 1 (after that instance's
+ *                                   dN.gi line): its MIG device's
+ *                                   nvmlDeviceGetComputeRunningProcesses lists it; repeatable
  *
  * Time-slicing, as the driver sees it (replaces dN.proc and dN.power for that device):
  *
@@ -157,6 +171,7 @@ typedef struct {
 #define MAX_STEPS 64
 #define MAX_PROCS 16
 #define MAX_SLOTS 32
+#define MAX_GIS 7                       /* an A100 or H100 has at most 7 GPU instances */
 
 enum {
     U_POWER_INSTANT = 1 << 0, U_POWER_AVERAGE = 1 << 1, U_POWER_USAGE = 1 << 2,
@@ -179,12 +194,14 @@ static const struct { const char *name; unsigned bit; } UNSUPPORTED_NAMES[] = {
 enum {
     C_POWER_USAGE, C_ENERGY, C_FIELD_VALUES, C_UTILIZATION, C_CLOCK, C_APP_CLOCK, C_POWER_LIMIT,
     C_POWER_STATE, C_TEMPERATURE, C_PCIE, C_SAMPLES_POWER, C_SAMPLES_UTIL, C_SAMPLES_MEM,
-    C_PROCESSES, C_FIELD_ENERGY, C_COUNT
+    C_PROCESSES, C_FIELD_ENERGY, C_GPM_SUPPORT, C_GPM_SAMPLE, C_GPM_METRICS, C_RUNNING_PROCESSES,
+    C_COUNT
 };
 static const char *CALL_NAMES[C_COUNT] = {
     "power_usage", "energy", "field_values", "utilization", "clock", "app_clock", "power_limit",
     "power_state", "temperature", "pcie", "samples_power", "samples_util", "samples_mem",
-    "processes", "field_values_energy",
+    "processes", "field_values_energy", "gpm_support", "gpm_sample", "gpm_metrics",
+    "running_processes",
 };
 /* Field values cost their base (call_cost_us[C_FIELD_VALUES]) plus field_cost_us per field,
  * plus instant_field_us for the instantaneous power field, plus the energy call's cost when
@@ -205,6 +222,9 @@ static const unsigned long long H100_COST_US[C_COUNT] = {
     50, 50, 800, 390, 1200, 1200, 1150,
     /* field_values_energy: counted only (the cost is in field_values) */
     0,
+    /* gpm_support gpm_sample gpm_metrics running_processes: never timed on the H100 (it ran
+     * without MIG), so no cost is assumed; call_cost_us= gives them one */
+    0, 0, 0, 0,
 };
 static unsigned long long call_cost_us[C_COUNT];
 static unsigned long long call_count[C_COUNT];
@@ -212,6 +232,14 @@ static unsigned long long call_count[C_COUNT];
 typedef struct { unsigned int pid, sm, mem; } fake_proc;
 typedef struct { unsigned int pid; unsigned long long from_ms, to_ms; } fake_life;
 typedef struct { unsigned int pid, mw; } fake_pid_power;
+
+/* A GPU instance under MIG, with its one compute instance: a MIG device handle points here. */
+struct fake_gi {
+    unsigned int id, graphics, sm;      /* GPM activity, in % of every moment */
+    unsigned long long until_us;        /* destroyed this long after nvmlInit; 0: never */
+    int procs;
+    unsigned int pid[MAX_PROCS];
+};
 
 /* The opaque nvmlDevice_t handles point at these. */
 struct fake_device {
@@ -238,7 +266,9 @@ struct fake_device {
     fake_pid_power pid_power[MAX_PROCS];
     unsigned int idle_mw, busy_mw;
     int fail[C_COUNT];                  /* NVML error each entry point fails with; 0: none */
-    int mig;
+    int mig, gpm;
+    int gis;
+    struct fake_gi gi[MAX_GIS];
     unsigned long long cache_ms;        /* energy integral up to cache_ms, in mW·ms */
     unsigned __int128 cache_energy;
     unsigned __int128 init_energy;      /* energy_to(init_us) */
@@ -497,6 +527,25 @@ static void device_key(struct fake_device *d, const char *key, char *value) {
     else if (!strcmp(key, "unsupported")) parse_unsupported(d, value);
     else if (!strcmp(key, "fail")) parse_fail(d, value);
     else if (!strcmp(key, "mig")) d->mig = (int)v;
+    else if (!strcmp(key, "gpm")) d->gpm = (int)v;
+    else if (!strcmp(key, "gi") && d->gis < MAX_GIS) {
+        struct fake_gi *gi = &d->gi[d->gis];
+        int read = sscanf(value, "%u:%u:%u", &gi->id, &gi->graphics, &gi->sm);
+        if (read == 2) gi->sm = gi->graphics;
+        if (read >= 2 && gi->graphics <= 100 && gi->sm <= 100) d->gis++;
+    } else if (!strcmp(key, "gi_until_ms")) {
+        unsigned int id = 0;
+        unsigned long long ms = 0;
+        if (sscanf(value, "%u:%llu", &id, &ms) == 2)
+            for (int i = 0; i < d->gis; i++)
+                if (d->gi[i].id == id) d->gi[i].until_us = ms * 1000ULL;
+    } else if (!strcmp(key, "gi_proc")) {
+        unsigned int id = 0, pid = 0;
+        if (sscanf(value, "%u:%u", &id, &pid) == 2)
+            for (int i = 0; i < d->gis; i++)
+                if (d->gi[i].id == id && d->gi[i].procs < MAX_PROCS)
+                    d->gi[i].pid[d->gi[i].procs++] = pid;
+    }
     else if (!strcmp(key, "proc") && d->procs < MAX_PROCS) {
         fake_proc *p = &d->proc[d->procs];
         if (sscanf(value, "%u:%u:%u", &p->pid, &p->sm, &p->mem) == 3) d->procs++;
@@ -960,5 +1009,182 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, un
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!device || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
     *current = *pending = (unsigned)device->mig;
+    return NVML_SUCCESS;
+}
+
+/* ---- MIG devices and GPM (Hopper's per-GPU-instance activity counters) ---- */
+
+/* The GPU instance a MIG device handle points at; NULL for any other pointer. */
+static struct fake_gi *gi_of_handle(const void *handle) {
+    for (unsigned d = 0; d < device_count; d++)
+        for (int i = 0; i < devices[d].gis; i++)
+            if (handle == (const void *)&devices[d].gi[i]) return &devices[d].gi[i];
+    return NULL;
+}
+
+static int gi_alive(const struct fake_gi *gi) {
+    return !gi->until_us || now_us() < init_us + gi->until_us;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = device->mig ? MAX_GIS : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *mig_device) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !mig_device) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->mig) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned alive = 0;
+    for (int i = 0; i < device->gis; i++) {
+        if (!gi_alive(&device->gi[i])) continue;
+        if (alive++ == index) {
+            *mig_device = (nvmlDevice_t)(void *)&device->gi[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    struct fake_gi *gi = gi_of_handle(device);
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gi) return NVML_ERROR_NOT_SUPPORTED; /* a whole GPU, not a MIG device */
+    *id = gi->id;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* The processes on a MIG device (its GPU instance's), or on a whole GPU (under MIG, every
+ * instance's, as NVML aggregates them for a privileged caller; else the dN.proc pids). */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    called(C_RUNNING_PROCESSES);
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t found[MAX_GIS * MAX_PROCS + MAX_PROCS];
+    unsigned n = 0;
+    struct fake_gi *gi = gi_of_handle(device);
+    if (gi && !gi_alive(gi)) return NVML_ERROR_NOT_FOUND;
+    if (gi) {
+        for (int p = 0; p < gi->procs; p++)
+            found[n++] = (nvmlProcessInfo_t){gi->pid[p], 0, gi->id, 0};
+    } else if (device->mig) {
+        for (int i = 0; i < device->gis; i++)
+            for (int p = 0; gi_alive(&device->gi[i]) && p < device->gi[i].procs; p++)
+                found[n++] = (nvmlProcessInfo_t){device->gi[i].pid[p], 0, device->gi[i].id, 0};
+    } else {
+        for (int p = 0; p < device->procs; p++)
+            found[n++] = (nvmlProcessInfo_t){device->proc[p].pid, 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    }
+    if (*count < n || (n && !infos)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n) memcpy(infos, found, n * sizeof found[0]);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
+    called(C_GPM_SUPPORT);
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!device || !support || support->version != 1) return NVML_ERROR_INVALID_ARGUMENT;
+    support->isSupportedDevice = (unsigned)device->gpm;
+    return NVML_SUCCESS;
+}
+
+/* What an opaque nvmlGpmSample_t holds here: the counters of one GPU instance at one moment,
+ * as %·µs of activity since the Unix epoch (exact integers: shares are constant). */
+struct fake_gpm_sample {
+    const struct fake_device *device;
+    unsigned int gi_id;
+    unsigned long long t_us, graphics, sm;
+    int taken;
+};
+typedef struct fake_gpm_sample *nvmlGpmSample_t;
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+    *sample = calloc(1, sizeof **sample);
+    return *sample ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+    free(sample);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpu_instance_id,
+                                 nvmlGpmSample_t sample) {
+    DEVICE_CALL(device, sample, 0, C_GPM_SAMPLE);
+    if (!device->gpm || !device->mig) return NVML_ERROR_NOT_SUPPORTED;
+    for (int i = 0; i < device->gis; i++) {
+        const struct fake_gi *gi = &device->gi[i];
+        if (gi->id != gpu_instance_id || !gi_alive(gi)) continue;
+        unsigned long long t = now_us();
+        *sample = (struct fake_gpm_sample){device, gi->id, t, t * gi->graphics, t * gi->sm, 1};
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+typedef struct {
+    const char *shortName, *longName, *unit;
+} nvmlGpmMetricInfo_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[]; /* NVML_GPM_METRIC_MAX of them: only numMetrics are touched */
+} nvmlGpmMetricsGet_t;
+
+enum { NVML_GPM_METRIC_GRAPHICS_UTIL = 1, NVML_GPM_METRIC_SM_UTIL = 2 };
+
+/* Each asked metric over (sample1, sample2]: the counters' growth over the time between them. */
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *get) {
+    called(C_GPM_METRICS);
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!get || get->version != 1) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_gpm_sample *a = get->sample1, *b = get->sample2;
+    if (!a || !b || !a->taken || !b->taken || a->device != b->device || a->gi_id != b->gi_id ||
+        b->t_us <= a->t_us)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    double span = (double)(b->t_us - a->t_us);
+    for (unsigned i = 0; i < get->numMetrics; i++) {
+        nvmlGpmMetric_t *metric = &get->metrics[i];
+        metric->nvmlReturn = NVML_SUCCESS;
+        if (metric->metricId == NVML_GPM_METRIC_GRAPHICS_UTIL)
+            metric->value = (double)(b->graphics - a->graphics) / span;
+        else if (metric->metricId == NVML_GPM_METRIC_SM_UTIL)
+            metric->value = (double)(b->sm - a->sm) / span;
+        else
+            metric->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
     return NVML_SUCCESS;
 }
