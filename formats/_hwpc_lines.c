@@ -430,12 +430,16 @@ static int read_cpu(Cursor *cursor, const EventNames *names, Shape *shape) {
         if (at) {
             TRY(expect(cursor, ','));
         }
-        const char *text;
-        Py_ssize_t size;
-        TRY(read_string(cursor, &text, &size));
-        if (size != names->sizes[at] || memcmp(text, names->texts[at], (size_t)size) != 0) {
+        /* The first cpu's name, quoted: the names hold no quote, backslash or control
+         * character (read_string took them), so these bytes are that string and no other. */
+        skip_space(cursor);
+        Py_ssize_t size = names->sizes[at];
+        const char *text = cursor->at;
+        if (cursor->end - text < size + 2 || text[0] != '"' || text[size + 1] != '"' ||
+            memcmp(text + 1, names->texts[at], (size_t)size) != 0) {
             return DECLINE;
         }
+        cursor->at = text + size + 2;
         TRY(expect(cursor, ':'));
         TRY(read_counter(cursor, &values[at]));
     }

@@ -4,10 +4,12 @@ hwpc-sensor writes one JSON object per report to its socket (and to files and Ze
 node of a hundred containers writes a hundred of them a second. Made into one Python object per
 report, then summed per socket and estimated one target at a time, they cost about ten times what
 parsing them costs. Here a batch of lines becomes one :class:`~wattflow.formats.frames.HWPCFrame`
-in a single pass: msgspec checks and parses each line in C (integer counters only), each cpu's
-counters are kept as parsed, and numpy takes each group's values in one pass into its columns.
-The formulas that know frames estimate every tick of it with array operations, as they do for
-PowerAPI's CSV files.
+per sensor. Two ways make the same frames: wattflow's C parser of hwpc-sensor's form
+(``_hwpc_lines``, :func:`compiled_hwpc_frames`) writes the counters straight into int64 columns
+and numpy checks and assembles them; where it declines a batch, or was not built, msgspec checks
+and parses each line in C (integer counters only), each cpu's counters are kept as parsed, and
+numpy takes each group's values in one pass into its columns. The formulas that know frames
+estimate every tick of it with array operations, as they do for PowerAPI's CSV files.
 
 A frame stands for exactly the reports the lines decode to one by one
 (:func:`~wattflow.formats.powerapi.decode_json_lines`), so a batch becomes a frame only when
@@ -286,7 +288,14 @@ def decode_hwpc_frames(
     names the rapl and msr groups, then still orders its tables as the sensor writes its groups.
     A line whose groups come in another order than its frame's tables starts another frame of
     its sensor, so that each frame gives its reports back as they came.
+
+    The C parser (:func:`compiled_hwpc_frames`) makes the frames of a batch in hwpc-sensor's
+    own form; a batch it declines is parsed by msgspec and assembled in Python, into the same
+    frames.
     """
+    frames = compiled_hwpc_frames(lines, layouts)
+    if frames is not None:
+        return frames
     documents = _plain_lines(lines)
     if documents is None:
         return None
