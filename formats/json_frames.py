@@ -4,10 +4,12 @@ hwpc-sensor writes one JSON object per report to its socket (and to files and Ze
 node of a hundred containers writes a hundred of them a second. Made into one Python object per
 report, then summed per socket and estimated one target at a time, they cost about ten times what
 parsing them costs. Here a batch of lines becomes one :class:`~wattflow.formats.frames.HWPCFrame`
-in a single pass: msgspec checks and parses each line in C (integer counters only), each cpu's
-counters are kept as parsed, and numpy takes each group's values in one pass into its columns.
-The formulas that know frames estimate every tick of it with array operations, as they do for
-PowerAPI's CSV files.
+per sensor. Two ways make the same frames: wattflow's C parser of hwpc-sensor's form
+(``_hwpc_lines``, :func:`compiled_hwpc_frames`) writes the counters straight into int64 columns
+and numpy checks and assembles them; where it declines a batch, or was not built, msgspec checks
+and parses each line in C (integer counters only), each cpu's counters are kept as parsed, and
+numpy takes each group's values in one pass into its columns. The formulas that know frames
+estimate every tick of it with array operations, as they do for PowerAPI's CSV files.
 
 A frame stands for exactly the reports the lines decode to one by one
 (:func:`~wattflow.formats.powerapi.decode_json_lines`), so a batch becomes a frame only when
@@ -46,6 +48,11 @@ from wattflow.formats.powerapi import (
     utc_or_none,
 )
 from wattflow.formats.reports import HWPCReport, Report, to_millis, to_utc
+
+try:
+    from wattflow.formats import _hwpc_lines
+except ImportError:  # built without a C compiler: the Python way only
+    _hwpc_lines = None  # type: ignore[assignment]
 
 
 class _WholeDocument(msgspec.Struct, gc=False):
@@ -157,6 +164,17 @@ def _numbers(texts: list[str]) -> IntArray:
     return numbers
 
 
+def _millis_of(raw: int | float | str) -> int:
+    """A line's timestamp in Unix milliseconds, when a frame can hold it."""
+    timestamp = utc_or_none(raw)
+    if timestamp is None or timestamp.microsecond % 1000:
+        raise _NotPlain("a timestamp the frame cannot hold")
+    millis = to_millis(timestamp)
+    if not FIRST_MILLIS <= millis <= LAST_MILLIS:
+        raise _NotPlain("a timestamp out of range")
+    return millis
+
+
 Layout = tuple[tuple[str, tuple[str, ...]], ...]
 """A sensor's groups and each group's events, in the order its frames' tables hold them."""
 
@@ -208,13 +226,7 @@ class _Batch:
     def _millis(self, raw: int | float | str) -> int:
         millis = self.millis_of.get(raw)
         if millis is None:
-            timestamp = utc_or_none(raw)
-            if timestamp is None or timestamp.microsecond % 1000:
-                raise _NotPlain("a timestamp the frame cannot hold")
-            millis = to_millis(timestamp)
-            if not FIRST_MILLIS <= millis <= LAST_MILLIS:
-                raise _NotPlain("a timestamp out of range")
-            self.millis_of[raw] = millis
+            millis = self.millis_of[raw] = _millis_of(raw)
         return millis
 
     def _place(self, millis: int, key: tuple[int, int], rank: int) -> None:
@@ -276,7 +288,14 @@ def decode_hwpc_frames(
     names the rapl and msr groups, then still orders its tables as the sensor writes its groups.
     A line whose groups come in another order than its frame's tables starts another frame of
     its sensor, so that each frame gives its reports back as they came.
+
+    The C parser (:func:`compiled_hwpc_frames`) makes the frames of a batch in hwpc-sensor's
+    own form; a batch it declines is parsed by msgspec and assembled in Python, into the same
+    frames.
     """
+    frames = compiled_hwpc_frames(lines, layouts)
+    if frames is not None:
+        return frames
     documents = _plain_lines(lines)
     if documents is None:
         return None
@@ -320,6 +339,224 @@ def _frames_learning_again(
         known.clear()
         frames = _document_frames(documents, known)
     return frames
+
+
+# --- hwpc-sensor's lines parsed in C -------------------------------------------------------------
+
+
+def compiled_hwpc_frames(
+    lines: Sequence[bytes | str], layouts: dict[str, Layout] | None = None
+) -> list[HWPCFrame] | None:
+    """The frames :func:`decode_hwpc_frames` makes of ``lines``, parsed in C straight into
+    columns (``_hwpc_lines``, no Python object per counter), or ``None`` where that parser is
+    not sure to make the same frames: then :func:`decode_hwpc_frames` decides.
+
+    The C parser reads only hwpc-sensor's plain form (see ``formats/_hwpc_lines.c``) and
+    declines anything else: escapes, floats, signs, unknown or repeated keys, a cpu whose
+    events differ from its group's first cpu in the line, in their order too. Here, per
+    sensor, numpy checks on its columns what :class:`_Batch` checks line by line: ticks in
+    order, one report per (tick, target), each line's groups in the order of the sensor's
+    tables, a tick's reports in the order of their first group. A batch that
+    :class:`_Batch` would cut into two frames of a sensor (a group order that changes), or
+    whose events differ from those ``layouts`` remembers, is declined too. ``layouts`` is
+    updated only when frames are made, as :func:`decode_hwpc_frames` does.
+    """
+    parsed = None if _hwpc_lines is None else _hwpc_lines.parse(lines)
+    if parsed is None:
+        return None
+    (
+        strings,
+        stamps,
+        line_stamps,
+        line_sensors,
+        line_targets,
+        occurrence_lines,
+        shapes_of,
+        shapes,
+    ) = parsed
+    try:
+        stamp_millis = np.array([_millis_of(raw) for raw in stamps], dtype=np.int64)
+    except _NotPlain:
+        return None
+    columns = _LineColumns(
+        strings,
+        stamp_millis[_ints(line_stamps)],
+        _ints(line_sensors),
+        _ints(line_targets),
+        _ints(occurrence_lines),
+        _ints(shapes_of),
+        [_Shape(*shape) for shape in shapes],
+    )
+    known = {} if layouts is None else layouts
+    frames: list[HWPCFrame] = []
+    learned: dict[str, Layout] = {}
+    sensor_ids, firsts = np.unique(columns.sensors, return_index=True)
+    single = len(sensor_ids) == 1
+    for sensor_id in sensor_ids[np.argsort(firsts)].tolist():
+        sensor = strings[sensor_id]
+        made = columns.frame(sensor_id, known.get(sensor, ()), single)
+        if made is None:
+            return None
+        frames.append(made[0])
+        learned[sensor] = made[1]
+    known.update(learned)
+    return frames
+
+
+def c_parser_built() -> bool:
+    """Whether wattflow was built with its C parser of hwpc-sensor's lines (``_hwpc_lines``);
+    without it (no C compiler where it was installed) every batch goes the Python way."""
+    return _hwpc_lines is not None
+
+
+def _ints(column: bytearray) -> IntArray:
+    ints: IntArray = np.frombuffer(column, dtype=np.int64)
+    return ints
+
+
+class _Shape:
+    """One group with one list of events, as the C parser gives its rows."""
+
+    __slots__ = ("cpus", "events", "group", "lines", "sockets", "values")
+
+    def __init__(
+        self,
+        group: str,
+        events: tuple[str, ...],
+        lines: bytearray,
+        sockets: bytearray,
+        cpus: bytearray,
+        values: bytearray,
+    ) -> None:
+        self.group = group
+        self.events = events
+        self.lines = _ints(lines)
+        self.sockets = _ints(sockets)
+        self.cpus = _ints(cpus)
+        self.values = _ints(values).reshape(-1, len(events))
+
+
+class _LineColumns:
+    """A batch as the C parser gives it, made into frames sensor by sensor."""
+
+    def __init__(
+        self,
+        strings: list[str],
+        millis: IntArray,
+        sensors: IntArray,
+        targets: IntArray,
+        occurrence_lines: IntArray,
+        occurrence_shapes: IntArray,
+        shapes: list[_Shape],
+    ) -> None:
+        self.strings = strings
+        self.millis = millis
+        self.sensors = sensors
+        self.targets = targets
+        self.occurrence_lines = occurrence_lines
+        self.occurrence_shapes = occurrence_shapes
+        self.shapes = shapes
+
+    def frame(self, sensor: int, layout: Layout, single: bool) -> tuple[HWPCFrame, Layout] | None:
+        """The sensor's frame and its layout, or None where :class:`_Batch` would not make
+        exactly one frame of its lines with this layout."""
+        if single:
+            lines = np.arange(len(self.sensors))
+            lines_of_groups = self.occurrence_lines
+            shapes_of_groups = self.occurrence_shapes
+        else:
+            lines = np.flatnonzero(self.sensors == sensor)
+            mine = self.sensors[self.occurrence_lines] == sensor
+            lines_of_groups = self.occurrence_lines[mine]
+            shapes_of_groups = self.occurrence_shapes[mine]
+        ranked = self._ranks(shapes_of_groups, layout)
+        if ranked is None:
+            return None
+        shape_ranks, groups = ranked
+        if not self._placed(lines, lines_of_groups, shape_ranks[shapes_of_groups]):
+            return None
+        names, codes = self._names(lines)
+        tables = []
+        for group, (events, shape) in groups.items():
+            if shape is not None:
+                tables.append(self._table(group, events, self.shapes[shape], sensor, codes, single))
+        frame = HWPCFrame(names, tables, len(lines))
+        return frame, tuple((group, events) for group, (events, _) in groups.items())
+
+    def _ranks(
+        self, shapes_of_groups: IntArray, layout: Layout
+    ) -> tuple[IntArray, dict[str, tuple[tuple[str, ...], int | None]]] | None:
+        """Each shape's group's place among the sensor's tables (the layout's groups, then
+        new ones as they first come), and per group its events and its shape; None when a
+        group comes with other events than its table's."""
+        groups: dict[str, tuple[tuple[str, ...], int | None]] = {
+            group: (events, None) for group, events in layout
+        }
+        ranks = np.full(len(self.shapes), -1, dtype=np.int64)
+        used, firsts = np.unique(shapes_of_groups, return_index=True)
+        for shape_index in used[np.argsort(firsts)].tolist():
+            shape = self.shapes[shape_index]
+            known = groups.get(shape.group)
+            if known is not None and (known[0] != shape.events or known[1] is not None):
+                return None
+            groups[shape.group] = (shape.events, shape_index)
+            ranks[shape_index] = list(groups).index(shape.group)
+        return ranks, groups
+
+    def _placed(self, lines: IntArray, lines_of_groups: IntArray, group_ranks: IntArray) -> bool:
+        """Whether :class:`_Batch` places every line in one frame: each line's groups in the
+        tables' order, ticks in order, one report per (tick, target), a tick's reports in the
+        order of their first group."""
+        same_line = lines_of_groups[1:] == lines_of_groups[:-1]
+        if bool((group_ranks[1:][same_line] <= group_ranks[:-1][same_line]).any()):
+            return False
+        first_ranks = group_ranks[np.flatnonzero(np.concatenate(([True], ~same_line)))]
+        millis = self.millis[lines]
+        steps = np.diff(millis)
+        if bool((steps < 0).any()):
+            return False
+        same_tick = steps == 0
+        if bool((first_ranks[1:][same_tick] < first_ranks[:-1][same_tick]).any()):
+            return False
+        ticks = np.concatenate(([0], np.cumsum(~same_tick)))
+        keys = ticks * len(self.strings) + self.targets[lines]
+        return len(np.unique(keys)) == len(keys)
+
+    def _names(self, lines: IntArray) -> tuple[list[str], IntArray]:
+        """The frame's names (sensor and targets, as they first come) and each string's code
+        among them."""
+        both = np.column_stack((self.sensors[lines], self.targets[lines])).ravel()
+        ids, firsts = np.unique(both, return_index=True)
+        ordered = ids[np.argsort(firsts)]
+        codes = np.zeros(len(self.strings), dtype=np.int64)
+        codes[ordered] = np.arange(len(ordered))
+        return [self.strings[at] for at in ordered.tolist()], codes
+
+    def _table(
+        self,
+        group: str,
+        events: tuple[str, ...],
+        shape: _Shape,
+        sensor: int,
+        codes: IntArray,
+        single: bool,
+    ) -> EventsTable:
+        if single:
+            rows, sockets, cpus, values = shape.lines, shape.sockets, shape.cpus, shape.values
+        else:
+            mine = self.sensors[shape.lines] == sensor
+            rows, sockets, cpus = shape.lines[mine], shape.sockets[mine], shape.cpus[mine]
+            values = shape.values[mine]
+        return EventsTable(
+            group,
+            events,
+            self.millis[rows],
+            codes[self.sensors[rows]],
+            codes[self.targets[rows]],
+            sockets,
+            cpus,
+            values,
+        )
 
 
 def decode_json_batch(

@@ -96,6 +96,10 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
             str(ROOT / "docker" / "Dockerfile"),
             "--build-arg",
             f"PYTHON_IMAGE={BASE}",
+            # The same base for the build stage: it has no C compiler, so the image is built
+            # without the C parser of hwpc-sensor's lines, as the Dockerfile allows.
+            "--build-arg",
+            f"BUILD_IMAGE={BASE}",
             "--build-arg",
             "PIP_NO_INDEX=1",
             "-t",

@@ -21,13 +21,24 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.actors.pushers.jsonl import encode_json_lines
-from wattflow.formats import powerapi
+from wattflow.formats import json_frames, powerapi
 from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, expand
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames, encode_power_frame_lines
 from wattflow.formats.reports import HWPCReport, Report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from generate_hwpc import record
+
+
+@pytest.fixture(autouse=True, params=["C parser", "Python only"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test both ways: with the C parser of hwpc-sensor's lines, as wattflow runs where it
+    was built, and without it (the Python way alone), as where no C compiler built it."""
+    assert json_frames.c_parser_built(), "the C parser is built where the tests run"
+    if request.param == "Python only":
+        monkeypatch.setattr(json_frames, "_hwpc_lines", None)
+        assert not json_frames.c_parser_built()
+    return str(request.param)
 
 
 def stream(tmp_path: Path, **shape: Any) -> list[bytes]:
@@ -61,16 +72,20 @@ def by_sensor(reports: list[Report]) -> list[Report]:
 )
 @pytest.mark.parametrize("batch_lines", [1, 7, 50, 10_000])
 def test_frames_stand_for_the_reports_the_lines_decode_to(
-    tmp_path: Path, shape: dict[str, Any], batch_lines: int
+    tmp_path: Path, shape: dict[str, Any], batch_lines: int, decoder: str
 ) -> None:
     """Cut anywhere (mid-tick, before the global report, one line at a time), batch after
-    batch with what the input remembers of its sensors: the same reports, byte for byte."""
+    batch with what the input remembers of its sensors: the same reports, byte for byte. The
+    C parser makes the frames of every batch but a sensor's first when it starts mid-tick."""
     lines = stream(tmp_path, **shape)
     layouts: dict[str, Layout] = {}
     framed: list[Report] = []
     expected: list[Report] = []
+    by_c_parser = batches = 0
     for start in range(0, len(lines), batch_lines):
         batch = lines[start : start + batch_lines]
+        batches += 1
+        by_c_parser += json_frames.compiled_hwpc_frames(batch, dict(layouts)) is not None
         frames = decode_hwpc_frames(batch, layouts)
         assert frames is not None, f"a plain batch at line {start + 1}"
         assert all(len(frame) == len(frame.reports()) for frame in frames)
@@ -80,6 +95,11 @@ def test_frames_stand_for_the_reports_the_lines_decode_to(
         expected += by_sensor(one_by_one(batch))
     assert powerapi.encode_json_lines(framed) == powerapi.encode_json_lines(expected)
     assert sum(len(frame) for frame in decode_hwpc_frames(lines) or []) == len(lines)
+    sensors = len(shape.get("sensors", ("node-1",)))
+    if decoder == "C parser":
+        assert by_c_parser >= batches - sensors
+    else:
+        assert by_c_parser == 0
 
 
 def _change(lines: list[bytes], at: int, change: Any) -> list[bytes]:

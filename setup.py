@@ -1,0 +1,17 @@
+"""The compiled part of wattflow: hwpc-sensor's JSON lines parsed in C (formats/_hwpc_lines.c).
+
+Everything else is declared in pyproject.toml. The extension is optional: where it cannot be
+built (no C compiler), wattflow installs without it and decodes JSON lines in Python only.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "wattflow.formats._hwpc_lines",
+            sources=["formats/_hwpc_lines.c"],
+            optional=True,
+        )
+    ]
+)
