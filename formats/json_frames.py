@@ -148,6 +148,10 @@ class _GroupRows:
         )
 
 
+_LARGEST_ID = 2**63 - 1
+"""The largest socket or cpu number a frame's int64 columns hold."""
+
+
 def _numbers(texts: list[str]) -> IntArray:
     """Socket or cpu keys as the numbers a frame holds; only keys that are their number's text
     (``"0"``, ``"12"``), since the frame writes them back as ``str`` of the number."""
@@ -159,6 +163,8 @@ def _numbers(texts: list[str]) -> IntArray:
             raise _NotPlain("a socket or cpu that is not a number") from None
         if str(number) != text:
             raise _NotPlain("a socket or cpu written another way than its number")
+        if number > _LARGEST_ID:
+            raise _NotPlain("a socket or cpu number beyond 64 bits")
         known[text] = number
     numbers: IntArray = np.fromiter(map(known.__getitem__, texts), dtype=np.int64, count=len(texts))
     return numbers

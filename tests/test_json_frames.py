@@ -115,9 +115,9 @@ def _first_cpu(document: dict[str, Any]) -> dict[str, Any]:
     return cpu
 
 
-def _rename_socket(document: dict[str, Any]) -> None:
+def _rename_socket(document: dict[str, Any], name: str = "00") -> None:
     group = document["groups"]["core"]
-    group["00"] = group.pop("0")
+    group[name] = group.pop("0")
 
 
 CHANGES = {
@@ -132,6 +132,9 @@ CHANGES = {
     "a missing event": lambda lines: _change(lines, 3, lambda d: _first_cpu(d).popitem()),
     "an extra event": lambda lines: _change(lines, 3, lambda d: _first_cpu(d).update(X=1)),
     "a socket written 00": lambda lines: _change(lines, 3, _rename_socket),
+    "a socket number beyond 64 bits": lambda lines: _change(
+        lines, 3, lambda d: _rename_socket(d, str(2**64))
+    ),
     "a timestamp going back": lambda lines: [*lines[:3], lines[0], *lines[4:]],
     "a second report of a target in its tick": lambda lines: [*lines[:4], lines[3], *lines[4:]],
     "a timestamp finer than a millisecond": lambda lines: _change(
