@@ -1,7 +1,8 @@
 """``wattflow check``: one screen saying what works on this machine, and why not where it doesn't.
 
 Each line is a thing the service may need: RAPL through powercap and through perf (what
-hwpc-sensor reads), NVML (what the GPU sampler reads), and every input and output given on
+hwpc-sensor reads), NVML (what the GPU sampler reads), the C parser of hwpc-sensor's JSON lines,
+and every input and output given on
 the command line, contacted as the service would. A line that fails says the reason a user can
 act on (a permission, a missing driver, a refused connection).
 """
@@ -104,6 +105,22 @@ def _perf_event_open(pmu_type: int, config: int) -> int | str:
     return int(fd)
 
 
+def json_decoder() -> Finding:
+    """Whether hwpc-sensor's JSON lines are parsed by wattflow's C parser, or the Python way
+    (about seven times the CPU per line: the live path then takes about twice the CPU)."""
+    from wattflow.formats.json_frames import c_parser_built
+
+    what = "hwpc-sensor JSON decoder"
+    if c_parser_built():
+        return Finding(what, True, "C parser (straight into columns)")
+    return Finding(
+        what,
+        False,
+        "Python only: wattflow was installed where no C compiler built its parser; reinstall "
+        "with gcc and Python's headers (python3-dev) for the faster decoder",
+    )
+
+
 def nvml() -> Finding:
     """NVML through the sampler's own seam (``nvml_api``), and what each GPU offers: under MIG
     the driver gives no per-process utilisation, so power goes per GPU instance where the GPU
@@ -198,11 +215,11 @@ async def backends(argv: Sequence[str]) -> list[Finding]:
 def check_command(argv: Sequence[str], console: Console | None = None) -> int:
     """Print the screen; exit 0 when every configured input and output works, else 1.
 
-    RAPL and NVML lines are information (a GPU-less node has no NVML), so they do not change
-    the exit code; a server that cannot be reached does.
+    RAPL, NVML and decoder lines are information (a GPU-less node has no NVML), so they do not
+    change the exit code; a server that cannot be reached does.
     """
     console = console or Console()
-    machine = [rapl_powercap(), rapl_perf(), nvml()]
+    machine = [rapl_powercap(), rapl_perf(), nvml(), json_decoder()]
     configured = asyncio.run(backends(argv)) if argv else []
     table = Table(title=f"wattflow check on {platform.node()}", show_lines=False)
     table.add_column("")

@@ -50,6 +50,8 @@ def test_check_without_servers_reports_the_machine_and_exits_0() -> None:
     done = wattflow("check")
     assert done.returncode == 0, done.stderr
     assert "NVML" in done.stdout
+    # The test command installs wattflow with a compiler: the C parser is built and named.
+    assert "C parser (straight into columns)" in done.stdout
     bad = wattflow("check", "--output", "nowhere")
     assert bad.returncode == 2
     assert "unknown output 'nowhere'" in bad.stderr

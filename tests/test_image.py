@@ -28,6 +28,9 @@ from .servers import free_port
 pytestmark = pytest.mark.image
 
 BASE = "localhost/wattflow-test-python:bookworm"
+BUILD_BASE = "localhost/wattflow-test-python-build:bookworm"
+"""The build stage's base: the same Python with a C compiler and Python's headers, as
+python:3.11-bookworm has them, so that the wheel is built with wattflow's C parser."""
 IMAGE = "localhost/wattflow:test"
 PODMAN = ["podman", "--runtime", "runc"]
 LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
@@ -41,12 +44,12 @@ def run(*command: str, timeout_s: float = 600) -> subprocess.CompletedProcess[st
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
 
 
-def _base_image(scratch: Path) -> None:
+def _base_image(scratch: Path, name: str, packages: str) -> None:
     """Debian bookworm with Python 3.11 and pip, as python:3.11-slim-bookworm provides them
-    (``python`` and ``pip`` on the path, pip free to install)."""
-    if run("podman", "image", "exists", BASE).returncode == 0:
+    (``python`` and ``pip`` on the path, pip free to install), and ``packages``."""
+    if run("podman", "image", "exists", name).returncode == 0:
         return
-    tarball = scratch / "base.tar"
+    tarball = scratch / f"{name.rsplit('/', 1)[-1].replace(':', '-')}.tar"
     hook = (
         'rm -f "$1"/usr/lib/python3.*/EXTERNALLY-MANAGED; '
         'ln -sf python3 "$1"/usr/bin/python; ln -sf pip3 "$1"/usr/bin/pip; '
@@ -55,13 +58,13 @@ def _base_image(scratch: Path) -> None:
     made = run(
         "mmdebstrap",
         "--variant=minbase",
-        "--include=python3,python3-pip,passwd",
+        f"--include=python3,python3-pip,passwd{packages}",
         f"--customize-hook={hook}",
         "bookworm",
         str(tarball),
     )
     assert made.returncode == 0, made.stderr[-3000:]
-    imported = run("podman", "import", str(tarball), BASE)
+    imported = run("podman", "import", str(tarball), name)
     assert imported.returncode == 0, imported.stderr
 
 
@@ -70,7 +73,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
     """docker/Dockerfile built with podman, offline, on the local base image."""
     scratch = tmp_path_factory.mktemp("image")
     started = time.monotonic()
-    _base_image(scratch)
+    _base_image(scratch, BASE, "")
+    _base_image(scratch, BUILD_BASE, ",python3-dev,gcc,libc6-dev")
     wheelhouse = ROOT / "docker" / "wheelhouse"
     downloaded = run(
         sys.executable,
@@ -96,10 +100,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
             str(ROOT / "docker" / "Dockerfile"),
             "--build-arg",
             f"PYTHON_IMAGE={BASE}",
-            # The same base for the build stage: it has no C compiler, so the image is built
-            # without the C parser of hwpc-sensor's lines, as the Dockerfile allows.
             "--build-arg",
-            f"BUILD_IMAGE={BASE}",
+            f"BUILD_IMAGE={BUILD_BASE}",
             "--build-arg",
             "PIP_NO_INDEX=1",
             "-t",
@@ -122,6 +124,13 @@ def test_the_image_runs_wattflow_as_an_unprivileged_user(image: str) -> None:
     assert user.stdout.strip() == "10001"
     compiler = run(*RUN, "--entrypoint", "sh", image, "-c", "command -v gcc cc || true")
     assert compiler.stdout.strip() == ""
+    parser = run(
+        *RUN, "--entrypoint", "python", image, "-c",
+        "from wattflow.formats.json_frames import c_parser_built; print(c_parser_built())",
+    )  # fmt: skip
+    assert parser.stdout.strip() == "True", "the image decodes with the C parser: " + (
+        parser.stdout + parser.stderr
+    )
     inspected = run("podman", "image", "inspect", image, "--format", "{{.Config.Healthcheck}}")
     assert "/health" in inspected.stdout
 
