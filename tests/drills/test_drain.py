@@ -110,7 +110,9 @@ def stored_powers(server: ServerProcess) -> list[float]:
         rows = query(influx_uri(server), "power", "SELECT * FROM power_consumption")
     except (KeyError, urllib3.exceptions.HTTPError):  # no database yet
         return []
-    return [float(row["power"]) for row in rows]  # type: ignore[arg-type]
+    # A query that runs while a point is being written may see some of its fields and not yet
+    # its power (InfluxDB 1.x stores each field apart): such a row is not stored yet.
+    return [float(row["power"]) for row in rows if row.get("power") is not None]  # type: ignore[arg-type]
 
 
 def test_a_server_killed_mid_run_leaves_every_report_written_or_dead_lettered(
