@@ -37,18 +37,16 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from decode_lines import batches_of, msgspec_way, orjson_way
 from live_socket import sensor_streams
 
 from wattflow.actors.formulas.base import Formula, Output
 from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.formats.frames import Frame, HWPCFrame, PowerFrame
-from wattflow.formats.json_frames import (  # _decode_whole: the frame decoder's own parse
-    _decode_whole,
+from wattflow.formats.json_frames import (
     c_parser_built,
     decode_hwpc_frames,
     encode_power_frame_lines,
@@ -133,7 +131,7 @@ def main() -> int:
 
     streams = sensor_streams(args.sensors, args.containers, args.ticks, args.seed)
     lines = [line for stream in streams for line in stream]
-    batches = [s[at : at + args.batch] for s in streams for at in range(0, len(s), args.batch)]
+    batches = batches_of(streams, args.batch)
     smartwatts = SmartWattsConfig(
         sensor_reports_frequency=1000,
         learn_min_samples_required=10,
@@ -142,24 +140,14 @@ def main() -> int:
     )
     SmartWattsFormula.prepare(smartwatts)
     rapl = RaplConfig(sensor_reports_frequency=1000)
-    loads = orjson.loads
-
-    def parse_orjson() -> None:
-        for line in lines:
-            loads(line)
-
-    def parse_msgspec() -> None:
-        for line in lines:
-            _decode_whole(line)
-
     decoding = f"decode ({'C parser' if c_parser_built() else 'Python way'})"
     rounds: dict[str, list[float]] = {}
     power_rows = 0
     gc.disable()
     try:
         for _ in range(args.repeat):
-            best_cpu_s(rounds, "orjson.loads (the limit)", parse_orjson)
-            best_cpu_s(rounds, "msgspec parse", parse_msgspec)
+            best_cpu_s(rounds, "orjson.loads (the limit)", orjson_way, batches)
+            best_cpu_s(rounds, "msgspec parse", msgspec_way, batches)
             decoded = best_cpu_s(rounds, decoding, decode_all, batches)
             frames = [frame for found in decoded for frame in found]
             parts = best_cpu_s(rounds, "route", route, frames)
