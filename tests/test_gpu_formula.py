@@ -126,8 +126,28 @@ def test_idle_is_learned_from_ticks_without_sm_use() -> None:
         ]
     )
     assert powers_at(out, 0) == {"gpu0": 0.0, "pid:7": pytest.approx(120.0)}
-    assert powers_at(out, 3)["gpu0"] == pytest.approx(35.0)
-    assert powers_at(out, 3)["pid:7"] == pytest.approx(100.0)
+    # Fewer than 6 s of rest so far: idle is their mean.
+    assert powers_at(out, 3)["gpu0"] == pytest.approx(37.5)
+    assert powers_at(out, 3)["pid:7"] == pytest.approx(97.5)
+
+
+def test_learned_idle_is_not_pulled_low_by_the_counter_s_100_ms_steps() -> None:
+    """A GPU resting at 60 W whose counter moves in 6 J steps every 100 ms, read every 20
+    ticks of 104.5 ms: each 2.09 s span holds 20 or 21 steps, so its ticks read 57.4 or
+    60.3 W. Idle is learned as a 6 s mean, within 2 % of 60 W, not as the lowest tick."""
+    period_s, step_j = 0.1045, 6.0
+    reports = []
+    for index in range(400):
+        second = index * period_s
+        energy = step_j * int(second / 0.1) if index % 20 == 0 else None
+        reports.append(tick(second, energy_j=energy, power_w=60.0, util=0))
+    formula = GpuFormula(GpuConfig(), "node-1")
+    out = Output()
+    formula.process(reports, out)
+    device_w = [r.power for r in out.reports if isinstance(r, PowerReport)]
+    assert min(device_w) < 58.0, "no span read low: the case tests nothing"
+    state = formula.devices["0"]
+    assert state.idle_w == pytest.approx(60.0, rel=0.02)
 
 
 def test_power_comes_from_samples_when_there_is_no_counter() -> None:

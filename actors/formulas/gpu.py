@@ -9,11 +9,15 @@ For each device and sampling tick (τ0, τ1]:
    reading); a tick waits for the counter reading that ends its span, within
    ``--gpu-hold-ms``. Without a counter, a tick's power is its reading. The first tick of a
    device with only an energy counter starts its interval.
-2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned: the
-   lowest device power of ticks during which no process used the SMs (per the process windows
-   below, and device utilisation at most ``--gpu-idle-util``), over the last
-   ``--gpu-idle-window`` such ticks. Until the device has rested once, idle counts as 0 W: all
-   of its power is active.
+2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned from the
+   ticks during which no process used the SMs (per the process windows below, and device
+   utilisation at most ``--gpu-idle-util``): the lowest mean power over
+   :data:`IDLE_MEAN_S` of consecutive such ticks, among the last ``--gpu-idle-window`` of
+   them. A mean, not the lowest tick: the counter steps every ~100 ms, so a 2 s span between
+   two of its readings can read up to 5 % low (the next one as much high), and the lowest
+   single tick would carry that error into idle. Until the device has rested once, idle counts
+   as 0 W: all of its power is active; until it has rested :data:`IDLE_MEAN_S`, idle is the
+   mean of the resting ticks so far.
 3. **Active energy** = (device power − idle) × the tick's length, never below zero.
 4. **Per process.** The driver records every ~200 ms which ONE process holds the engine, and
    NVML averages those samples per process over the window since the previous call (a sample
@@ -63,6 +67,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import AliasChoices, Field, PositiveInt
 
 from wattflow.actors.checkpoints import pack_floats, unpack_floats
@@ -83,6 +88,9 @@ MAX_HELD_TICKS = 10_000
 released (its uncovered part to the device's target, counted) whatever ``--gpu-hold-ms`` says."""
 
 MAX_WINDOWS = 10_000
+IDLE_MEAN_S = 6.0
+"""Learned idle is the lowest mean power over this much resting time: three of the NVML
+input's 2 s energy-counter spans, across which the counter's 100 ms steps cancel out to ±2 %."""
 """Process windows a device keeps at most; those no held tick overlaps are dropped first."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -106,7 +114,8 @@ class GpuConfig(FormulaConfig):
         json_schema_extra={"unit": "%"},
     )
     gpu_idle_window: PositiveInt = Field(
-        default=600, description="Idle ticks over which the lowest power is taken as idle."
+        default=600,
+        description="Resting ticks among which idle is learned (their lowest 6 s mean power).",
     )
     gpu_hold_ms: PositiveInt = Field(
         default=3000,
@@ -170,6 +179,8 @@ class _DeviceState:
     """Mean power between the last two counter readings: what a tick with no reading of its
     own gets when released before the counter settles it."""
     idle_readings: deque[float] = field(default_factory=deque)
+    idle_w: float | None = None
+    """Learned idle power from ``idle_readings``; ``None`` until computed again."""
     windows: deque[_Window] = field(default_factory=deque)
     covered_us: int | None = None
     """End of the newest process window: the ticks up to here can be split."""
@@ -350,7 +361,10 @@ class GpuFormula(Formula[GpuConfig]):
             state.idle_readings.append(tick.power_w)
             while len(state.idle_readings) > self.config.gpu_idle_window:
                 state.idle_readings.popleft()
-        return min(state.idle_readings) if state.idle_readings else 0.0
+            state.idle_w = None
+        if state.idle_w is None:
+            state.idle_w = _lowest_mean_w(state.idle_readings, tick.seconds)
+        return state.idle_w
 
     def _shares(self, device: GPUDevice) -> dict[str, float]:
         """SM utilisation per target, processes grouped as configured."""
@@ -571,6 +585,17 @@ def _share(pending: list[_Tick], left_j: float) -> None:
     for tick, weight in zip(pending, weights, strict=True):
         tick.power_w = left_j * weight / total / tick.seconds if total > 0 else 0.0
         tick.settled = True
+
+
+def _lowest_mean_w(readings: deque[float], tick_s: float) -> float:
+    """The lowest mean of :data:`IDLE_MEAN_S` worth of consecutive readings (ticks of
+    ``tick_s``); the mean of them all while there are fewer; 0 W without any."""
+    if not readings:
+        return 0.0
+    run = max(1, min(len(readings), round(IDLE_MEAN_S / tick_s) if tick_s > 0 else 1))
+    sums = np.cumsum(np.fromiter(readings, dtype=np.float64, count=len(readings)))
+    means = (sums[run - 1 :] - np.concatenate(([0.0], sums[:-run]))) / run
+    return float(means.min())
 
 
 def _unsettled_w(tick: _Tick, state: _DeviceState) -> float:
