@@ -172,9 +172,10 @@ def is_canonical(frame: HWPCFrame) -> bool:
     :meth:`~wattflow.formats.frames.HWPCFrame.from_reports` of the frame's reports makes them
     so."""
     codes = [at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
-    used = [t.targets for t in frame.tables if len(t)]
-    if len(np.intersect1d(np.concatenate(used), codes)) > 1 if used else False:
-        return False
+    if len(codes) > 1:  # a tick's global report might then come under two names
+        used = np.concatenate([np.empty(0, np.int64), *(t.targets for t in frame.tables)])
+        if len(np.intersect1d(used, codes)) > 1:
+            return False
     for table in frame.tables:
         if not len(table):
             continue
@@ -384,9 +385,9 @@ def global_sockets(
     msr_tick = place[index.row_report[role.msr.group]] if role.msr is not None else none
     rapl_tick = place[index.row_report[role.rapl.group]] if role.rapl is not None else none
     reasons: list[str | None] = [None] * ticks
-    for tick in np.setdiff1d(np.arange(ticks), rapl_tick).tolist():
+    for tick in _without(ticks, rapl_tick):
         reasons[tick] = RAPL_MISSING
-    for tick in np.setdiff1d(np.arange(ticks), msr_tick).tolist():
+    for tick in _without(ticks, msr_tick):
         reasons[tick] = MSR_MISSING
     if role.rapl is None or role.msr is None:
         return Sockets(none, {}, np.zeros((ticks, 0), dtype=np.int64), reasons)
@@ -417,6 +418,23 @@ def global_sockets(
     )
 
 
+def _firsts(keys: IntArray) -> tuple[IntArray, IntArray]:
+    """``np.unique(keys, return_index=True)``, at once for keys already rising, as a canonical
+    frame's slots are."""
+    if bool((keys[1:] > keys[:-1]).all()):
+        return keys, np.arange(len(keys))
+    found: tuple[IntArray, IntArray] = np.unique(keys, return_index=True)
+    return found
+
+
+def _without(ticks: int, places: IntArray) -> list[int]:
+    """The places from 0 to ``ticks`` that ``places`` (-1: none) does not hold."""
+    held = np.zeros(ticks + 1, dtype=np.bool_)
+    held[places] = True  # -1 marks the spare last entry
+    missing: list[int] = np.flatnonzero(~held[:ticks]).tolist()
+    return missing
+
+
 def _slots(table: EventsTable, rows: IntArray, tick: IntArray, position: dict[int, int]) -> _Slots:
     place = _positions(table.sockets[rows], position)
     return _Slots(rows, tick, np.where(place >= 0, tick * len(position) + place, -1))
@@ -434,7 +452,7 @@ def _energy(
             continue
         values = rapl.values[slots.rows, column]
         given = ~np.isnan(values) if values.dtype.kind == "f" else np.ones(len(values), np.bool_)
-        slot, first = np.unique(slots.slot[given], return_index=True)
+        slot, first = _firsts(slots.slot[given])
         rows = slots.rows[given][first]
         found = np.full(size, np.nan)
         found[slot] = values[given][first]
@@ -474,14 +492,15 @@ def _frequency(
     sums = np.zeros((len(given), 2))
     if len(rows):
         starts = run_starts(slot)
-        sums[slot[starts]] = ordered_sums(pair, starts, exact=_exact(pair, starts))
+        sums[slot[starts]] = ordered_sums(pair, starts, exact=_exact(pair))
     present = np.zeros(len(given), dtype=np.bool_)
     present[slot] = True
-    ids = np.tile(sockets, len(given) // max(len(sockets), 1))
     for at in np.flatnonzero(given & ~present).tolist():
-        faults.append((1, at, 0, f"global report without msr counters for socket {ids[at]}"))
+        socket = sockets[at % len(sockets)]
+        faults.append((1, at, 0, f"global report without msr counters for socket {socket}"))
     for at in np.flatnonzero(given & present & (sums[:, 1] <= 0)).tolist():
-        reason = f"MPERF is zero on socket {ids[at]}: the package frequency is unknown"
+        socket = sockets[at % len(sockets)]
+        reason = f"MPERF is zero on socket {socket}: the package frequency is unknown"
         faults.append((3, at, 0, reason))
     frequency = np.zeros(len(given), dtype=np.int64)
     ok = sums[:, 1] > 0
@@ -509,9 +528,8 @@ def _frame_ticks(
     core = role.core
     assert core is not None  # the ticks have targets
     row_tick = report_tick[index.row_report[core.group]]
-    chosen = row_tick >= 0
     position = {int(socket): at for at, socket in enumerate(found.sockets.tolist())}
-    rows = _features(core.where(chosen), row_tick[chosen], position, not timing.compat)
+    rows = _features(core, row_tick, position, not timing.compat)
     blocks = _blocks(rows, len(estimable), len(position))
     return FrameTicks(
         millis=ticks[estimable],
@@ -538,6 +556,9 @@ class TargetRows(NamedTuple):
     """The features' names, sorted."""
     counts: FloatArray
     """(rows, events): one target's counters on one socket, summed over its cpus."""
+    exact: bool
+    """Whether sums of the counts are exact in floats whatever their order (see
+    :func:`ordered_sums`)."""
     target_codes: IntArray
     """Each row's target, a code into the frame's names."""
     tick_of_row: IntArray
@@ -554,21 +575,27 @@ class TargetBlocks(NamedTuple):
 
 
 def _features(
-    core: EventsTable, tick: IntArray, position: dict[int, int], scale_multiplexed: bool
+    core: EventsTable, row_tick: IntArray, position: dict[int, int], scale_multiplexed: bool
 ) -> TargetRows:
     """Every target's counters per socket, summed over its cpus (an event a cpu lacks counts
-    0), a multiplexed cpu's scaled by time_enabled/time_running first."""
+    0), a multiplexed cpu's scaled by time_enabled/time_running first; only the rows of the
+    ticks to estimate (``row_tick`` ≥ 0) count."""
     events = tuple(sorted(e for e in core.events if e not in TIME_EVENTS))
+    chosen = row_tick >= 0
+    core, tick = core.where(chosen), row_tick[chosen]
     values = core.values[:, [core.events.index(e) for e in events]].astype(np.float64)
-    values[np.isnan(values)] = 0.0
+    whole = core.values.dtype.kind != "f"
+    if not whole:
+        values[np.isnan(values)] = 0.0
     scaled = (
         scale_multiplexed and set(TIME_EVENTS) <= set(core.events) and _unmultiplex(core, values)
     )
+    exact = not scaled and _exact(values, whole=whole)
     if not len(core):
         empty = np.empty(0, dtype=np.int64)
-        return TargetRows(events, np.empty((0, len(events))), empty, empty, empty)
+        return TargetRows(events, np.empty((0, len(events))), exact, empty, empty, empty)
     starts = run_starts(tick, core.targets, core.sockets)
-    sums = ordered_sums(values, starts, exact=not scaled and _exact(values, starts))
+    sums = ordered_sums(values, starts, exact=exact)
     segment_tick = tick[starts]
     segment_target = core.targets[starts]
     socket_of = _positions(core.sockets[starts], position)
@@ -576,22 +603,20 @@ def _features(
     return TargetRows(
         events,
         np.ascontiguousarray(sums[order]),
+        exact,
         segment_target[order],
         segment_tick[order],
         socket_of[order],
     )
 
 
-def _exact(values: FloatArray, starts: IntArray) -> bool:
-    """Whether the runs' sums are exact in floats whatever the order: integers whose sums stay
-    under 2**52."""
+def _exact(values: FloatArray, *, whole: bool = False) -> bool:
+    """Whether sums of any of the rows are exact in floats whatever the order: integers (as
+    ``whole`` says they are, or as found) whose sum stays under 2**52 whatever the rows."""
     if not len(values):
         return True
-    longest = int(np.diff(np.append(starts, len(values))).max())
-    return (
-        bool((values == np.floor(values)).all())
-        and float(np.abs(values).max()) * (longest + 1) < 2**52
-    )
+    integers = whole or bool((values == np.floor(values)).all())
+    return integers and float(np.abs(values).max()) * (len(values) + 1) < 2**52
 
 
 def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
@@ -633,7 +658,7 @@ def _blocks(rows: TargetRows, ticks: int, sockets: int) -> TargetBlocks:
     filled = block_stop > block_start
     if len(rows.counts):
         starts = block_start[filled].reshape(-1)
-        global_counts[filled] = ordered_sums(rows.counts, starts, exact=_exact(rows.counts, starts))
+        global_counts[filled] = ordered_sums(rows.counts, starts, exact=rows.exact)
     return TargetBlocks(block_start, block_stop, global_counts)
 
 
