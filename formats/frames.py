@@ -307,6 +307,8 @@ class HWPCFrame(Frame):
     def after(self, millis: int) -> tuple[HWPCFrame | None, HWPCFrame | None]:
         """The ticks up to ``millis`` and those after it, either ``None`` when empty."""
         cuts = [int(np.searchsorted(t.millis, millis, side="right")) for t in self.tables]
+        if not any(cuts) and self.originals is None:  # all of it after millis, as it is
+            return None, (self if any(len(t) for t in self.tables) else None)
         upto = [t.rows(0, cut) for t, cut in zip(self.tables, cuts, strict=True)]
         later = [t.rows(cut, len(t)) for t, cut in zip(self.tables, cuts, strict=True)]
         # The later part keeps only its own reports: a formula holds it while more ticks come.

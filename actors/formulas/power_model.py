@@ -429,7 +429,7 @@ def _solve_ridge_nnls(
     if previous is not None and len(previous) == size:
         target = target + ridge * previous * scale
     lower = np.linalg.cholesky(system)
-    solution, _ = nnls(lower.T, solve_triangular(lower, target, lower=True))
+    solution, _ = nnls(lower.T, solve_triangular(lower, target, lower=True, check_finite=False))
     return np.asarray(solution / scale, dtype=np.float64)
 
 

@@ -97,8 +97,8 @@ class Roles(NamedTuple):
     rapl: EventsTable | None
     msr: EventsTable | None
     core: EventsTable | None
-    global_codes: IntArray
-    """The codes of the names of the whole-machine report ('all', 'system')."""
+    is_global: Bools
+    """Per name code: whether it names the whole-machine report ('all', 'system')."""
 
 
 class ReportIndex(NamedTuple):
@@ -129,16 +129,16 @@ def roles(frame: HWPCFrame) -> Roles:
     RAPL energy, the first that holds APERF and MPERF, and the only one holding targets' rows
     (PowerAPI's CSV input names each group after its file)."""
     tables = {table.group: table for table in frame.tables}
-    codes = np.array([at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS])
+    is_global = np.array([name in GLOBAL_TARGETS for name in frame.names], dtype=np.bool_)
     rapl = tables.get("rapl") or _first(
         frame, lambda t: any(e.startswith(RAPL_EVENT_PREFIX) for e in t.events)
     )
     msr = tables.get("msr") or _first(frame, lambda t: {"APERF", "MPERF"} <= set(t.events))
     core = tables.get("core")
     if core is None:
-        holding = [t for t in frame.tables if not bool(np.isin(t.targets, codes).all())]
+        holding = [t for t in frame.tables if not bool(is_global[t.targets].all())]
         core = holding[0] if len(holding) == 1 else None
-    return Roles(rapl, msr, core, codes.astype(np.int64))
+    return Roles(rapl, msr, core, is_global)
 
 
 def _first(frame: HWPCFrame, holds: Callable[[EventsTable], bool]) -> EventsTable | None:
@@ -197,7 +197,7 @@ def assemble(frame: HWPCFrame, timing: Timing) -> Assembly:
     the reason; those absorbed; and the arrays of the ticks left to estimate."""
     role = roles(frame)
     index = index_reports(frame)
-    is_global = np.isin(index.targets, role.global_codes)
+    is_global = role.is_global[index.targets]
     reasons = _target_reasons(frame, role, index, is_global)
     alive = np.ones(len(index.millis), dtype=np.bool_)
     alive[list(reasons)] = False
@@ -578,11 +578,10 @@ def _features(
     core: EventsTable, row_tick: IntArray, position: dict[int, int], scale_multiplexed: bool
 ) -> TargetRows:
     """Every target's counters per socket, summed over its cpus (an event a cpu lacks counts
-    0), a multiplexed cpu's scaled by time_enabled/time_running first; only the rows of the
-    ticks to estimate (``row_tick`` ≥ 0) count."""
+    0), a multiplexed cpu's scaled by time_enabled/time_running first; of the reports to
+    estimate, those whose rows have a tick (``row_tick`` ≥ 0). Every report is summed (a
+    report's sums do not depend on the others'), and those left out dropped after."""
     events = tuple(sorted(e for e in core.events if e not in TIME_EVENTS))
-    chosen = row_tick >= 0
-    core, tick = core.where(chosen), row_tick[chosen]
     values = core.values[:, [core.events.index(e) for e in events]].astype(np.float64)
     whole = core.values.dtype.kind != "f"
     if not whole:
@@ -594,9 +593,9 @@ def _features(
     if not len(core):
         empty = np.empty(0, dtype=np.int64)
         return TargetRows(events, np.empty((0, len(events))), exact, empty, empty, empty)
-    starts = run_starts(tick, core.targets, core.sockets)
+    starts = run_starts(core.millis, core.targets, core.sockets)
     sums = ordered_sums(values, starts, exact=exact)
-    segment_tick = tick[starts]
+    segment_tick = row_tick[starts]
     segment_target = core.targets[starts]
     socket_of = _positions(core.sockets[starts], position)
     order = _read_order(segment_tick, segment_target, socket_of)
@@ -637,12 +636,12 @@ def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
 
 def _read_order(segment_tick: IntArray, segment_target: IntArray, socket_of: IntArray) -> IntArray:
     """The segments by tick, socket, then the place of the target's first row in its tick;
-    those on a socket without RAPL rows (``socket_of`` -1) left out."""
+    those without a tick or on a socket without RAPL rows (-1) left out."""
     width = int(segment_target.max()) + 1
     pair = segment_tick * width + segment_target
     reports, first_segment = np.unique(pair, return_index=True)
     rank = first_segment[np.searchsorted(reports, pair)]
-    known = socket_of >= 0
+    known = (socket_of >= 0) & (segment_tick >= 0)
     order: IntArray = np.lexsort((rank, socket_of, segment_tick))
     kept: IntArray = order[known[order]]
     return kept
