@@ -404,18 +404,28 @@ def global_sockets(
     mine = np.flatnonzero(msr_tick >= 0)
     msr_slots = _slots(role.msr, mine, msr_tick[mine], position)
     frequency = _frequency(frame, role.msr, msr_slots, given, sockets, base_frequency, faults)
-    first_row = np.full(size, len(rapl), dtype=np.int64)
-    np.minimum.at(first_row, slots.slot, slots.rows)
-    for _, _, slot, _, reason in sorted((first_row[f[1]], f[0], f[1], f[2], f[3]) for f in faults):
-        tick = slot // len(sockets)
-        if reasons[tick] is None:
-            reasons[tick] = reason
+    if faults:
+        _first_faults(reasons, faults, slots, size, len(rapl))
     return Sockets(
         sockets,
         {event: found.reshape(ticks, len(sockets)) for event, found in energy.items()},
         frequency.reshape(ticks, len(sockets)),
         reasons,
     )
+
+
+def _first_faults(
+    reasons: list[str | None], faults: list[Fault], slots: _Slots, size: int, rows: int
+) -> None:
+    """Each tick's first fault as its reason, unless it has one: socket after socket in the
+    order of their RAPL rows (of ``rows``), then by kind."""
+    first_row = np.full(size, rows, dtype=np.int64)
+    np.minimum.at(first_row, slots.slot, slots.rows)
+    sockets = size // len(reasons)
+    for _, _, slot, _, reason in sorted((first_row[f[1]], *f) for f in faults):
+        tick = slot // sockets
+        if reasons[tick] is None:
+            reasons[tick] = reason
 
 
 def _firsts(keys: IntArray) -> tuple[IntArray, IntArray]:
