@@ -774,9 +774,9 @@ class Estimates:
         scopes (the global report, then the targets), and its FormulaReport."""
         if not self.done:
             return []
-        done = EstimateColumns(*map(np.array, zip(*self.done, strict=True)))
-        order = np.lexsort((done.scope_at, done.socket_at, done.tick)).tolist()
-        columns = EstimateColumns(*(column[order] for column in done))
+        done = self.done
+        order = sorted(range(len(done)), key=lambda at: done[at][:3])  # tick, socket, scope
+        columns = EstimateColumns(*map(np.array, zip(*(done[at] for at in order), strict=True)))
         described = [self.described[at] for at in order]
         return [
             self._power_frame(frame, columns, self._shares(columns)),
