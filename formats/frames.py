@@ -307,6 +307,8 @@ class HWPCFrame(Frame):
     def after(self, millis: int) -> tuple[HWPCFrame | None, HWPCFrame | None]:
         """The ticks up to ``millis`` and those after it, either ``None`` when empty."""
         cuts = [int(np.searchsorted(t.millis, millis, side="right")) for t in self.tables]
+        if not any(cuts) and self.originals is None:  # all of it after millis, as it is
+            return None, (self if any(len(t) for t in self.tables) else None)
         upto = [t.rows(0, cut) for t, cut in zip(self.tables, cuts, strict=True)]
         later = [t.rows(cut, len(t)) for t, cut in zip(self.tables, cuts, strict=True)]
         # The later part keeps only its own reports: a formula holds it while more ticks come.
@@ -610,7 +612,9 @@ class FormulaFrame(Frame):
     """FormulaReports kept as the few values they are built from, built only when asked for.
 
     SmartWatts describes its model on every estimate; most deployments write no FormulaReports,
-    so building them for every tick would be work thrown away.
+    so building them for every tick would be work thrown away. So would formatting its
+    coefficients: a value that is a numpy array stands for numpy's text of it (``str``), made
+    once per array when the reports are built.
     """
 
     kind: ClassVar[str] = FormulaReport.kind
@@ -631,15 +635,28 @@ class FormulaFrame(Frame):
     def reports(self) -> list[Report]:
         keys = self.keys
         timestamps = _Timestamps()
+        texts: dict[int, str] = {}
         return [
             FormulaReport.trusted(
                 timestamp=timestamps.of(millis),
                 sensor=self.sensor,
                 target=target,
-                metadata=dict(zip(keys, values, strict=True)),
+                metadata={
+                    key: _text(value, texts) for key, value in zip(keys, values, strict=True)
+                },
             )
             for millis, target, values in self.rows
         ]
+
+
+def _text(value: Any, texts: dict[int, str]) -> Any:
+    """A FormulaFrame's value as its report holds it: an array as its text, made once."""
+    if not isinstance(value, np.ndarray):
+        return value
+    found = texts.get(id(value))
+    if found is None:
+        found = texts[id(value)] = str(value)
+    return found
 
 
 class _Timestamps:

@@ -53,7 +53,6 @@ class PowerModel:
 
     __slots__ = (
         "coef",
-        "coef_text",
         "compat",
         "errors",
         "events",
@@ -87,7 +86,6 @@ class PowerModel:
         self.sorted_errors: list[float] | None = []
         """The error window in order, kept as errors come and go (``None`` after a NaN)."""
         self.coef: FloatArray | None = None
-        self.coef_text = ""
         self.intercept = 0.0
         self.hash = "uninitialized"
         self.id = 0
@@ -201,7 +199,6 @@ class PowerModel:
         if not 0.0 <= intercept < max_intercept_w or not (self.compat or coef.any()):
             return False
         self.coef = coef
-        self.coef_text = str(coef)  # as SmartWatts writes it; formatting it per tick is slow
         self.intercept = intercept
         self.id += 1
         digest = hashlib.sha1(usedforsecurity=False)
@@ -218,7 +215,7 @@ class PowerModel:
             "powers": pack_floats(list(self.powers)),
             "errors": pack_floats(list(self.errors)),
             "coef": pack_floats(self.coef),
-            "coef_text": self.coef_text,
+            "coef_text": "" if self.coef is None else str(self.coef),
             "intercept": self.intercept,
             "hash": self.hash,
             "id": self.id,
@@ -237,7 +234,6 @@ class PowerModel:
         errors = list(self.errors)
         self.sorted_errors = None if any(map(math.isnan, errors)) else sorted(errors)
         self.coef = unpack_floats(state["coef"])
-        self.coef_text = state["coef_text"]
         self.intercept = float(state["intercept"])
         self.hash = state["hash"]
         self.id = int(state["id"])
@@ -433,7 +429,7 @@ def _solve_ridge_nnls(
     if previous is not None and len(previous) == size:
         target = target + ridge * previous * scale
     lower = np.linalg.cholesky(system)
-    solution, _ = nnls(lower.T, solve_triangular(lower, target, lower=True))
+    solution, _ = nnls(lower.T, solve_triangular(lower, target, lower=True, check_finite=False))
     return np.asarray(solution / scale, dtype=np.float64)
 
 

@@ -484,8 +484,8 @@ def _reports_in_both(first: HWPCFrame, later: HWPCFrame, millis: int) -> bool:
     """Whether both frames hold a report of the same target (or a global report) at ``millis``."""
 
     def targets(frame: HWPCFrame) -> set[str]:
-        codes = np.unique(np.concatenate([t.targets[t.millis == millis] for t in frame.tables]))
-        return {"" if (n := frame.names[c]) in GLOBAL_TARGETS else n for c in codes.tolist()}
+        codes = set(np.concatenate([t.targets[t.millis == millis] for t in frame.tables]).tolist())
+        return {"" if (n := frame.names[c]) in GLOBAL_TARGETS else n for c in codes}
 
     return bool(targets(first) & targets(later))
 
@@ -517,7 +517,8 @@ class Estimate(NamedTuple):
     scope_at: int
     """The scope's place in the formula's scopes."""
     coef_code: int
-    """The predicting model's coefficients: their place in :attr:`Estimates.coefs`."""
+    """The predicting model's coefficients: their place in their scope's
+    :attr:`Estimates.coefs`."""
     rapl_power_w: float
     hash_code: int
     """The predicting model's hash: its place in :attr:`Estimates.hashes`."""
@@ -615,8 +616,8 @@ class Estimates:
         self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
         self.millis = ticks.millis.tolist()
         self.done: list[Estimate] = []
-        self.coefs: list[FloatArray] = []
-        """The coefficients the estimates used, each model's once."""
+        self.coefs: list[list[FloatArray]] = [[] for _ in formula.scopes]
+        """The coefficients the estimates of each scope used, each model's once."""
         self.hashes: list[str] = []
         self.hash_codes: dict[str, int] = {}
         self.described: list[tuple[int, str, tuple[Any, ...]]] = []
@@ -721,12 +722,13 @@ class Estimates:
         assert coef is not None
         known = steps.coef_power.get(id(coef))
         if known is None or tick - known.first >= len(known.dynamic_w):
-            code = len(self.coefs) if known is None else known.coef_code
+            coefs = self.coefs[steps.scope_at]
+            code = len(coefs) if known is None else known.coef_code
             stop = tick + PREDICTED_AHEAD
             dynamic_w = dynamic_power(steps.features[tick:stop], coef).tolist()
             known = steps.coef_power[id(coef)] = CoefPower(code, tick, dynamic_w)
-            if code == len(self.coefs):
-                self.coefs.append(coef)
+            if code == len(coefs):
+                coefs.append(coef)
         return known
 
     def _hash_code(self, model_hash: str) -> int:
@@ -772,9 +774,9 @@ class Estimates:
         scopes (the global report, then the targets), and its FormulaReport."""
         if not self.done:
             return []
-        done = EstimateColumns(*map(np.array, zip(*self.done, strict=True)))
-        order = np.lexsort((done.scope_at, done.socket_at, done.tick)).tolist()
-        columns = EstimateColumns(*(column[order] for column in done))
+        done = self.done
+        order = sorted(range(len(done)), key=lambda at: done[at][:3])  # tick, socket, scope
+        columns = EstimateColumns(*map(np.array, zip(*(done[at] for at in order), strict=True)))
         described = [self.described[at] for at in order]
         return [
             self._power_frame(frame, columns, self._shares(columns)),
@@ -805,8 +807,7 @@ class Estimates:
                     columns.tick[estimate][mine], columns.socket_at[estimate][mine]
                 ]
                 features = frequency_features(features, frequency, self.formula.base_frequency)
-            used, at = np.unique(columns.coef_code[estimate][mine], return_inverse=True)
-            coef = np.array([self.coefs[code] for code in used.tolist()])[at.reshape(-1)]
+            coef = np.array(self.coefs[scope_at])[columns.coef_code[estimate][mine]]
             dynamic[mine] = dynamic_power(features, coef)
         dynamic_global = columns.global_dynamic_w[estimate]
         shared = (dynamic_global > 0.0) & (dynamic > 0.0)
@@ -885,7 +886,9 @@ def model_description(
     error_w: float,
 ) -> tuple[Any, ...]:
     """A FormulaReport's metadata values, in :data:`FORMULA_KEYS`' order: the model as a
-    step left it, and that step's frequency layer, package frequency and error."""
+    step left it, and that step's frequency layer, package frequency and error. The
+    coefficients stay an array, which the report writes as SmartWatts does (numpy's text of
+    it), formatted only if a FormulaReport is built (:class:`FormulaFrame`)."""
     return (
         scope,
         socket,
@@ -895,5 +898,5 @@ def model_description(
         model.id,
         error_w,
         model.intercept,
-        model.coef_text,
+        model.coef,
     )

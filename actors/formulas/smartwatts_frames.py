@@ -97,8 +97,8 @@ class Roles(NamedTuple):
     rapl: EventsTable | None
     msr: EventsTable | None
     core: EventsTable | None
-    global_codes: IntArray
-    """The codes of the names of the whole-machine report ('all', 'system')."""
+    is_global: Bools
+    """Per name code: whether it names the whole-machine report ('all', 'system')."""
 
 
 class ReportIndex(NamedTuple):
@@ -129,16 +129,16 @@ def roles(frame: HWPCFrame) -> Roles:
     RAPL energy, the first that holds APERF and MPERF, and the only one holding targets' rows
     (PowerAPI's CSV input names each group after its file)."""
     tables = {table.group: table for table in frame.tables}
-    codes = np.array([at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS])
+    is_global = np.array([name in GLOBAL_TARGETS for name in frame.names], dtype=np.bool_)
     rapl = tables.get("rapl") or _first(
         frame, lambda t: any(e.startswith(RAPL_EVENT_PREFIX) for e in t.events)
     )
     msr = tables.get("msr") or _first(frame, lambda t: {"APERF", "MPERF"} <= set(t.events))
     core = tables.get("core")
     if core is None:
-        holding = [t for t in frame.tables if not bool(np.isin(t.targets, codes).all())]
+        holding = [t for t in frame.tables if not bool(is_global[t.targets].all())]
         core = holding[0] if len(holding) == 1 else None
-    return Roles(rapl, msr, core, codes.astype(np.int64))
+    return Roles(rapl, msr, core, is_global)
 
 
 def _first(frame: HWPCFrame, holds: Callable[[EventsTable], bool]) -> EventsTable | None:
@@ -172,9 +172,10 @@ def is_canonical(frame: HWPCFrame) -> bool:
     :meth:`~wattflow.formats.frames.HWPCFrame.from_reports` of the frame's reports makes them
     so."""
     codes = [at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
-    used = [t.targets for t in frame.tables if len(t)]
-    if len(np.intersect1d(np.concatenate(used), codes)) > 1 if used else False:
-        return False
+    if len(codes) > 1:  # a tick's global report might then come under two names
+        used = np.concatenate([np.empty(0, np.int64), *(t.targets for t in frame.tables)])
+        if len(np.intersect1d(used, codes)) > 1:
+            return False
     for table in frame.tables:
         if not len(table):
             continue
@@ -196,7 +197,7 @@ def assemble(frame: HWPCFrame, timing: Timing) -> Assembly:
     the reason; those absorbed; and the arrays of the ticks left to estimate."""
     role = roles(frame)
     index = index_reports(frame)
-    is_global = np.isin(index.targets, role.global_codes)
+    is_global = role.is_global[index.targets]
     reasons = _target_reasons(frame, role, index, is_global)
     alive = np.ones(len(index.millis), dtype=np.bool_)
     alive[list(reasons)] = False
@@ -384,9 +385,9 @@ def global_sockets(
     msr_tick = place[index.row_report[role.msr.group]] if role.msr is not None else none
     rapl_tick = place[index.row_report[role.rapl.group]] if role.rapl is not None else none
     reasons: list[str | None] = [None] * ticks
-    for tick in np.setdiff1d(np.arange(ticks), rapl_tick).tolist():
+    for tick in _without(ticks, rapl_tick):
         reasons[tick] = RAPL_MISSING
-    for tick in np.setdiff1d(np.arange(ticks), msr_tick).tolist():
+    for tick in _without(ticks, msr_tick):
         reasons[tick] = MSR_MISSING
     if role.rapl is None or role.msr is None:
         return Sockets(none, {}, np.zeros((ticks, 0), dtype=np.int64), reasons)
@@ -403,18 +404,45 @@ def global_sockets(
     mine = np.flatnonzero(msr_tick >= 0)
     msr_slots = _slots(role.msr, mine, msr_tick[mine], position)
     frequency = _frequency(frame, role.msr, msr_slots, given, sockets, base_frequency, faults)
-    first_row = np.full(size, len(rapl), dtype=np.int64)
-    np.minimum.at(first_row, slots.slot, slots.rows)
-    for _, _, slot, _, reason in sorted((first_row[f[1]], f[0], f[1], f[2], f[3]) for f in faults):
-        tick = slot // len(sockets)
-        if reasons[tick] is None:
-            reasons[tick] = reason
+    if faults:
+        _first_faults(reasons, faults, slots, size, len(rapl))
     return Sockets(
         sockets,
         {event: found.reshape(ticks, len(sockets)) for event, found in energy.items()},
         frequency.reshape(ticks, len(sockets)),
         reasons,
     )
+
+
+def _first_faults(
+    reasons: list[str | None], faults: list[Fault], slots: _Slots, size: int, rows: int
+) -> None:
+    """Each tick's first fault as its reason, unless it has one: socket after socket in the
+    order of their RAPL rows (of ``rows``), then by kind."""
+    first_row = np.full(size, rows, dtype=np.int64)
+    np.minimum.at(first_row, slots.slot, slots.rows)
+    sockets = size // len(reasons)
+    for _, _, slot, _, reason in sorted((first_row[f[1]], *f) for f in faults):
+        tick = slot // sockets
+        if reasons[tick] is None:
+            reasons[tick] = reason
+
+
+def _firsts(keys: IntArray) -> tuple[IntArray, IntArray]:
+    """``np.unique(keys, return_index=True)``, at once for keys already rising, as a canonical
+    frame's slots are."""
+    if bool((keys[1:] > keys[:-1]).all()):
+        return keys, np.arange(len(keys))
+    found: tuple[IntArray, IntArray] = np.unique(keys, return_index=True)
+    return found
+
+
+def _without(ticks: int, places: IntArray) -> list[int]:
+    """The places from 0 to ``ticks`` that ``places`` (-1: none) does not hold."""
+    held = np.zeros(ticks + 1, dtype=np.bool_)
+    held[places] = True  # -1 marks the spare last entry
+    missing: list[int] = np.flatnonzero(~held[:ticks]).tolist()
+    return missing
 
 
 def _slots(table: EventsTable, rows: IntArray, tick: IntArray, position: dict[int, int]) -> _Slots:
@@ -434,7 +462,7 @@ def _energy(
             continue
         values = rapl.values[slots.rows, column]
         given = ~np.isnan(values) if values.dtype.kind == "f" else np.ones(len(values), np.bool_)
-        slot, first = np.unique(slots.slot[given], return_index=True)
+        slot, first = _firsts(slots.slot[given])
         rows = slots.rows[given][first]
         found = np.full(size, np.nan)
         found[slot] = values[given][first]
@@ -474,14 +502,15 @@ def _frequency(
     sums = np.zeros((len(given), 2))
     if len(rows):
         starts = run_starts(slot)
-        sums[slot[starts]] = ordered_sums(pair, starts, exact=_exact(pair, starts))
+        sums[slot[starts]] = ordered_sums(pair, starts, exact=_exact(pair))
     present = np.zeros(len(given), dtype=np.bool_)
     present[slot] = True
-    ids = np.tile(sockets, len(given) // max(len(sockets), 1))
     for at in np.flatnonzero(given & ~present).tolist():
-        faults.append((1, at, 0, f"global report without msr counters for socket {ids[at]}"))
+        socket = sockets[at % len(sockets)]
+        faults.append((1, at, 0, f"global report without msr counters for socket {socket}"))
     for at in np.flatnonzero(given & present & (sums[:, 1] <= 0)).tolist():
-        reason = f"MPERF is zero on socket {ids[at]}: the package frequency is unknown"
+        socket = sockets[at % len(sockets)]
+        reason = f"MPERF is zero on socket {socket}: the package frequency is unknown"
         faults.append((3, at, 0, reason))
     frequency = np.zeros(len(given), dtype=np.int64)
     ok = sums[:, 1] > 0
@@ -509,9 +538,8 @@ def _frame_ticks(
     core = role.core
     assert core is not None  # the ticks have targets
     row_tick = report_tick[index.row_report[core.group]]
-    chosen = row_tick >= 0
     position = {int(socket): at for at, socket in enumerate(found.sockets.tolist())}
-    rows = _features(core.where(chosen), row_tick[chosen], position, not timing.compat)
+    rows = _features(core, row_tick, position, not timing.compat)
     blocks = _blocks(rows, len(estimable), len(position))
     return FrameTicks(
         millis=ticks[estimable],
@@ -538,6 +566,9 @@ class TargetRows(NamedTuple):
     """The features' names, sorted."""
     counts: FloatArray
     """(rows, events): one target's counters on one socket, summed over its cpus."""
+    exact: bool
+    """Whether sums of the counts are exact in floats whatever their order (see
+    :func:`ordered_sums`)."""
     target_codes: IntArray
     """Each row's target, a code into the frame's names."""
     tick_of_row: IntArray
@@ -554,44 +585,47 @@ class TargetBlocks(NamedTuple):
 
 
 def _features(
-    core: EventsTable, tick: IntArray, position: dict[int, int], scale_multiplexed: bool
+    core: EventsTable, row_tick: IntArray, position: dict[int, int], scale_multiplexed: bool
 ) -> TargetRows:
     """Every target's counters per socket, summed over its cpus (an event a cpu lacks counts
-    0), a multiplexed cpu's scaled by time_enabled/time_running first."""
+    0), a multiplexed cpu's scaled by time_enabled/time_running first; of the reports to
+    estimate, those whose rows have a tick (``row_tick`` ≥ 0). Every report is summed (a
+    report's sums do not depend on the others'), and those left out dropped after."""
     events = tuple(sorted(e for e in core.events if e not in TIME_EVENTS))
     values = core.values[:, [core.events.index(e) for e in events]].astype(np.float64)
-    values[np.isnan(values)] = 0.0
+    whole = core.values.dtype.kind != "f"
+    if not whole:
+        values[np.isnan(values)] = 0.0
     scaled = (
         scale_multiplexed and set(TIME_EVENTS) <= set(core.events) and _unmultiplex(core, values)
     )
+    exact = not scaled and _exact(values, whole=whole)
     if not len(core):
         empty = np.empty(0, dtype=np.int64)
-        return TargetRows(events, np.empty((0, len(events))), empty, empty, empty)
-    starts = run_starts(tick, core.targets, core.sockets)
-    sums = ordered_sums(values, starts, exact=not scaled and _exact(values, starts))
-    segment_tick = tick[starts]
+        return TargetRows(events, np.empty((0, len(events))), exact, empty, empty, empty)
+    starts = run_starts(core.millis, core.targets, core.sockets)
+    sums = ordered_sums(values, starts, exact=exact)
+    segment_tick = row_tick[starts]
     segment_target = core.targets[starts]
     socket_of = _positions(core.sockets[starts], position)
     order = _read_order(segment_tick, segment_target, socket_of)
     return TargetRows(
         events,
         np.ascontiguousarray(sums[order]),
+        exact,
         segment_target[order],
         segment_tick[order],
         socket_of[order],
     )
 
 
-def _exact(values: FloatArray, starts: IntArray) -> bool:
-    """Whether the runs' sums are exact in floats whatever the order: integers whose sums stay
-    under 2**52."""
+def _exact(values: FloatArray, *, whole: bool = False) -> bool:
+    """Whether sums of any of the rows are exact in floats whatever the order: integers (as
+    ``whole`` says they are, or as found) whose sum stays under 2**52 whatever the rows."""
     if not len(values):
         return True
-    longest = int(np.diff(np.append(starts, len(values))).max())
-    return (
-        bool((values == np.floor(values)).all())
-        and float(np.abs(values).max()) * (longest + 1) < 2**52
-    )
+    integers = whole or bool((values == np.floor(values)).all())
+    return integers and float(np.abs(values).max()) * (len(values) + 1) < 2**52
 
 
 def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
@@ -612,12 +646,12 @@ def _unmultiplex(core: EventsTable, values: FloatArray) -> bool:
 
 def _read_order(segment_tick: IntArray, segment_target: IntArray, socket_of: IntArray) -> IntArray:
     """The segments by tick, socket, then the place of the target's first row in its tick;
-    those on a socket without RAPL rows (``socket_of`` -1) left out."""
+    those without a tick or on a socket without RAPL rows (-1) left out."""
     width = int(segment_target.max()) + 1
     pair = segment_tick * width + segment_target
     reports, first_segment = np.unique(pair, return_index=True)
     rank = first_segment[np.searchsorted(reports, pair)]
-    known = socket_of >= 0
+    known = (socket_of >= 0) & (segment_tick >= 0)
     order: IntArray = np.lexsort((rank, socket_of, segment_tick))
     kept: IntArray = order[known[order]]
     return kept
@@ -633,7 +667,7 @@ def _blocks(rows: TargetRows, ticks: int, sockets: int) -> TargetBlocks:
     filled = block_stop > block_start
     if len(rows.counts):
         starts = block_start[filled].reshape(-1)
-        global_counts[filled] = ordered_sums(rows.counts, starts, exact=_exact(rows.counts, starts))
+        global_counts[filled] = ordered_sums(rows.counts, starts, exact=rows.exact)
     return TargetBlocks(block_start, block_stop, global_counts)
 
 
