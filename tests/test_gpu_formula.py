@@ -136,7 +136,7 @@ def test_learned_idle_is_not_pulled_low_by_the_counter_s_100_ms_steps() -> None:
     ticks of 104.5 ms: each 2.09 s span holds 20 or 21 steps, so its ticks read 57.4 or
     60.3 W. Idle is learned as a 6 s mean, within 2 % of 60 W, not as the lowest tick."""
     period_s, step_j = 0.1045, 6.0
-    reports = []
+    reports: list[Report] = []
     for index in range(400):
         second = index * period_s
         energy = step_j * int(second / 0.1) if index % 20 == 0 else None
