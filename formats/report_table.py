@@ -76,7 +76,7 @@ class ReportTable:
 
     @classmethod
     def _of_power_frame(cls, frame: PowerFrame) -> ReportTable:
-        ticks, tick_codes = np.unique(frame.millis, return_inverse=True)
+        ticks, tick_codes = _ticks(frame.millis)
         rows = len(frame)
         # A row with metadata of its own (its input report's) goes as its dict.
         metadata: dict[str, Values] | list[dict[str, Any]] = (
@@ -84,9 +84,7 @@ class ReportTable:
         )
         return cls(
             kinds=Column(np.zeros(rows, dtype=np.int64), [PowerReport.kind]),
-            timestamps=Column(
-                tick_codes.reshape(-1), list(map(powerapi.datetime_of, ticks.tolist()))
-            ),
+            timestamps=Column(tick_codes, list(map(powerapi.datetime_of, ticks.tolist()))),
             sensors=Column(np.zeros(rows, dtype=np.int64), [frame.sensor]),
             targets=Column(frame.targets, frame.target_names),
             metadata=metadata,
@@ -144,6 +142,18 @@ def coded(values: list[Any]) -> Column:
     index: dict[Any, int] = {}
     codes = [index.setdefault(value, len(index)) for value in values]
     return Column(np.array(codes, dtype=np.int64), list(index))
+
+
+def _ticks(millis: IntArray) -> tuple[IntArray, IntArray]:
+    """A frame's distinct timestamps and each row's code into them: without a sort when they
+    go forward, as formulas write them."""
+    if not len(millis) or bool((millis[1:] < millis[:-1]).any()):
+        ticks, codes = np.unique(millis, return_inverse=True)
+        return ticks, codes.reshape(-1)
+    new = np.empty(len(millis), dtype=np.bool_)
+    new[0] = True
+    np.not_equal(millis[1:], millis[:-1], out=new[1:])
+    return millis[new], np.cumsum(new) - 1
 
 
 def _taken(values: Any, rows: IntArray) -> Any:
