@@ -269,20 +269,7 @@ def encode_json_lines(batch: Sequence[Report] | Sequence[Frame]) -> bytes:
     :func:`~wattflow.formats.powerapi.encode_json` writes, then a newline."""
     if not batch:
         return b""
-    return json_lines(ReportTable.of(batch))
-
-
-def encode_json_documents(reports: Sequence[Report]) -> list[bytes]:
-    """Each report as :func:`~wattflow.formats.powerapi.encode_json` writes it, in UTF-8."""
-    lines = encode_json_lines(reports)
-    return lines.split(b"\n")[:-1]  # orjson escapes every newline inside a string
-
-
-def json_lines(table: ReportTable) -> bytes:
-    """The table's rows as JSON lines, a column at a time."""
-    rows = len(table)
-    if not rows:
-        return b""
+    table = ReportTable.of(batch)
     pieces: list[Piece[bytes]] = [
         b'{"timestamp":',
         _json_coded(table.timestamps, _json_timestamp),
@@ -299,7 +286,13 @@ def json_lines(table: ReportTable) -> bytes:
     else:
         own = _json_insides(table.payloads)
         pieces += [[b"," + inside if inside else b"" for inside in own], b"}\n"]
-    return join_rows(pieces, rows, [rows], b"")[0]
+    return join_rows(pieces, len(table), [len(table)], b"")[0]
+
+
+def encode_json_documents(reports: Sequence[Report]) -> list[bytes]:
+    """Each report as :func:`~wattflow.formats.powerapi.encode_json` writes it, in UTF-8."""
+    lines = encode_json_lines(reports)
+    return lines.split(b"\n")[:-1]  # orjson escapes every newline inside a string
 
 
 def _dumps(value: Any) -> bytes:
@@ -346,7 +339,8 @@ def _json_values(values: Values) -> Piece[bytes]:
 
 def _json_insides(objects: list[dict[str, Any]]) -> list[bytes]:
     """Each object's JSON text inside its braces, from one call to orjson: the list's text cut
-    where one object ends and the next begins (``},{``), unless a text inside holds that too.
+    where one object ends and the next begins (``},{``), unless that occurs inside them too (in
+    a text, or between the objects of a list).
 
     Cutting one text makes small objects; a call per object costs a buffer of a kilobyte
     each, which, kept for a whole batch, grows the heap a page every few rows.
