@@ -46,11 +46,8 @@ from wattflow.actors.formulas.base import Formula, Output
 from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.formats.frames import Frame, HWPCFrame, PowerFrame
-from wattflow.formats.json_frames import (
-    c_parser_built,
-    decode_hwpc_frames,
-    encode_power_frame_lines,
-)
+from wattflow.formats.json_frames import c_parser_built, decode_hwpc_frames
+from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
 
 TARGET_SHARE = 0.40
@@ -116,7 +113,7 @@ def estimate(
 
 def encode_all(frames: list[PowerFrame]) -> int:
     """The JSON Lines output's bytes for every frame; their length."""
-    return sum(len(encode_power_frame_lines(frame)) for frame in frames)
+    return sum(len(encode_json_lines([frame])) for frame in frames)
 
 
 def main() -> int:

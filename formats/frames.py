@@ -5,8 +5,8 @@ output is four or five rows per input report. Handled one Python object per row,
 estimating and writing cost tens of microseconds per report. A frame carries the same reports as
 numpy arrays from the input to the output: the CSV input parses a chunk of rows into an
 :class:`HWPCFrame`, the formulas that know frames compute every tick of it with array operations
-and emit a :class:`PowerFrame`, and the CSV output formats a :class:`PowerFrame` a column at a
-time.
+and emit a :class:`PowerFrame`, and the CSV and JSON Lines outputs format a :class:`PowerFrame`
+a column at a time (:mod:`wattflow.formats.report_table`).
 
 A frame stands for an exact list of reports, those the row-by-row way makes from the same input:
 :meth:`Frame.reports` builds them, and every actor that does not know frames (another output, a
@@ -565,8 +565,9 @@ class PowerFrame(Frame):
         self.metadata = metadata
         self.report_metadata = report_metadata
         """Each row's metadata from its input report, before the columns (SmartWatts copies
-        the target's report's, or the global report's): the outputs write such a frame as its
-        reports, so a formula hands them on as reports."""
+        the target's report's, or the global report's): the file outputs write each row's
+        metadata then as its dict (see :mod:`wattflow.formats.report_table`), other outputs
+        the frame's reports."""
 
     def __len__(self) -> int:
         return len(self.millis)

@@ -33,17 +33,14 @@ from typing import Annotated, Any
 
 import msgspec
 import numpy as np
-import orjson
 
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import Column, EventsTable, FloatArray, HWPCFrame, IntArray, PowerFrame
+from wattflow.formats.frames import EventsTable, HWPCFrame, IntArray
 from wattflow.formats.powerapi import (
     FIRST_MILLIS,
     LAST_MILLIS,
     HwpcDocument,
-    datetime_of,
     decode_json_lines,
-    format_timestamp,
     from_mongodb,
     utc_or_none,
 )
@@ -582,47 +579,6 @@ def decode_json_batch(
         if frames is not None:
             return frames, []
     return decode_json_lines(kind, lines, source, first_line)
-
-
-def encode_power_frame_lines(frame: PowerFrame) -> bytes:
-    """A frame's PowerReports as JSON Lines, the bytes
-    :func:`~wattflow.formats.powerapi.encode_json_lines` writes for ``frame.reports()``, made
-    a column at a time: each distinct timestamp, target and metadata value is encoded once, and
-    the floats of a column by orjson straight from the array, so no report object is built."""
-    if not len(frame):
-        return b""
-    dumps = orjson.dumps
-    ticks, tick_of_row = np.unique(frame.millis, return_inverse=True)
-    stamps = [dumps(format_timestamp(datetime_of(millis))) for millis in ticks.tolist()]
-    names = [dumps(name) for name in frame.target_names]
-    columns: list[list[bytes]] = [
-        [stamps[at] for at in tick_of_row.tolist()],
-        [names[code] for code in frame.targets.tolist()],
-    ]
-    keys: list[bytes] = []
-    for key, column in frame.metadata.items():
-        keys.append(dumps(key))
-        if isinstance(column, Column):
-            encoded = [dumps(value, option=orjson.OPT_NON_STR_KEYS) for value in column.values]
-            columns.append([encoded[code] for code in column.codes.tolist()])
-        else:
-            columns.append(_float_column(column))
-    columns.append(_float_column(frame.power))
-    metadata = b",".join(key.replace(b"%", b"%%") + b":%s" for key in keys)
-    template = (
-        b'{"timestamp":%s,"sensor":'
-        + dumps(frame.sensor).replace(b"%", b"%%")
-        + b',"target":%s,"metadata":{'
-        + metadata
-        + b'},"power":%s}\n'
-    )
-    return b"".join([template % row for row in zip(*columns, strict=True)])
-
-
-def _float_column(values: FloatArray) -> list[bytes]:
-    """Each float as orjson writes a Python float, formatted in one call from the array."""
-    contiguous = np.ascontiguousarray(values, dtype=np.float64)
-    return orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
 
 
 # --- MongoDB documents ------------------------------------------------------------------------

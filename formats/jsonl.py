@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.powerapi import decode_document, encode_json
+from wattflow.formats.powerapi import decode_document
 from wattflow.formats.reports import Report
 
 
@@ -50,8 +50,3 @@ def read_reports_document(kind: type[Report], path: Path) -> Iterator[Report | D
             yield error
     decoded.sort(key=lambda report: report.timestamp)
     yield from decoded
-
-
-def encode_line(report: Report) -> str:
-    """A report as one JSON line, newline included."""
-    return encode_json(report) + "\n"

@@ -21,19 +21,14 @@ import csv
 import heapq
 import io
 import itertools
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TextIO, cast
+from typing import Annotated, Any, TextIO, cast
 
 import msgspec
 import orjson
 from pydantic import ValidationError
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
 
 from wattflow.formats.errors import DecodeError, describe_validation_error
 from wattflow.formats.reports import (
@@ -76,63 +71,28 @@ def _document(report: Report, timestamp: Any) -> dict[str, Any]:
         "target": report.target,
         "metadata": report.metadata,
     }
-    # The kinds formulas write by the thousand skip pydantic's serializer.
-    if type(report) is PowerReport:
-        document["power"] = report.power
-    elif type(report) is HWPCReport:
-        document["groups"] = report.groups
-    elif type(report) is not FormulaReport:
-        document.update(report.model_dump(mode="json", exclude=_PAYLOAD_EXCLUDE, exclude_none=True))
+    document.update(payload_of(report))
     return document
 
 
+def payload_of(report: Report) -> dict[str, Any]:
+    """A report's own fields, after the common base in its document."""
+    # The kinds formulas write by the thousand skip pydantic's serializer.
+    if type(report) is PowerReport:
+        return {"power": report.power}
+    if type(report) is HWPCReport:
+        return {"groups": report.groups}
+    if type(report) is FormulaReport:
+        return {}
+    return report.model_dump(mode="json", exclude=_PAYLOAD_EXCLUDE, exclude_none=True)
+
+
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
-_JSON_LINE_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
 
 
 def encode_json(report: Report) -> str:
     """One report as one line of JSON, without the newline."""
     return orjson.dumps(to_json_dict(report), option=_JSON_OPTIONS).decode()
-
-
-def encode_json_lines(reports: Iterable[Report]) -> bytes:
-    """Reports as JSON Lines, in UTF-8: each what :func:`encode_json` writes, then a newline.
-
-    A formula writes several PowerReports per input report, so this is the JSON output's hot
-    path: PowerReports are laid out here without a call per report, a tick's shared timestamp is
-    formatted once, and the bytes never go through ``str``.
-    """
-    return b"".join(_encoded(reports, _JSON_LINE_OPTIONS))
-
-
-def encode_json_documents(reports: Iterable[Report]) -> list[bytes]:
-    """Each report as what :func:`encode_json` writes, in UTF-8, a tick's timestamp formatted
-    once for all its reports (as :func:`encode_json_lines` does)."""
-    return _encoded(reports, _JSON_OPTIONS)
-
-
-def _encoded(reports: Iterable[Report], options: int) -> list[bytes]:
-    dumps = orjson.dumps
-    last: datetime | None = None
-    stamp = ""
-    encoded: list[bytes] = []
-    append = encoded.append
-    for report in reports:
-        timestamp = report.timestamp
-        if timestamp is not last:
-            last, stamp = timestamp, format_timestamp(timestamp)
-        if type(report) is PowerReport:
-            document = {
-                "timestamp": stamp,
-                "sensor": report.sensor,
-                "target": report.target,
-                "metadata": report.metadata,
-                "power": report.power,
-            }
-        else:
-            document = _document(report, stamp)
-        append(dumps(document, option=options))
-    return encoded
 
 
 class HwpcDocument(msgspec.Struct, gc=False):
@@ -854,29 +814,28 @@ their metadata has other keys than SmartWatts' (the GPU's ``device``), so in CSV
 file of their own beside PowerAPI's, each with one header whatever comes first."""
 
 
-def csv_output_name(report: Report) -> str:
-    """The name of a report's CSV file, without ``.csv``: its kind, as PowerAPI names it, and
-    for a PowerReport of one of :data:`OWN_SCOPES`, the scope after it (``PowerReport-gpu``)."""
-    if isinstance(report, PowerReport):
-        scope = report.metadata.get("scope")
-        if scope in OWN_SCOPES:
-            return f"{report.kind}-{scope}"
-    return report.kind
+def csv_output_name(kind: str, scope: object) -> str:
+    """The name of a CSV file, without ``.csv``: the kind of its reports, as PowerAPI names it,
+    and for PowerReports of one of :data:`OWN_SCOPES`, the scope after it (``PowerReport-gpu``)."""
+    if kind == PowerReport.kind and scope in OWN_SCOPES:
+        return f"{kind}-{scope}"
+    return kind
 
 
-def csv_output_path(directory: Path, report: Report) -> Path:
+def csv_output_path(directory: Path, sensor: str, target: str, name: str) -> Path:
     """Where the CSV output puts a report: ``<dir>/<sensor>-<target>/<Kind>.csv``, as PowerAPI
-    does (:func:`csv_output_name` for wattflow's own scopes)."""
-    return directory / f"{report.sensor}-{report.target}" / f"{csv_output_name(report)}.csv"
+    does (``name``: :func:`csv_output_name`)."""
+    return directory / f"{sensor}-{target}" / f"{name}.csv"
 
 
-def csv_output_header(report: Report) -> list[str]:
-    """The header PowerAPI writes for the first report of a file."""
-    if isinstance(report, PowerReport):
-        return [*CSV_POWER_FIXED, *sorted(set(report.metadata) - set(CSV_POWER_FIXED))]
-    if isinstance(report, FormulaReport):
+def csv_output_header(kind: str, metadata: Iterable[Any]) -> list[str]:
+    """The header PowerAPI writes for a file whose first report is of ``kind`` with these
+    metadata keys."""
+    if kind == PowerReport.kind:
+        return [*CSV_POWER_FIXED, *sorted(set(metadata) - set(CSV_POWER_FIXED))]
+    if kind == FormulaReport.kind:
         return list(CSV_FORMULA)
-    raise ValueError(f"PowerAPI's CSV output has no layout for {report.kind}")
+    raise ValueError(f"PowerAPI's CSV output has no layout for {kind}")
 
 
 def csv_line(row: list[str]) -> str:
@@ -884,65 +843,3 @@ def csv_line(row: list[str]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\r\n").writerow(row)
     return buffer.getvalue()
-
-
-_PROBE_FLOATS = [0.1, 1 / 3, 2.5e-4, 123456.789, 1e15, 9999999999999998.0, -7.25, 1.0]
-_ORJSON_WRITES_REPR = (
-    orjson.dumps(_PROBE_FLOATS).decode() == "[" + ",".join(map(repr, _PROBE_FLOATS)) + "]"
-)
-"""Whether this orjson writes floats from 1e-4 to 1e16 as ``repr`` does (shortest digits that
-read back exactly, fixed notation); checked once at import, since its formatter is a C library
-that could change."""
-
-
-def float_texts(values: list[float]) -> list[str]:
-    """``str(v)`` of every float, as PowerAPI writes them, in one C call where that is exact.
-
-    Formatting a float costs about a microsecond in Python, and the CSV output formats two per
-    row. orjson formats a whole list at once and writes what ``repr`` writes over the range
-    powers and ratios take; only values outside it (zeros included: ``-0.0``; NaN and infinity,
-    which JSON cannot hold; scientific notation) are formatted one by one.
-    """
-    if not _ORJSON_WRITES_REPR or len(values) < 4:
-        return list(map(repr, values))
-    import numpy as np  # only the writers of many rows get here; importing it costs start-up
-
-    texts = orjson.dumps(values).decode()[1:-1].split(",")
-    magnitudes = np.abs(np.array(values, dtype=np.float64))
-    outside = np.flatnonzero(~((magnitudes >= 1e-4) & (magnitudes < 1e16)))
-    for at in outside.tolist():
-        texts[at] = repr(values[at])
-    return texts
-
-
-def float_array_texts(values: npt.NDArray[np.float64]) -> list[str]:
-    """:func:`float_texts` of a numpy array, formatted straight from the array's memory."""
-    import numpy as np
-
-    if not _ORJSON_WRITES_REPR or len(values) < 4:
-        return list(map(repr, values.tolist()))
-    contiguous = np.ascontiguousarray(values, dtype=np.float64)
-    texts = orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1].split(",")
-    magnitudes = np.abs(contiguous)
-    outside = np.flatnonzero(~((magnitudes >= 1e-4) & (magnitudes < 1e16)))
-    for at, value in zip(outside.tolist(), contiguous[outside].tolist(), strict=True):
-        texts[at] = repr(value)
-    return texts
-
-
-def csv_output_row(report: Report, header: list[str]) -> list[str]:
-    """A report's values in ``header``'s order, written as PowerAPI writes them.
-
-    Raises:
-        ValueError: when the report has metadata the file's header has no column for.
-    """
-    millis = str(to_millis(report.timestamp))
-    if isinstance(report, FormulaReport):
-        return [millis, report.sensor, report.target, json.dumps(report.metadata)]
-    assert isinstance(report, PowerReport)
-    values: dict[str, Any] = {**report.metadata, "power": report.power}
-    extra = set(values) - set(header)
-    if extra:
-        raise ValueError(f"metadata {sorted(extra)} has no column in the file's header")
-    values.update(timestamp=millis, sensor=report.sensor, target=report.target)
-    return ["" if values.get(c) is None else str(values[c]) for c in header]

@@ -513,7 +513,10 @@ class SqliteRunStore(RunStore):
             others = [
                 (seq, report) for seq, report in numbered if not isinstance(report, PowerReport)
             ]
-            bodies = powerapi.encode_json_documents(report for _, report in others)
+            # Imported here: it needs numpy, which reading a store does not.
+            from wattflow.formats.report_table import encode_json_documents
+
+            bodies = encode_json_documents([report for _, report in others])
             encoded = _Encoded()
             rows = []
             for (seq, report), body in zip(others, bodies, strict=True):

@@ -20,7 +20,16 @@ from wattflow.actors.pullers.socket import SocketPuller, SocketPullerConfig
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report, to_utc
+from wattflow.formats.frames import Column, PowerFrame
+from wattflow.formats.report_table import encode_json_lines, float_texts
+from wattflow.formats.reports import (
+    FormulaReport,
+    HWPCReport,
+    PowerReport,
+    Report,
+    to_millis,
+    to_utc,
+)
 
 from .conftest import run_async
 
@@ -290,8 +299,100 @@ def test_json_lines_encode_as_one_report_at_a_time() -> None:
         HWPCReport.trusted(timestamp=stamp, sensor="s", target="all", groups=GROUPS),
     ]
     expected = b"".join(powerapi.encode_json(r).encode() + b"\n" for r in reports)
-    assert powerapi.encode_json_lines(reports) == expected
-    assert powerapi.encode_json_lines([]) == b""
+    assert encode_json_lines(reports) == expected
+    assert encode_json_lines([]) == b""
+
+
+def test_json_lines_of_texts_that_hold_where_objects_meet() -> None:
+    """The metadata and payloads of a batch are encoded in one call and cut where one object
+    ends and the next begins: a text holding that sequence (``},{``) is encoded all the same."""
+    stamp = datetime(2020, 1, 1, tzinfo=UTC)
+    odd = {"a": "},{", "b": {"c": "}},{{"}}
+    reports: list[Report] = [power(note="},{"), power(), power(extra=odd)]
+    hwpc: list[Report] = [
+        HWPCReport.trusted(timestamp=stamp, sensor="s", target=t, groups=GROUPS, metadata=m)
+        for t, m in (("all", {}), ("},{", odd), ("c", {"x": 1}))
+    ]
+    for batch in (reports, hwpc, reports[1:2] + hwpc[:1]):
+        expected = b"".join(powerapi.encode_json(r).encode() + b"\n" for r in batch)
+        assert encode_json_lines(batch) == expected
+
+
+def rapl_frame_with_own_metadata() -> PowerFrame:
+    """A frame as the RAPL formula makes it from reports that carry metadata: each row has its
+    input report's metadata besides the frame's columns."""
+    return PowerFrame(
+        sensor="s",
+        millis=np.array([1000, 1000, 2000, 2000], dtype=np.int64),
+        targets=np.zeros(4, dtype=np.int64),
+        target_names=["rapl"],
+        power=np.array([10.5, 2.25, 11.0, 2.5]),
+        metadata={
+            "scope": Column(np.array([0, 1, 0, 1], dtype=np.int64), ["cpu", "dram"]),
+            "socket": Column(np.zeros(4, dtype=np.int64), ["0"]),
+            "ratio": np.ones(4),
+        },
+        report_metadata=[{"job": "a"}, {"job": "a"}, {"job": "b", "node": "n1"}, {"job": "b"}],
+    )
+
+
+def test_outputs_write_a_frames_rows_with_their_own_metadata(tmp_path: Path) -> None:
+    """A frame whose rows carry their input reports' metadata is written as its reports are,
+    that metadata included, by the JSON Lines and the CSV output alike."""
+    frame = rapl_frame_with_own_metadata()
+    reports = frame.reports()
+    assert reports[2].metadata["node"] == "n1"
+    expected = b"".join(powerapi.encode_json(r).encode() + b"\n" for r in reports)
+    assert encode_json_lines([frame]) == expected
+
+    async def write(directory: Path, batch: list[Any]) -> list[tuple[Report, str]]:
+        pusher = CsvPusher(CsvPusherConfig(type="csv", directory=directory))
+        refused = await pusher.write(batch)
+        await pusher.close()
+        return refused
+
+    for name, batch in (("framed", [frame]), ("reports", reports)):
+        refused = run_async(write(tmp_path / name, batch))
+        path = tmp_path / name / "s-rapl" / "PowerReport.csv"
+        assert refused == [
+            (reports[2], f"{path}: metadata ['node'] has no column in the file's header")
+        ]
+    written = (tmp_path / "framed" / "s-rapl" / "PowerReport.csv").read_bytes()
+    assert written == (tmp_path / "reports" / "s-rapl" / "PowerReport.csv").read_bytes()
+    assert (
+        written.decode().splitlines()[0] == "timestamp,sensor,target,power,socket,job,ratio,scope"
+    )
+    assert written.decode().splitlines()[3] == "2000,s,rapl,2.5,0,b,1.0,dram"
+
+
+def test_csv_output_refuses_what_lacks_a_tag(tmp_path: Path) -> None:
+    """With ``--tags``, a report, or a frame's row, without one of them is refused with the
+    reason, in the order of the batch; the others are written."""
+    reports: list[Report] = [
+        power(target="a", job="x", site="p"),
+        power(target="b", job="y"),
+        power(target="a", site="q"),
+        power(target="a", job="z", site="r"),
+    ]
+    pusher = CsvPusher(CsvPusherConfig(type="csv", directory=tmp_path, tags=["job", "site"]))
+
+    async def write(batch: list[Any]) -> list[tuple[Report, str]]:
+        refused = await pusher.write(batch)
+        await pusher.close()
+        return refused
+
+    refused = run_async(write(reports))
+    assert [(r.target, reason) for r, reason in refused] == [
+        ("b", f"{tmp_path / 's-b' / 'PowerReport.csv'}: no tag 'site' in the report"),
+        ("a", f"{tmp_path / 's-a' / 'PowerReport.csv'}: no tag 'job' in the report"),
+    ]
+    assert not (tmp_path / "s-b").exists()
+    rows = (tmp_path / "s-a" / "PowerReport.csv").read_text().splitlines()
+    assert [row.split(",")[5] for row in rows] == ["job", "x", "z"]
+    frame = rapl_frame_with_own_metadata()
+    refused = run_async(write([frame]))
+    assert [r.timestamp for r, _ in refused] == [r.timestamp for r in frame.reports()]
+    assert {reason.rsplit(": ", 1)[1] for _, reason in refused} == {"no tag 'site' in the report"}
 
 
 def test_csv_output_writes_what_the_csv_module_writes(tmp_path: Path) -> None:
@@ -313,12 +414,10 @@ FLOATS += [1e15, 9999999999999998.0, 1e16, 1.5e300, float("nan"), float("inf"), 
 def test_floats_are_written_as_str_writes_them() -> None:
     rng = random.Random(7)
     values = FLOATS + [rng.uniform(-1, 1) * 10.0 ** rng.randint(-8, 18) for _ in range(5000)]
-    assert powerapi.float_texts(values) == [str(v) for v in values]
-    assert powerapi.float_texts(FLOATS[:3]) == ["0.0", "-0.0", "1.0"]
     array = np.array(values)
-    assert powerapi.float_array_texts(array) == [str(v) for v in values]
-    assert powerapi.float_array_texts(array[::3]) == [str(v) for v in values[::3]]
-    assert powerapi.float_array_texts(array[:3]) == ["0.0", "-0.0", "1.0"]
+    assert float_texts(array) == [str(v) for v in values]
+    assert float_texts(array[::3]) == [str(v) for v in values[::3]]
+    assert float_texts(array[:3]) == ["0.0", "-0.0", "1.0"]
 
 
 def test_csv_output_of_many_rows_and_files_writes_what_the_csv_module_writes(
@@ -354,18 +453,30 @@ def assert_written_as_csv_module_writes(tmp_path: Path, reports: list[Report], f
     assert run_async(scenario()) == []
     expected: dict[Path, io.StringIO] = {}
     for report in reports:
-        path = powerapi.csv_output_path(tmp_path, report)
+        name = powerapi.csv_output_name(report.kind, report.metadata.get("scope"))
+        path = powerapi.csv_output_path(tmp_path, report.sensor, report.target, name)
         if path not in expected:
             expected[path] = io.StringIO()
-            header = powerapi.csv_output_header(report)
+            header = powerapi.csv_output_header(report.kind, report.metadata)
             csv.writer(expected[path], lineterminator="\r\n").writerow(header)
         with path.open(newline="") as handle:
             header = next(csv.reader(handle))
-        row = powerapi.csv_output_row(report, header)
-        csv.writer(expected[path], lineterminator="\r\n").writerow(row)
+        csv.writer(expected[path], lineterminator="\r\n").writerow(powerapi_row(report, header))
     assert len(expected) == files
     for path, text in expected.items():
         assert path.read_bytes() == text.getvalue().encode()
+
+
+def powerapi_row(report: Report, header: list[str]) -> list[str]:
+    """A report's cells under ``header`` as PowerAPI's CSV output lays them out, one report at
+    a time: ``str`` of each value, empty for ``None``; a FormulaReport's metadata as JSON."""
+    millis = str(to_millis(report.timestamp))
+    if isinstance(report, FormulaReport):
+        return [millis, report.sensor, report.target, json.dumps(report.metadata)]
+    assert isinstance(report, PowerReport)
+    values: dict[str, Any] = {**report.metadata, "power": report.power}
+    values.update(timestamp=millis, sensor=report.sensor, target=report.target)
+    return ["" if values.get(c) is None else str(values[c]) for c in header]
 
 
 # --- Socket input -----------------------------------------------------------------------------

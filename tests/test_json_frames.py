@@ -20,10 +20,10 @@ import pytest
 
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
-from wattflow.actors.pushers.jsonl import encode_json_lines
 from wattflow.formats import json_frames, powerapi
 from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, expand
-from wattflow.formats.json_frames import Layout, decode_hwpc_frames, encode_power_frame_lines
+from wattflow.formats.json_frames import Layout, decode_hwpc_frames
+from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import HWPCReport, Report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -93,7 +93,7 @@ def test_frames_stand_for_the_reports_the_lines_decode_to(
             assert len(frame.sensors()) == 1
         framed += [report for frame in frames for report in frame.reports()]
         expected += by_sensor(one_by_one(batch))
-    assert powerapi.encode_json_lines(framed) == powerapi.encode_json_lines(expected)
+    assert encode_json_lines(framed) == encode_json_lines(expected)
     assert sum(len(frame) for frame in decode_hwpc_frames(lines) or []) == len(lines)
     sensors = len(shape.get("sensors", ("node-1",)))
     if decoder == "C parser":
@@ -210,9 +210,10 @@ def test_power_frames_are_written_as_their_reports_are(tmp_path: Path) -> None:
         )
     )
     for written in outputs:
-        assert encode_power_frame_lines(written) == powerapi.encode_json_lines(written.reports())
-        assert encode_json_lines([written]) == powerapi.encode_json_lines(written.reports())
-    assert orjson.loads(encode_power_frame_lines(outputs[-1]).splitlines()[5])["power"] is None
+        one_by_one = b"".join(powerapi.encode_json(r).encode() + b"\n" for r in written.reports())
+        assert encode_json_lines([written]) == one_by_one
+        assert encode_json_lines(written.reports()) == one_by_one
+    assert orjson.loads(encode_json_lines([outputs[-1]]).splitlines()[5])["power"] is None
     empty = HWPCFrame([], [], 0)
     assert len(empty) == 0
 

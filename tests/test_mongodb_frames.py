@@ -33,6 +33,7 @@ from wattflow.formats.json_frames import (
     decode_hwpc_document_frames,
     decode_hwpc_frames,
 )
+from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import HWPCReport, PowerReport, Report
 
 from .conftest import run_async
@@ -101,10 +102,10 @@ def test_frames_stand_for_the_reports_the_documents_decode_to(
         assert all(len(frame) == len(frame.reports()) for frame in frames)
         framed += [report for frame in frames for report in frame.reports()]
         expected += by_sensor(one_by_one(batch))
-    assert powerapi.encode_json_lines(framed) == powerapi.encode_json_lines(expected)
+    assert encode_json_lines(framed) == encode_json_lines(expected)
     from_json = [r for f in decode_hwpc_frames(lines) or [] for r in f.reports()]
     everything = [r for f in decode_hwpc_document_frames(documents) or [] for r in f.reports()]
-    assert powerapi.encode_json_lines(everything) == powerapi.encode_json_lines(from_json)
+    assert encode_json_lines(everything) == encode_json_lines(from_json)
 
 
 def test_double_counters_are_read_as_the_integers_the_sensor_counted(tmp_path: Path) -> None:
@@ -259,9 +260,7 @@ def test_the_input_hands_on_frames_and_leaves_the_odd_batch_to_reports(
     got = [report for batch in recorder.batches for report in expand(batch)]
     expected = powerapi.decode_json_lines(HWPCReport, lines, "test", 1)[0]
     key: Callable[[Report], Any] = lambda r: (r.timestamp, r.sensor, r.target)  # noqa: E731
-    assert powerapi.encode_json_lines(sorted(got, key=key)) == powerapi.encode_json_lines(
-        sorted(expected, key=key)
-    )
+    assert encode_json_lines(sorted(got, key=key)) == encode_json_lines(sorted(expected, key=key))
 
 
 def smartwatts_on(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 from datetime import UTC, datetime
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, to_utc
+from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report, to_utc
 
 JSON_FIXTURES = ["hwpc.json", "hwpc_rapl_2_socket.json"]
 GOOD_CSV = [
@@ -166,6 +168,21 @@ def test_bad_json_names_source_line_and_field(line: str, expected: str) -> None:
     assert expected in str(caught.value)
 
 
+def written_csv(directory: Path, report: Report) -> list[list[str]]:
+    """The rows of the file the CSV output writes ``report`` to (header first)."""
+    pusher = CsvPusher(CsvPusherConfig(type="csv", directory=directory, model=report.kind))
+
+    async def write() -> None:
+        assert await pusher.write([report]) == []
+        await pusher.close()
+
+    asyncio.run(write())
+    name = powerapi.csv_output_name(report.kind, report.metadata.get("scope"))
+    path = powerapi.csv_output_path(directory, report.sensor, report.target, name)
+    with path.open(newline="") as handle:
+        return list(csv.reader(handle))
+
+
 def test_power_report_csv_layout_matches_powerapi(tmp_path: Path) -> None:
     report = PowerReport(
         timestamp=to_utc(1539260665189),
@@ -174,7 +191,7 @@ def test_power_report_csv_layout_matches_powerapi(tmp_path: Path) -> None:
         power=19.5,
         metadata={"socket": "0", "scope": "cpu", "formula": "f", "ratio": 1.0},
     )
-    header = powerapi.csv_output_header(report)
+    header, row = written_csv(tmp_path, report)
     assert header == [
         "timestamp",
         "sensor",
@@ -185,7 +202,7 @@ def test_power_report_csv_layout_matches_powerapi(tmp_path: Path) -> None:
         "ratio",
         "scope",
     ]
-    assert powerapi.csv_output_row(report, header) == [
+    assert row == [
         "1539260665189",
         "grvingt-12",
         "rapl",
@@ -195,17 +212,11 @@ def test_power_report_csv_layout_matches_powerapi(tmp_path: Path) -> None:
         "1.0",
         "cpu",
     ]
-    assert (
-        powerapi.csv_output_path(tmp_path, report)
-        == tmp_path / "grvingt-12-rapl" / "PowerReport.csv"
-    )
+    assert (tmp_path / "grvingt-12-rapl" / "PowerReport.csv").is_file()
     formula = FormulaReport(timestamp=to_utc(5), sensor="s", target="t", metadata={"layer": 2100})
-    assert powerapi.csv_output_header(formula) == ["timestamp", "sensor", "target", "metadata"]
-    assert powerapi.csv_output_row(formula, ["timestamp", "sensor", "target", "metadata"]) == [
-        "5",
-        "s",
-        "t",
-        '{"layer": 2100}',
+    assert written_csv(tmp_path, formula) == [
+        ["timestamp", "sensor", "target", "metadata"],
+        ["5", "s", "t", '{"layer": 2100}'],
     ]
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from wattflow.actors.exporters import exporters
 from wattflow.formats import powerapi
+from wattflow.formats.report_table import encode_json_documents
 from wattflow.formats.reports import (
     EventReport,
     GPUDevice,
@@ -165,7 +166,7 @@ def first_layout_rows() -> list[tuple[int, str, int, str, bytes, int | None]]:
     rows = []
     seq = 0
     for reports, processed in batches():
-        bodies = powerapi.encode_json_documents(reports)
+        bodies = encode_json_documents(reports)
         micros = None if processed is None else round(processed.timestamp() * 1e6)
         for report, body in zip(reports, bodies, strict=True):
             seq += 1

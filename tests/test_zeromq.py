@@ -25,6 +25,7 @@ from wattflow.actors.pushers.zeromq import ZeroMQPusher, ZeroMQPusherConfig
 from wattflow.actors.runtime import DeadLetters
 from wattflow.formats import powerapi
 from wattflow.formats.frames import Frame, expand
+from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import PowerReport, Report
 
 from .conftest import Service, complete_lines, run_async, wattflow
@@ -541,7 +542,7 @@ def test_the_service_reads_a_pull_socket_until_sigterm(tmp_path: Path) -> None:
         with Service(tmp_path / "service.log", "run", *flags) as service:
             for start in range(0, 100, 10):  # one report per message, and JSON Lines of several
                 sender.send(powerapi.encode_json(reports[start]).encode())
-                sender.send(powerapi.encode_json_lines(reports[start + 1 : start + 10]))
+                sender.send(encode_json_lines(reports[start + 1 : start + 10]))
             service.stop_once_written(out, 100)
     finally:
         sender.close(linger=0)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO, Literal, cast
+from typing import BinaryIO, Literal
 
 from pydantic import Field
 
 from wattflow.actors.errors import PushError
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.formats import powerapi
-from wattflow.formats.frames import Frame, PowerFrame
-from wattflow.formats.json_frames import encode_power_frame_lines
+from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
 
 
@@ -35,7 +32,11 @@ class JsonlPusherConfig(PusherConfig):
 
 @pushers.register("jsonl")
 class JsonlPusher(Pusher[JsonlPusherConfig]):
-    """Appends each batch and flushes it, so a reader following the file sees whole batches."""
+    """Appends each batch and flushes it, so a reader following the file sees whole batches.
+
+    A batch, a frame or reports, is encoded as one table, a column at a time
+    (:func:`~wattflow.formats.report_table.encode_json_lines`).
+    """
 
     config_model = JsonlPusherConfig
     takes_frames = True
@@ -71,17 +72,6 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
         if self._handle is not None:
             await asyncio.to_thread(self._handle.close)
             self._handle = None
-
-
-def encode_json_lines(batch: Sequence[Report] | Sequence[Frame]) -> bytes:
-    """A batch's lines: a frame of PowerReports encoded a column at a time, any other batch
-    (or frame) report by report, the same bytes either way."""
-    if len(batch) == 1 and isinstance(batch[0], Frame):
-        frame = batch[0]
-        if isinstance(frame, PowerFrame):
-            return encode_power_frame_lines(frame)
-        return powerapi.encode_json_lines(frame.reports())
-    return powerapi.encode_json_lines(cast(Sequence[Report], batch))
 
 
 def _write_and_flush(handle: BinaryIO, data: bytes) -> None:

@@ -28,7 +28,7 @@ from wattflow.actors.errors import PushUnavailable
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
-from wattflow.formats import powerapi
+from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class ZeroMQPusher(Pusher[ZeroMQPusherConfig]):
         for name, reports in groups:
             for start in range(0, len(reports), size):
                 part = reports[start : start + size]
-                payload = powerapi.encode_json_lines(part)
+                payload = encode_json_lines(part)
                 messages.append(([name.encode(), payload] if name else [payload], part))
         return messages
 

@@ -1,0 +1,471 @@
+"""Reports as a table of columns, written as PowerAPI's JSON lines or CSV rows in one pass.
+
+The JSON Lines and CSV outputs have one way to write, whatever they are given: a frame of
+PowerReports from SmartWatts or RAPL, reports from the GPU and node formulas, an input recorded
+as it is. :meth:`ReportTable.of` makes any of them one table, and the encoders format it a column
+at a time: each distinct value of a column of few values (a timestamp, a target, a scope) once,
+a column of floats in one call to orjson, the rows' metadata documents in one call too. The rows
+are then laid out by :func:`join_rows` in one pass, with no Python code run per row.
+
+The encodings are PowerAPI's, byte for byte: a JSON line is what ``orjson`` writes for the
+report's document (:func:`~wattflow.formats.powerapi.to_json_dict`), a CSV row what the ``csv``
+module writes for the row PowerAPI's CSV output lays out (``str`` of each value, empty for
+``None``, quoted where needed, ``\\r\\n`` after it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, AnyStr, TypeAlias, cast
+
+import numpy as np
+import orjson
+
+from wattflow.formats import powerapi
+from wattflow.formats.frames import Column, FloatArray, Frame, IntArray, PowerFrame
+from wattflow.formats.reports import FormulaReport, PowerReport, Report, to_millis
+
+Values: TypeAlias = Column | FloatArray | list[Any]
+"""A column: few distinct values, coded; floats; or each row's value."""
+
+Piece: TypeAlias = AnyStr | Column | list[AnyStr]
+"""Part of every row: the same text on each, a column of few texts (codes into them), or each
+row's text."""
+
+_JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
+
+
+@dataclass(slots=True, eq=False)
+class ReportTable:
+    """Reports, one row each, as columns: what the CSV and JSON Lines outputs write.
+
+    ``metadata`` is a column per key when every row has those keys in that order (a frame's),
+    else each row's dict.
+    """
+
+    kinds: Column
+    """Each row's kind (``PowerReport``…)."""
+    timestamps: Column
+    sensors: Column
+    targets: Column
+    metadata: dict[str, Values] | list[dict[str, Any]]
+    power: FloatArray | list[Any] | None
+    """Each row's power (``None`` on a row of another kind); ``None`` without PowerReports."""
+    payloads: list[dict[str, Any]] | None
+    """Each row's own fields, as its document holds them; ``None`` when every row is a
+    PowerReport (its own field is its power)."""
+    source: PowerFrame | Sequence[Report]
+    """What the table was made of, to give back the reports of rows an output refuses."""
+
+    def __len__(self) -> int:
+        return len(self.timestamps.codes)
+
+    @classmethod
+    def of(cls, batch: Sequence[Report] | Sequence[Frame]) -> ReportTable:
+        """The table of a batch: of reports, or of a frame, which travels alone (a PowerFrame
+        read straight from its columns, any other frame from its reports)."""
+        if len(batch) == 1 and isinstance(batch[0], Frame):
+            frame = batch[0]
+            if isinstance(frame, PowerFrame):
+                return cls._of_power_frame(frame)
+            return cls._of_reports(frame.reports())
+        return cls._of_reports(cast(list[Report], batch))
+
+    @classmethod
+    def _of_power_frame(cls, frame: PowerFrame) -> ReportTable:
+        ticks, tick_codes = _ticks(frame.millis)
+        rows = len(frame)
+        # A row with metadata of its own (its input report's) goes as its dict.
+        metadata: dict[str, Values] | list[dict[str, Any]] = (
+            dict(frame.metadata) if frame.report_metadata is None else frame.metadata_rows()
+        )
+        return cls(
+            kinds=Column(np.zeros(rows, dtype=np.int64), [PowerReport.kind]),
+            timestamps=Column(tick_codes, list(map(powerapi.datetime_of, ticks.tolist()))),
+            sensors=Column(np.zeros(rows, dtype=np.int64), [frame.sensor]),
+            targets=Column(frame.targets, frame.target_names),
+            metadata=metadata,
+            power=frame.power,
+            payloads=None,
+            source=frame,
+        )
+
+    @classmethod
+    def _of_reports(cls, reports: list[Report]) -> ReportTable:
+        kinds = set(map(type, reports))
+        types = Column(np.zeros(len(reports), dtype=np.int64), list(kinds))
+        if len(kinds) > 1:
+            types = coded(list(map(type, reports)))
+        powers = kinds == {PowerReport}
+        power = None
+        if PowerReport in kinds:
+            power = [getattr(report, "power", None) for report in reports]
+        return cls(
+            kinds=Column(types.codes, [kind.kind for kind in types.values]),
+            timestamps=coded([report.timestamp for report in reports]),
+            sensors=coded([report.sensor for report in reports]),
+            targets=coded([report.target for report in reports]),
+            metadata=[report.metadata for report in reports],
+            power=power,
+            payloads=None if powers else list(map(powerapi.payload_of, reports)),
+            source=reports,
+        )
+
+    def take(self, rows: IntArray) -> ReportTable:
+        """The table of some of its rows, in the order given."""
+        columns = ("kinds", "timestamps", "sensors", "targets", "metadata", "power", "payloads")
+        taken = {name: _taken(getattr(self, name), rows) for name in columns}
+        return ReportTable(**taken, source=self.source)
+
+    def reports_at(self, rows: Sequence[int]) -> list[Report]:
+        """The reports of some rows of the table as it was made (not of a :meth:`take`)."""
+        source = self.source
+        if not rows:
+            return []
+        reports = source.reports() if isinstance(source, PowerFrame) else source
+        return [reports[row] for row in rows]
+
+    def metadata_values(self, key: str) -> Values | None:
+        """The column of one metadata key (``None`` where a row lacks it); ``None`` when the
+        table's columns do not hold the key."""
+        metadata = self.metadata
+        if isinstance(metadata, dict):
+            return metadata.get(key)
+        return [row.get(key) for row in metadata]
+
+
+def coded(values: list[Any]) -> Column:
+    """Values as a coded column, each distinct value once, in order of appearance."""
+    index: dict[Any, int] = {}
+    codes = [index.setdefault(value, len(index)) for value in values]
+    return Column(np.array(codes, dtype=np.int64), list(index))
+
+
+def _ticks(millis: IntArray) -> tuple[IntArray, IntArray]:
+    """A frame's distinct timestamps and each row's code into them: without a sort when they
+    go forward, as formulas write them."""
+    if not len(millis) or bool((millis[1:] < millis[:-1]).any()):
+        ticks, codes = np.unique(millis, return_inverse=True)
+        return ticks, codes.reshape(-1)
+    new = np.empty(len(millis), dtype=np.bool_)
+    new[0] = True
+    np.not_equal(millis[1:], millis[:-1], out=new[1:])
+    return millis[new], np.cumsum(new) - 1
+
+
+def _taken(values: Any, rows: IntArray) -> Any:
+    if values is None:
+        return None
+    if isinstance(values, dict):
+        return {key: _taken(column, rows) for key, column in values.items()}
+    if isinstance(values, Column):
+        return Column(values.codes[rows], values.values)
+    if isinstance(values, np.ndarray):
+        return values[rows]
+    return [values[row] for row in rows.tolist()]
+
+
+# --- Rows of text -----------------------------------------------------------------------------
+
+
+def join_rows(
+    pieces: Sequence[Piece[AnyStr]], rows: int, cuts: Sequence[int], empty: AnyStr
+) -> list[AnyStr]:
+    """The rows the pieces make side by side, as one text per cut (``cuts``: rows in each);
+    ``empty``, ``""`` or ``b""``, says which texts they are.
+
+    Neighbouring pieces of few texts are made one piece, each combination of their texts that
+    occurs written once, as long as the combinations stay few beside the rows; then every
+    piece is laid into one list a piece at a time, and each cut joined in one call.
+    """
+    laid = list(_merged(pieces, rows, empty))
+    width = len(laid)
+    cells: list[AnyStr] = [empty] * (width * rows)
+    for at, column in enumerate(laid):
+        cells[at::width] = column
+    texts: list[AnyStr] = []
+    start = 0
+    for count in cuts:
+        texts.append(empty.join(cells[width * start : width * (start + count)]))
+        start += count
+    return texts
+
+
+def _merged(pieces: Sequence[Piece[AnyStr]], rows: int, empty: AnyStr) -> Iterator[list[AnyStr]]:
+    """Each row's text of each piece left once neighbouring pieces of few texts are merged."""
+    limit = max(rows // 4, 1)
+    run: list[AnyStr | Column] = []
+    size = 1
+    for piece in pieces:
+        if isinstance(piece, list):
+            if run:
+                yield _run_texts(run, rows, empty)
+                run, size = [], 1
+            yield piece
+            continue
+        if isinstance(piece, Column):
+            if size > 1 and size * len(piece.values) > limit:
+                yield _run_texts(run, rows, empty)
+                run, size = [], 1
+            size *= max(len(piece.values), 1)
+        run.append(piece)
+    if run:
+        yield _run_texts(run, rows, empty)
+
+
+def _run_texts(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[AnyStr]:
+    """Each row's text of pieces laid side by side: constants, and columns of few texts."""
+    coded = [piece for piece in run if isinstance(piece, Column)]
+    if not coded:
+        return [empty.join(cast(list[AnyStr], run))] * rows
+    if len(run) == 1:
+        return _pick(coded[0].values, coded[0].codes)
+    combined = coded[0].codes
+    for column in coded[1:]:
+        combined = combined * len(column.values) + column.codes
+    present = np.flatnonzero(np.bincount(combined)) if rows else combined
+    lookup = np.zeros(int(present.max(initial=0)) + 1, dtype=np.int64)
+    lookup[present] = np.arange(len(present))
+    digits: list[IntArray] = []
+    rest = present
+    for column in reversed(coded):
+        rest, digit = np.divmod(rest, len(column.values))
+        digits.append(digit)
+    parts: list[list[AnyStr]] = []
+    for piece in run:
+        if isinstance(piece, Column):
+            parts.append(_pick(piece.values, digits.pop()))
+        else:
+            parts.append([piece] * len(present))
+    made = [empty.join(row) for row in zip(*parts, strict=True)]
+    return _pick(made, lookup[combined])
+
+
+def _pick(texts: list[Any], codes: IntArray) -> list[Any]:
+    """``texts[code]`` for each code, in one C call."""
+    if not len(codes):
+        return []
+    picked: list[Any] = np.array(texts, dtype=object)[codes].tolist()
+    return picked
+
+
+def as_column(values: Values | None, rows: int) -> Column:
+    """Any column as a coded one (``None``: a column of ``None``)."""
+    if values is None:
+        return Column(np.zeros(rows, dtype=np.int64), [None])
+    if isinstance(values, Column):
+        return values
+    return coded(values.tolist() if isinstance(values, np.ndarray) else values)
+
+
+# --- JSON Lines -------------------------------------------------------------------------------
+
+
+def encode_json_lines(batch: Sequence[Report] | Sequence[Frame]) -> bytes:
+    """A batch of reports, or one frame, as JSON Lines in UTF-8: each report what
+    :func:`~wattflow.formats.powerapi.encode_json` writes, then a newline."""
+    if not batch:
+        return b""
+    table = ReportTable.of(batch)
+    pieces: list[Piece[bytes]] = [
+        b'{"timestamp":',
+        _json_coded(table.timestamps, _json_timestamp),
+        b',"sensor":',
+        _json_coded(table.sensors, _dumps),
+        b',"target":',
+        _json_coded(table.targets, _dumps),
+        b',"metadata":',
+        *_json_metadata(table.metadata),
+    ]
+    if table.payloads is None:
+        assert table.power is not None
+        pieces += [b',"power":', _json_values(table.power), b"}\n"]
+    else:
+        own = _json_insides(table.payloads)
+        pieces += [[b"," + inside if inside else b"" for inside in own], b"}\n"]
+    return join_rows(pieces, len(table), [len(table)], b"")[0]
+
+
+def encode_json_documents(reports: Sequence[Report]) -> list[bytes]:
+    """Each report as :func:`~wattflow.formats.powerapi.encode_json` writes it, in UTF-8."""
+    lines = encode_json_lines(reports)
+    return lines.split(b"\n")[:-1]  # orjson escapes every newline inside a string
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=_JSON_OPTIONS)
+
+
+def _json_timestamp(timestamp: datetime) -> bytes:
+    return orjson.dumps(powerapi.format_timestamp(timestamp))
+
+
+def _json_coded(column: Column, encode: Any) -> Column:
+    return Column(column.codes, list(map(encode, column.values)))
+
+
+def _json_metadata(metadata: dict[str, Values] | list[dict[str, Any]]) -> list[Piece[bytes]]:
+    """The pieces of the metadata object: a piece per key of a table's columns, or each row's
+    object."""
+    if isinstance(metadata, list):
+        return [b"{", _json_insides(metadata), b"}"]
+    if not metadata:
+        return [b"{}"]
+    pieces: list[Piece[bytes]] = []
+    for key, values in metadata.items():
+        pieces += [(b"," if pieces else b"{") + _dumps(key) + b":", _json_values(values)]
+    return [*pieces, b"}"]
+
+
+_SCALARS = {float, int, bool, type(None)}
+"""Types whose JSON text holds no comma: a list of them is encoded in one call and split."""
+
+
+def _json_values(values: Values) -> Piece[bytes]:
+    """A column's JSON texts: each distinct value, each float from the array, or each row's
+    value, encoded as orjson encodes it inside a document."""
+    if isinstance(values, Column):
+        return _json_coded(values, _dumps)
+    if isinstance(values, np.ndarray):
+        contiguous = np.ascontiguousarray(values, dtype=np.float64)
+        return orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    if set(map(type, values)) <= _SCALARS:
+        return orjson.dumps(values)[1:-1].split(b",")
+    return list(map(_dumps, values))
+
+
+def _json_insides(objects: list[dict[str, Any]]) -> list[bytes]:
+    """Each object's JSON text inside its braces, from one call to orjson: the list's text cut
+    where one object ends and the next begins (``},{``), unless that occurs inside them too (in
+    a text, or between the objects of a list).
+
+    Cutting one text makes small objects; a call per object costs a buffer of a kilobyte
+    each, which, kept for a whole batch, grows the heap a page every few rows.
+    """
+    text = _dumps(objects)
+    if text.count(b"},{") == len(objects) - 1:
+        return text[2:-2].split(b"},{")
+    return [_dumps(item)[1:-1] for item in objects]
+
+
+# --- CSV --------------------------------------------------------------------------------------
+
+
+def csv_texts(
+    table: ReportTable, kind: str, header: Sequence[str], cuts: Sequence[int]
+) -> list[str]:
+    """The table's rows, all of ``kind``, as PowerAPI's CSV output writes them under
+    ``header``, one text per cut (``cuts``: the rows of each file, in the table's order).
+
+    A PowerReport's cells are its values under the header's names (``socket`` and the others
+    from its metadata, empty where it has none); a FormulaReport's row is always its
+    timestamp, sensor, target and metadata as JSON, whatever the header.
+    """
+    formulas = kind == FormulaReport.kind
+    pieces: list[Piece[str]] = []
+    for name in powerapi.CSV_FORMULA if formulas else header:
+        pieces += [",", _csv_column(table, name, formulas=formulas)]
+    pieces[0] = ""
+    return join_rows([*pieces, "\r\n"], len(table), cuts, "")
+
+
+def _csv_column(table: ReportTable, name: str, *, formulas: bool) -> Piece[str]:
+    if name == "timestamp":
+        return Column(table.timestamps.codes, [str(to_millis(t)) for t in table.timestamps.values])
+    if name == "sensor":
+        return _csv_values(table.sensors)
+    if name == "target":
+        return _csv_values(table.targets)
+    if formulas:
+        rows = table.metadata
+        assert isinstance(rows, list), "FormulaReports come as reports"
+        return _csv_quoted([json.dumps(row) for row in rows])
+    if name == "power" and table.power is not None:
+        return _csv_values(table.power)
+    values = table.metadata_values(name)
+    return "" if values is None else _csv_values(values)
+
+
+def _csv_values(values: Values) -> Piece[str]:
+    """A column's CSV cells: ``str`` of each value, empty for ``None``, quoted where needed."""
+    if isinstance(values, Column):
+        return Column(values.codes, _csv_quoted(list(map(_cell_text, values.values))))
+    if isinstance(values, np.ndarray):
+        return float_texts(values)
+    if set(map(type, values)) == {float}:
+        return float_texts(np.array(values, dtype=np.float64))
+    return _csv_quoted(list(map(_cell_text, values)))
+
+
+_PROBE_FLOATS = [0.1, 1 / 3, 2.5e-4, 123456.789, 1e15, 9999999999999998.0, -7.25, 1.0]
+_ORJSON_WRITES_REPR = (
+    orjson.dumps(_PROBE_FLOATS).decode() == "[" + ",".join(map(repr, _PROBE_FLOATS)) + "]"
+)
+"""Whether this orjson writes floats from 1e-4 to 1e16 as ``repr`` does (shortest digits that
+read back exactly, fixed notation); checked once at import, since its formatter is a C library
+that could change."""
+
+
+def float_texts(values: FloatArray) -> list[str]:
+    """``str(v)`` of every float, as PowerAPI's CSV output writes them, in one C call where
+    that is exact.
+
+    Formatting a float costs about a microsecond in Python, and a CSV row holds two. orjson
+    formats a whole array at once and writes what ``repr`` writes over the range powers and
+    ratios take; only values outside it (zeros included: ``-0.0``; NaN and infinity, which JSON
+    cannot hold; scientific notation) are formatted one by one.
+    """
+    if not _ORJSON_WRITES_REPR or len(values) < 4:
+        return list(map(repr, values.tolist()))
+    contiguous = np.ascontiguousarray(values, dtype=np.float64)
+    texts = orjson.dumps(contiguous, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1].split(",")
+    magnitudes = np.abs(contiguous)
+    outside = np.flatnonzero(~((magnitudes >= 1e-4) & (magnitudes < 1e16)))
+    for at, value in zip(outside.tolist(), contiguous[outside].tolist(), strict=True):
+        texts[at] = repr(value)
+    return texts
+
+
+def _cell_text(value: Any) -> str:
+    if type(value) is str:
+        return value
+    return "" if value is None else str(value)
+
+
+def _csv_quoted(texts: list[str]) -> list[str]:
+    """The texts as cells, those that hold a comma, a quote or a line break quoted as the csv
+    module quotes them."""
+    joined = "".join(texts)
+    if '"' in joined or "," in joined or "\n" in joined or "\r" in joined:
+        return [_csv_cell(text) for text in texts]
+    return texts
+
+
+def _csv_cell(text: str) -> str:
+    if '"' in text or "," in text or "\n" in text or "\r" in text:
+        return powerapi.csv_line([text])[:-2]
+    return text
+
+
+def csv_extra_columns(
+    table: ReportTable, kind: str, header: Sequence[str], rows: IntArray
+) -> dict[int, list[str]]:
+    """The rows (of ``rows``, all of ``kind``) whose values have no column in ``header``, each
+    with the names that have none: a PowerReport's metadata keys and ``power``. A
+    FormulaReport has none: its row is the same under any header."""
+    if kind == FormulaReport.kind:
+        return {}
+    allowed = set(header)
+    metadata = table.metadata
+    if isinstance(metadata, dict):
+        extra = sorted({*metadata, "power"} - allowed)
+        return dict.fromkeys(rows.tolist(), extra) if extra else {}
+    found: dict[int, list[str]] = {}
+    for row in rows.tolist():
+        keys = metadata[row].keys()
+        if not keys <= allowed or "power" not in allowed:
+            found[row] = sorted({*keys, "power"} - allowed)
+    return found
