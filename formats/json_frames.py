@@ -582,18 +582,23 @@ class _LineColumns:
         """The frame's names: the layout's, then the sensor's and targets' new ones as they
         first come (as :class:`_Batch` codes them); each name's code, and each string's code
         among the names."""
+        known = layout.codes
+        if known:  # mostly, every name is the layout's: no order to find
+            table = np.array([known.get(text, -1) for text in self.strings], dtype=np.int64)
+            if (table[self.sensors[lines]] >= 0).all() and (table[self.targets[lines]] >= 0).all():
+                return layout.names, known, table
         both = np.column_stack((self.sensors[lines], self.targets[lines])).ravel()
         ids, firsts = np.unique(both, return_index=True)
         ordered = ids[np.argsort(firsts)].tolist()
-        names, known = layout.names, layout.codes
-        texts = [self.strings[at] for at in ordered]
-        if any(text not in known for text in texts):
+        names = layout.names
+        strings = self.strings
+        found = [known.get(strings[at], -1) for at in ordered]
+        if -1 in found:  # names the sensor's earlier batches did not have
             known = dict(known)
-            for text in texts:
-                known.setdefault(text, len(known))
+            found = [known.setdefault(strings[at], len(known)) for at in ordered]
             names = list(known)
-        codes = np.zeros(len(self.strings), dtype=np.int64)
-        codes[ordered] = [known[text] for text in texts]
+        codes = np.zeros(len(strings), dtype=np.int64)
+        codes[ordered] = found
         return names, known, codes
 
     def _table(
