@@ -171,6 +171,41 @@ class EventsTable:
         )
 
 
+def canonical_rows(tables: Sequence[EventsTable]) -> bool:
+    """Whether each table's rows come in tick order, and a report's rows of one socket
+    together, each cpu once among them: the rows array code can take as they are (SmartWatts'
+    tick assembly does). PowerAPI's CSV input may give others (its row-by-row reading merges
+    them); :meth:`HWPCFrame.from_reports` of the frame's reports makes them so."""
+    for table in tables:
+        if not len(table):
+            continue
+        if bool((table.millis[1:] < table.millis[:-1]).any()):
+            return False
+        starts = run_starts(table.millis, table.targets, table.sockets)
+        width = int(table.targets.max()) + 1
+        span = int(table.sockets.max()) + 1
+        segment = ((table.millis[starts] - table.millis[0]) * width + table.targets[starts]) * span
+        if len(np.unique(segment + table.sockets[starts])) != len(starts):
+            return False
+        if not _cpus_unique(table.cpus, starts):
+            return False
+    return True
+
+
+def _cpus_unique(cpus: IntArray, starts: IntArray) -> bool:
+    """Whether no cpu comes twice in one segment."""
+    segment_start = np.zeros(len(cpus), dtype=np.bool_)
+    segment_start[starts] = True
+    rising = np.empty(len(cpus), dtype=np.bool_)
+    rising[0] = True
+    rising[1:] = cpus[1:] > cpus[:-1]
+    if bool((rising | segment_start).all()):
+        return True
+    segment = np.cumsum(segment_start)
+    keys = segment * (int(cpus.max()) + 1) + cpus
+    return len(np.unique(keys)) == len(keys)
+
+
 class HWPCFrame(Frame):
     """hwpc-sensor reports of whole ticks, as the rows of each events group.
 
@@ -180,7 +215,7 @@ class HWPCFrame(Frame):
 
     kind: ClassVar[str] = HWPCReport.kind
 
-    __slots__ = ("count", "memo", "names", "originals", "tables")
+    __slots__ = ("canonical", "count", "memo", "names", "originals", "tables")
 
     def __init__(
         self,
@@ -188,8 +223,13 @@ class HWPCFrame(Frame):
         tables: list[EventsTable],
         count: int | None = None,
         originals: dict[ReportKey, HWPCReport] | None = None,
+        *,
+        canonical: bool = False,
     ):
         self.names = names
+        """The texts the sensor and target codes stand for. Never changed once a frame has it:
+        an input hands the same list to a sensor's frames batch after batch (a name may be in
+        it that the frame's rows do not use), so that they join without new codes."""
         self.tables = tables
         self.count = count
         """The number of reports, counted when first asked for."""
@@ -200,6 +240,11 @@ class HWPCFrame(Frame):
         """The reports a frame made by :meth:`from_reports` stands for, by key: :meth:`reports`
         gives those objects back (metadata and the counters' own types included), and a part
         of the frame keeps the whole dict, looked up by key."""
+        self.canonical = canonical
+        """Whether the frame's maker built its rows canonical (:func:`canonical_rows`), so
+        that a consumer may skip that check; ``False`` says nothing either way. The JSON inputs'
+        decoder promises it: it places whole lines, each tick after the one before, each
+        (tick, target) once, each socket's cpus together and each once."""
 
     @classmethod
     def from_reports(cls, reports: Sequence[HWPCReport]) -> tuple[HWPCFrame, list[HWPCReport]]:
@@ -326,10 +371,10 @@ class HWPCFrame(Frame):
         Raises:
             ValueError: when a group has other events in the later frame.
         """
-        names, tables = self._recoded(later)
-        following = {table.group: table for table in tables}
+        names, mine, theirs = self._recoded(later)
+        following = {table.group: table for table in theirs}
         together: list[EventsTable] = []
-        for table in self.tables:
+        for table in mine:
             more = following.pop(table.group, None)
             if more is None:
                 together.append(table)
@@ -344,17 +389,29 @@ class HWPCFrame(Frame):
         count = None if self.count is None or later.count is None else self.count + later.count
         return HWPCFrame(names, together, count, originals)
 
-    def _recoded(self, later: HWPCFrame) -> tuple[list[str], list[EventsTable]]:
-        """This frame's names, extended by the later frame's new ones, and the later frame's
-        tables with their codes into those names."""
-        if later.names == self.names:
-            return self.names, later.tables
-        names = list(self.names)
+    def _recoded(self, later: HWPCFrame) -> tuple[list[str], list[EventsTable], list[EventsTable]]:
+        """Names for both frames' rows, and each frame's tables with codes into them.
+
+        A later frame of the same input mostly has this frame's names, or more after them: then
+        no code changes. Otherwise the later frame's names are kept, followed by those of this
+        frame's rows it lacks, and this frame's codes change: the names of a sensor's pending
+        ticks so follow its input's, rather than growing with every container ever seen."""
+        names = later.names
+        mine = self.names
+        if names is mine or (len(names) >= len(mine) and names[: len(mine)] == mine):
+            return names, self.tables, later.tables
         index = {name: code for code, name in enumerate(names)}
-        recode = np.array(
-            [index.setdefault(name, len(index)) for name in later.names], dtype=np.int64
+        used = np.unique(
+            np.concatenate(
+                [np.empty(0, np.int64)]
+                + [t.sensors for t in self.tables]
+                + [t.targets for t in self.tables]
+            )
         )
-        names.extend(list(index)[len(names) :])
+        recode = np.zeros(len(mine), dtype=np.int64)
+        recode[used] = [index.setdefault(mine[code], len(index)) for code in used.tolist()]
+        if len(index) > len(names):
+            names = list(index)
         tables = [
             EventsTable(
                 t.group,
@@ -366,9 +423,9 @@ class HWPCFrame(Frame):
                 t.cpus,
                 t.values,
             )
-            for t in later.tables
+            for t in self.tables
         ]
-        return names, tables
+        return names, tables, later.tables
 
     def reports(self) -> list[Report]:
         """The reports, merged as PowerAPI's CSV input merges the rows of its files.

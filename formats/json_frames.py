@@ -16,17 +16,23 @@ A frame stands for exactly the reports the lines decode to one by one
 every line is plain: it decodes, carries no metadata, has a timestamp of whole milliseconds not
 earlier than the line before, names a (timestamp, sensor, target) no other line of the batch
 names, holds only integer counters that fit 64 bits, writes sockets and cpus as plain numbers
-(``"0"``, not ``"00"``), gives every cpu of a group the same events (one or more), and comes in
-the order the frame gives its reports back. Anything else (hostile input included) leaves the
-batch to the line-by-line way, which decodes, and dead-letters, exactly as it always did. A
-frame gives each cpu's events back in its group's order, which is hwpc-sensor's order; a sensor
-that wrote them in another order on some cpus gets the same counters back in the group's order.
+(``"0"``, not ``"00"`` or ``"-1"``), gives every cpu of a group the same events (one or more),
+and comes in the order the frame gives its reports back. Anything else (hostile input included)
+leaves the batch to the line-by-line way, which decodes, and dead-letters, exactly as it always
+did. A frame gives each cpu's events back in its group's order, which is hwpc-sensor's order; a
+sensor that wrote them in another order on some cpus gets the same counters back in the group's
+order.
+
+So placed, a frame's rows are canonical (:attr:`~wattflow.formats.frames.HWPCFrame.canonical`:
+ticks in order, each report's rows of a socket together, each cpu once among them), and the
+frames say so: SmartWatts then takes them as they are, without checking.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
 from typing import Annotated, Any
@@ -151,14 +157,16 @@ _LARGEST_ID = 2**63 - 1
 
 def _numbers(texts: list[str]) -> IntArray:
     """Socket or cpu keys as the numbers a frame holds; only keys that are their number's text
-    (``"0"``, ``"12"``), since the frame writes them back as ``str`` of the number."""
+    (``"0"``, ``"12"``, not ``"-1"``), since the frame writes them back as ``str`` of the number."""
     known: dict[str, int] = {}
     for text in set(texts):
         try:
             number = int(text)
         except ValueError:
             raise _NotPlain("a socket or cpu that is not a number") from None
-        if str(number) != text:
+        if str(number) != text or number < 0:
+            # A frame's rows are placed by their socket and cpu numbers: "-1" is not one of
+            # them (nor for :meth:`~wattflow.formats.frames.HWPCFrame.from_reports`).
             raise _NotPlain("a socket or cpu written another way than its number")
         if number > _LARGEST_ID:
             raise _NotPlain("a socket or cpu number beyond 64 bits")
@@ -178,20 +186,55 @@ def _millis_of(raw: int | float | str) -> int:
     return millis
 
 
-Layout = tuple[tuple[str, tuple[str, ...]], ...]
+Groups = tuple[tuple[str, tuple[str, ...]], ...]
 """A sensor's groups and each group's events, in the order its frames' tables hold them."""
+
+NAMES_LIMIT = 1024
+"""The most names (the sensor and its targets) an input remembers of a sensor: beyond it, the
+next batch codes its names afresh. Containers come and go, each under a new name; a table that
+kept them all would grow without end, and every frame would carry it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What an input remembers of a sensor from one batch to the next, so that its frames come
+    alike: its groups (:data:`Groups`), and the names its frames' codes stand for.
+
+    A batch that starts with containers' reports, before the global report names the rapl and
+    msr groups, still orders its tables as the sensor writes its groups. And a sensor's frames
+    share their names, each batch's new ones after the others, so that a formula that holds
+    a sensor's ticks (SmartWatts) joins the next frame onto them without coding names again.
+    ``names`` is never changed (frames hold it): a batch with new names makes a new list."""
+
+    groups: Groups = ()
+    names: list[str] = field(default_factory=list)
+    codes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """Each name's code: its place in ``names``."""
+
+
+_NO_LAYOUT = Layout()
+
+
+def _remembered(groups: Groups, names: list[str], codes: dict[str, int]) -> Layout:
+    """The layout to remember after a batch: its names only up to :data:`NAMES_LIMIT`."""
+    if len(names) > NAMES_LIMIT:
+        return Layout(groups)
+    return Layout(groups, names, codes)
 
 
 class _Batch:
     """The state of one batch's pass: names, groups, the tick being read."""
 
-    __slots__ = ("codes", "groups", "millis_of", "reports", "tick", "tick_keys",
+    __slots__ = ("codes", "groups", "millis_of", "names", "reports", "tick", "tick_keys",
                  "tick_rank")  # fmt: skip
 
-    def __init__(self, layout: Layout = ()) -> None:
-        self.codes: dict[str, int] = {}
+    def __init__(self, layout: Layout = _NO_LAYOUT) -> None:
+        self.codes: dict[str, int] = dict(layout.codes)
+        self.names = layout.names
+        """The names of the frames made so far (or the remembered ones): the list the next
+        frame shares when its lines brought no new name."""
         self.groups: dict[str, _GroupRows] = {
-            name: _GroupRows(events, rank) for rank, (name, events) in enumerate(layout)
+            name: _GroupRows(events, rank) for rank, (name, events) in enumerate(layout.groups)
         }
         self.millis_of: dict[int | float | str, int] = {}
         self.reports = 0
@@ -258,13 +301,18 @@ class _Batch:
         raise _NotPlain("a group without cpus")
 
     def layout(self) -> Layout:
-        """The groups and their events, in the order of the batch's tables."""
-        return tuple((name, rows.events) for name, rows in self.groups.items())
+        """The groups and their events, in the order of the batch's tables, and the names of
+        its frame (:meth:`frame` has made it)."""
+        groups = tuple((name, rows.events) for name, rows in self.groups.items())
+        return _remembered(groups, self.names, self.codes)
 
     def next(self) -> _Batch:
-        """A batch for the lines after this one's, which still knows the tick being read (a
-        target's second report in it is not plain)."""
+        """A batch for the lines after this one's (:meth:`frame` has made its frame), which
+        still knows the tick being read (a target's second report in it is not plain) and
+        codes names as this one does."""
         following = _Batch()
+        following.codes = self.codes
+        following.names = self.names
         following.millis_of = self.millis_of
         following.tick = self.tick
         following.tick_keys = self.tick_keys
@@ -272,9 +320,10 @@ class _Batch:
         return following
 
     def frame(self) -> HWPCFrame:
-        names = list(self.codes)
+        if len(self.codes) != len(self.names):
+            self.names = list(self.codes)
         tables = [rows.table(name) for name, rows in self.groups.items() if rows.line_rows]
-        return HWPCFrame(names, tables, self.reports)
+        return HWPCFrame(self.names, tables, self.reports, canonical=True)
 
 
 def decode_hwpc_frames(
@@ -314,7 +363,7 @@ def _plain_lines(lines: Sequence[bytes | str]) -> list[_WholeDocument] | None:
             continue
         try:
             document = _decode_whole(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):  # bytes not UTF-8 in a string
             return None
         if document.metadata or not document.groups:
             return None
@@ -397,7 +446,7 @@ def compiled_hwpc_frames(
     single = len(sensor_ids) == 1
     for sensor_id in sensor_ids[np.argsort(firsts)].tolist():
         sensor = strings[sensor_id]
-        made = columns.frame(sensor_id, known.get(sensor, ()), single)
+        made = columns.frame(sensor_id, known.get(sensor, _NO_LAYOUT), single)
         if made is None:
             return None
         frames.append(made[0])
@@ -472,22 +521,23 @@ class _LineColumns:
             mine = self.sensors[self.occurrence_lines] == sensor
             lines_of_groups = self.occurrence_lines[mine]
             shapes_of_groups = self.occurrence_shapes[mine]
-        ranked = self._ranks(shapes_of_groups, layout)
+        ranked = self._ranks(shapes_of_groups, layout.groups)
         if ranked is None:
             return None
         shape_ranks, groups = ranked
         if not self._placed(lines, lines_of_groups, shape_ranks[shapes_of_groups]):
             return None
-        names, codes = self._names(lines)
+        names, known, codes = self._names(lines, layout)
         tables = []
         for group, (events, shape) in groups.items():
             if shape is not None:
                 tables.append(self._table(group, events, self.shapes[shape], sensor, codes, single))
-        frame = HWPCFrame(names, tables, len(lines))
-        return frame, tuple((group, events) for group, (events, _) in groups.items())
+        frame = HWPCFrame(names, tables, len(lines), canonical=True)
+        learned = tuple((group, events) for group, (events, _) in groups.items())
+        return frame, _remembered(learned, names, known)
 
     def _ranks(
-        self, shapes_of_groups: IntArray, layout: Layout
+        self, shapes_of_groups: IntArray, layout: Groups
     ) -> tuple[IntArray, dict[str, tuple[tuple[str, ...], int | None]]] | None:
         """Each shape's group's place among the sensor's tables (the layout's groups, then
         new ones as they first come), and per group its events and its shape; None when a
@@ -525,15 +575,28 @@ class _LineColumns:
         keys = ticks * len(self.strings) + self.targets[lines]
         return len(np.unique(keys)) == len(keys)
 
-    def _names(self, lines: IntArray) -> tuple[list[str], IntArray]:
-        """The frame's names (sensor and targets, as they first come) and each string's code
-        among them."""
+    def _names(self, lines: IntArray, layout: Layout) -> tuple[list[str], dict[str, int], IntArray]:
+        """The frame's names: the layout's, then the sensor's and targets' new ones as they
+        first come (as :class:`_Batch` codes them); each name's code, and each string's code
+        among the names."""
+        known = layout.codes
+        if known:  # mostly, every name is the layout's: no order to find
+            table = np.array([known.get(text, -1) for text in self.strings], dtype=np.int64)
+            if (table[self.sensors[lines]] >= 0).all() and (table[self.targets[lines]] >= 0).all():
+                return layout.names, known, table
         both = np.column_stack((self.sensors[lines], self.targets[lines])).ravel()
         ids, firsts = np.unique(both, return_index=True)
-        ordered = ids[np.argsort(firsts)]
-        codes = np.zeros(len(self.strings), dtype=np.int64)
-        codes[ordered] = np.arange(len(ordered))
-        return [self.strings[at] for at in ordered.tolist()], codes
+        ordered = ids[np.argsort(firsts)].tolist()
+        names = layout.names
+        strings = self.strings
+        found = [known.get(strings[at], -1) for at in ordered]
+        if -1 in found:  # names the sensor's earlier batches did not have
+            known = dict(known)
+            found = [known.setdefault(strings[at], len(known)) for at in ordered]
+            names = list(known)
+        codes = np.zeros(len(strings), dtype=np.int64)
+        codes[ordered] = found
+        return names, known, codes
 
     def _table(
         self,
@@ -666,7 +729,7 @@ def _document_frames(
         for document in documents:
             batch = sensors.get(document.sensor)
             if batch is None:
-                batch = sensors[document.sensor] = _Batch(layouts.get(document.sensor, ()))
+                batch = sensors[document.sensor] = _Batch(layouts.get(document.sensor, _NO_LAYOUT))
             try:
                 batch.add(document)
             except _Cut:

@@ -161,7 +161,7 @@ def decode_json_lines(
                     errors.append((error, line))
         return reports, errors
     decode = decode_hwpc_document
-    invalid = msgspec.DecodeError
+    invalid = (msgspec.DecodeError, UnicodeDecodeError)  # bytes not UTF-8 in a string
     stamps: dict[int | float | str, datetime] = {}
     append = reports.append
     for line in lines:
@@ -206,7 +206,7 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     """
     try:
         document = decode_hwpc_document(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):  # bytes not UTF-8 in a string
         return None
     timestamp = utc_or_none(document.timestamp)
     if timestamp is None:

@@ -3,11 +3,13 @@ batches.
 
 ``compiled_hwpc_frames`` may decline any batch (the Python way then decides), but a frame it
 makes must be the frame the Python way makes of the same batch: same names, same columns, same
-reports, and the same layouts remembered. Batches are slices of generated hwpc-sensor streams,
-with mutations of every kind a line can carry (other key orders and spaces, escapes, floats,
-huge and negative integers, missing, extra and reordered events, repeated keys and targets,
-timestamps going back, truncated lines, random bytes) and random bytes alone: the socket input
-is a network input, so the parser is also run on what no sensor writes.
+reports, and the same layouts remembered; and either way's frames are canonical, as the decoder
+promises (``HWPCFrame.canonical``: SmartWatts then skips its check). Batches are slices of
+generated hwpc-sensor streams, with mutations of every kind a line can carry (other key orders
+and spaces, escapes, floats, huge and negative integers, missing, extra and reordered events,
+repeated keys and targets, timestamps going back, truncated lines, random bytes) and random
+bytes alone: the socket input is a network input, so the parser is also run on what no sensor
+writes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from wattflow.formats import json_frames
-from wattflow.formats.frames import HWPCFrame
+from wattflow.formats.frames import HWPCFrame, canonical_rows
 from wattflow.formats.json_frames import Layout, compiled_hwpc_frames
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -48,8 +50,17 @@ def python_way(lines: list[Any], layouts: dict[str, Layout]) -> list[HWPCFrame] 
     return None if documents is None else json_frames._frames_learning_again(documents, layouts)
 
 
+def assert_canonical(frames: list[HWPCFrame]) -> None:
+    """The decoder promises canonical rows: the promise holds."""
+    for frame in frames:
+        assert frame.canonical
+        assert canonical_rows(frame.tables)
+
+
 def assert_same_frames(mine: list[HWPCFrame], theirs: list[HWPCFrame]) -> None:
     assert len(mine) == len(theirs)
+    assert_canonical(mine)
+    assert_canonical(theirs)
     for frame, twin in zip(mine, theirs, strict=True):
         assert frame.names == twin.names
         assert frame.count == twin.count
@@ -70,10 +81,11 @@ def agree(lines: list[Any], layouts: dict[str, Layout] | None = None) -> bool:
     mine_layouts = dict(layouts or {})
     theirs_layouts = dict(layouts or {})
     mine = compiled_hwpc_frames(lines, mine_layouts)
+    theirs = python_way(lines, theirs_layouts)
     if mine is None:
         assert mine_layouts == (layouts or {}), "a declined batch leaves the layouts alone"
+        assert_canonical(theirs or [])
         return False
-    theirs = python_way(lines, theirs_layouts)
     assert theirs is not None, "the C parser made frames of a batch the Python way refuses"
     assert_same_frames(mine, theirs)
     assert mine_layouts == theirs_layouts

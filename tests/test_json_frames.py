@@ -21,7 +21,7 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.formats import json_frames, powerapi
-from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, expand
+from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, canonical_rows, expand
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import HWPCReport, Report
@@ -91,6 +91,8 @@ def test_frames_stand_for_the_reports_the_lines_decode_to(
         assert all(len(frame) == len(frame.reports()) for frame in frames)
         for frame in frames:
             assert len(frame.sensors()) == 1
+            assert frame.canonical, "the decoder promises canonical rows"
+            assert canonical_rows(frame.tables)
         framed += [report for frame in frames for report in frame.reports()]
         expected += by_sensor(one_by_one(batch))
     assert encode_json_lines(framed) == encode_json_lines(expected)
@@ -132,6 +134,7 @@ CHANGES = {
     "a missing event": lambda lines: _change(lines, 3, lambda d: _first_cpu(d).popitem()),
     "an extra event": lambda lines: _change(lines, 3, lambda d: _first_cpu(d).update(X=1)),
     "a socket written 00": lambda lines: _change(lines, 3, _rename_socket),
+    "a socket written -1": lambda lines: _change(lines, 3, lambda d: _rename_socket(d, "-1")),
     "a socket number beyond 64 bits": lambda lines: _change(
         lines, 3, lambda d: _rename_socket(d, str(2**64))
     ),
@@ -147,6 +150,11 @@ CHANGES = {
     "a cpu without events, the first of its group": lambda lines: _change(
         lines, 1, lambda d: _first_cpu(d).clear()
     ),
+    "bytes not UTF-8 in a name": lambda lines: [
+        *lines[:3],
+        lines[3].replace(b'"target":"', b'"target":"\xff', 1),
+        *lines[4:],
+    ],
 }
 
 
@@ -159,11 +167,22 @@ def test_a_batch_with_a_line_the_frame_cannot_stand_for_is_left_to_the_lines(
     assert decode_hwpc_frames(lines[10:]) is not None, "the rest of the stream is plain"
 
 
+def test_a_line_not_utf8_is_a_dead_letter_and_the_others_reports(tmp_path: Path) -> None:
+    """The socket input reads what the network brings: bytes that are not UTF-8 in a string
+    make that line a dead letter, with its number, and the batch's other lines reports."""
+    lines = stream(tmp_path)
+    lines[3] = lines[3].replace(b'"target":"', b'"target":"\xff', 1)
+    decoded, errors = json_frames.decode_json_batch(HWPCReport, lines, "test", 1)
+    assert [(error.line, raw) for error, raw in errors] == [(4, lines[3])]
+    assert "not valid JSON" in str(errors[0][0])
+    assert decoded == one_by_one([*lines[:3], *lines[4:]])
+
+
 def test_a_sensor_whose_groups_change_is_learned_again(tmp_path: Path) -> None:
     lines = stream(tmp_path)
     layouts: dict[str, Layout] = {}
     assert decode_hwpc_frames(lines[:20], layouts) is not None
-    assert [name for name, _ in layouts["node-1"]] == ["rapl", "msr", "core"]
+    assert [name for name, _ in layouts["node-1"].groups] == ["rapl", "msr", "core"]
     renamed: list[bytes] = []
     for document in map(json.loads, lines[20:]):
         groups = document["groups"]
@@ -172,9 +191,66 @@ def test_a_sensor_whose_groups_change_is_learned_again(tmp_path: Path) -> None:
         renamed.append(json.dumps(document).encode())
     frames = decode_hwpc_frames(renamed, layouts)
     assert frames is not None
-    assert [name for name, _ in layouts["node-1"]] == ["rapl", "extra", "core"]
+    assert [name for name, _ in layouts["node-1"].groups] == ["rapl", "extra", "core"]
     framed = [report for frame in frames for report in frame.reports()]
     assert framed == one_by_one(renamed)
+
+
+def test_a_sensors_frames_share_their_names_batch_after_batch(tmp_path: Path) -> None:
+    """Cut mid-tick, batch after batch: each frame of a sensor has the names of the one before
+    it (the same list, unless the batch brought new names, which come after them), so that
+    SmartWatts joins it onto the ticks it holds without coding names again."""
+    lines = stream(tmp_path, containers=8)
+    layouts: dict[str, Layout] = {}
+    previous: HWPCFrame | None = None
+    grew = 0
+    for start in range(0, len(lines), 7):
+        for frame in decode_hwpc_frames(lines[start : start + 7], layouts) or []:
+            if previous is not None:
+                assert frame.names[: len(previous.names)] == previous.names
+                if len(frame.names) == len(previous.names):
+                    assert frame.names is previous.names
+                else:
+                    grew += 1
+                joined = previous.joined(frame)
+                assert joined.names is frame.names
+                assert joined.reports() == [*previous.reports(), *frame.reports()]
+            previous = frame
+    assert 0 < grew < 5, "the first batches bring the targets' names, the others none"
+    assert layouts["node-1"].names is previous.names if previous else False
+
+
+def test_a_sensor_with_ever_new_targets_is_remembered_up_to_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Containers that keep coming under new names: the names an input remembers of a sensor
+    stop at ``NAMES_LIMIT`` (the next batch codes its names afresh), and every frame still
+    stands for its lines' reports; a frame joined onto one coded afresh keeps the newer
+    frame's names, followed by those it lacks."""
+    monkeypatch.setattr(json_frames, "NAMES_LIMIT", 12)
+    renamed: list[bytes] = []
+    for at, line in enumerate(stream(tmp_path, ticks=20)):
+        document = json.loads(line)
+        if document["target"] not in ("all", "system"):
+            document["target"] += f"-{at}"
+        renamed.append(json.dumps(document).encode())
+    layouts: dict[str, Layout] = {}
+    pending: HWPCFrame | None = None
+    afresh = 0
+    for start in range(0, len(renamed), 5):
+        batch = renamed[start : start + 5]
+        frames = decode_hwpc_frames(batch, layouts)
+        assert frames is not None
+        assert len(layouts["node-1"].names) <= 12
+        assert [r for f in frames for r in f.reports()] == one_by_one(batch)
+        for frame in frames:
+            if pending is not None:
+                afresh += frame.names[: len(pending.names)] != pending.names
+                joined = pending.joined(frame)
+                assert joined.names[: len(frame.names)] == frame.names
+                assert joined.reports() == [*pending.reports(), *frame.reports()]
+            pending = frame
+    assert afresh > 0, "some batch coded its names afresh"
 
 
 def test_power_frames_are_written_as_their_reports_are(tmp_path: Path) -> None:

@@ -484,8 +484,12 @@ def _reports_in_both(first: HWPCFrame, later: HWPCFrame, millis: int) -> bool:
     """Whether both frames hold a report of the same target (or a global report) at ``millis``."""
 
     def targets(frame: HWPCFrame) -> set[str]:
-        codes = set(np.concatenate([t.targets[t.millis == millis] for t in frame.tables]).tolist())
-        return {"" if (n := frame.names[c]) in GLOBAL_TARGETS else n for c in codes}
+        seen = np.zeros(len(frame.names), dtype=np.bool_)
+        for table in frame.tables:
+            seen[table.targets[table.millis == millis]] = True
+        names = frame.names
+        codes = np.flatnonzero(seen).tolist()
+        return {"" if (n := names[c]) in GLOBAL_TARGETS else n for c in codes}
 
     return bool(targets(first) & targets(later))
 

@@ -23,7 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from wattflow.actors.formulas.rapl import GLOBAL_TARGETS, RAPL_EVENT_PREFIX, tick_intervals
-from wattflow.formats.frames import EventsTable, FloatArray, HWPCFrame, IntArray, run_starts
+from wattflow.formats.frames import (
+    EventsTable,
+    FloatArray,
+    HWPCFrame,
+    IntArray,
+    canonical_rows,
+    run_starts,
+)
 from wattflow.formats.powerapi import datetime_of
 
 WRAPPED_COUNTER = 2**48
@@ -166,30 +173,16 @@ def index_reports(frame: HWPCFrame) -> ReportIndex:
 
 
 def is_canonical(frame: HWPCFrame) -> bool:
-    """Whether :func:`assemble` can take a frame as it is: each table's rows in tick order,
-    a report's rows of one socket together and each cpu once among them, one name for the
-    global report. PowerAPI's CSV input may give others (its row-by-row reading merges them);
-    :meth:`~wattflow.formats.frames.HWPCFrame.from_reports` of the frame's reports makes them
-    so."""
+    """Whether :func:`assemble` can take a frame as it is: its rows canonical
+    (:func:`~wattflow.formats.frames.canonical_rows`, unless its maker promised them so) and
+    one name for the global report. :meth:`~wattflow.formats.frames.HWPCFrame.from_reports` of
+    the frame's reports makes a frame canonical."""
     codes = [at for at, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
     if len(codes) > 1:  # a tick's global report might then come under two names
         used = np.concatenate([np.empty(0, np.int64), *(t.targets for t in frame.tables)])
         if len(np.intersect1d(used, codes)) > 1:
             return False
-    for table in frame.tables:
-        if not len(table):
-            continue
-        if bool((table.millis[1:] < table.millis[:-1]).any()):
-            return False
-        starts = run_starts(table.millis, table.targets, table.sockets)
-        width = int(table.targets.max()) + 1
-        span = int(table.sockets.max()) + 1
-        segment = ((table.millis[starts] - table.millis[0]) * width + table.targets[starts]) * span
-        if len(np.unique(segment + table.sockets[starts])) != len(starts):
-            return False
-        if not _cpus_unique(table.cpus, starts):
-            return False
-    return True
+    return frame.canonical or canonical_rows(frame.tables)
 
 
 def assemble(frame: HWPCFrame, timing: Timing) -> Assembly:
@@ -699,17 +692,3 @@ def _positions(sockets: IntArray, position: dict[int, int]) -> IntArray:
     table[list(position)] = list(position.values())
     found: IntArray = table[sockets]
     return found
-
-
-def _cpus_unique(cpus: IntArray, starts: IntArray) -> bool:
-    """Whether no cpu comes twice in one segment."""
-    segment_start = np.zeros(len(cpus), dtype=np.bool_)
-    segment_start[starts] = True
-    rising = np.empty(len(cpus), dtype=np.bool_)
-    rising[0] = True
-    rising[1:] = cpus[1:] > cpus[:-1]
-    if bool((rising | segment_start).all()):
-        return True
-    segment = np.cumsum(segment_start)
-    keys = segment * (int(cpus.max()) + 1) + cpus
-    return len(np.unique(keys)) == len(keys)
