@@ -6,8 +6,8 @@
  * "timestamp", "sensor", "target", "groups" and an optional empty "metadata", in any order;
  * groups of sockets of cpus of integer counters; sockets and cpus written as their number; the
  * same events, in the same order, on every cpu of a group in a line. Anything else (escapes,
- * floats, signs, counters beyond 63 bits, unknown or repeated keys, a cpu with other events,
- * bytes that are not JSON) makes it decline: it returns None and the caller reads the batch the
+ * floats, signs, counters beyond 63 bits, sockets from 65,536 or cpus from 1,048,576 on, unknown
+ * or repeated keys, a cpu with other events, bytes that are not JSON) makes it decline: it returns None and the caller reads the batch the
  * way it always did. Every read is bounded by the line's length: the lines come from a network
  * socket.
  *
@@ -29,7 +29,13 @@
 #define MAX_EVENTS 128
 #define MAX_SIGNATURES 64
 #define MAX_SHAPES 64
-#define MAX_ID_DIGITS 18  /* a socket or cpu number, and an integer timestamp */
+#define MAX_ID_DIGITS 18  /* an integer timestamp */
+/* Socket and cpu numbers are below these (wattflow.formats.reports' SOCKET_LIMIT and
+ * CPU_LIMIT): a line with a larger one declines the batch, and the Python way refuses that
+ * line alone. */
+#define SOCKET_LIMIT 65536
+#define CPU_LIMIT 1048576
+#define LIMIT_DIGITS 7 /* digits of CPU_LIMIT: no number below it has more */
 
 #define TRY(call)                  \
     do {                           \
@@ -303,12 +309,13 @@ static inline int read_counter(Cursor *cursor, int64_t *value) {
     return OK;
 }
 
-/* A socket's or cpu's key: the text of its number, "0" or digits not starting with 0. */
-static inline int read_number_key(Cursor *cursor, int64_t *value) {
+/* A socket's or cpu's key: the text of its number, "0" or digits not starting with 0, and
+ * the number below limit. */
+static inline int read_number_key(Cursor *cursor, int64_t limit, int64_t *value) {
     const char *text;
     Py_ssize_t size;
     TRY(read_string(cursor, &text, &size));
-    if (size < 1 || size > MAX_ID_DIGITS || (text[0] == '0' && size > 1)) {
+    if (size < 1 || size > LIMIT_DIGITS || (text[0] == '0' && size > 1)) {
         return DECLINE;
     }
     int64_t number = 0;
@@ -317,6 +324,9 @@ static inline int read_number_key(Cursor *cursor, int64_t *value) {
             return DECLINE;
         }
         number = number * 10 + (text[at] - '0');
+    }
+    if (number >= limit) {
+        return DECLINE;
     }
     *value = number;
     return OK;
@@ -459,7 +469,7 @@ static int read_group(Batch *batch, Cursor *cursor, Py_ssize_t group) {
     int more_sockets = 1;
     while (more_sockets) {
         int64_t socket;
-        TRY(read_number_key(cursor, &socket));
+        TRY(read_number_key(cursor, SOCKET_LIMIT, &socket));
         TRY(vec_push(&batch->socket_keys, socket));
         sockets_sorted &= socket > last_socket;
         last_socket = socket;
@@ -471,7 +481,7 @@ static int read_group(Batch *batch, Cursor *cursor, Py_ssize_t group) {
         int more_cpus = 1;
         while (more_cpus) {
             int64_t cpu;
-            TRY(read_number_key(cursor, &cpu));
+            TRY(read_number_key(cursor, CPU_LIMIT, &cpu));
             TRY(expect(cursor, ':'));
             if (shape == NULL) {
                 TRY(read_first_cpu(batch, cursor, group, &names, &shape));

@@ -10,9 +10,9 @@ found once per run of rows that repeat them.
 The files are merged by timestamp as :func:`~wattflow.formats.powerapi.read_hwpc_csv` merges
 them: a frame holds every row of every file up to the latest timestamp all files have reached.
 Anything the fast way cannot vouch for (a quoted or empty cell, a counter that is not an integer,
-a timestamp going back, a text socket) hands the rest of every file, from the first row not yet
-framed, to :func:`~wattflow.formats.powerapi.read_hwpc_csv`, which yields reports and dead
-letters exactly as it always does.
+a timestamp going back, a text socket, a socket or cpu number out of bounds) hands the rest of
+every file, from the first row not yet framed, to :func:`~wattflow.formats.powerapi.read_hwpc_csv`,
+which yields reports and dead letters exactly as it always does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy.typing as npt
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.frames import EventsTable, HWPCFrame, IntArray, run_starts
-from wattflow.formats.reports import HWPCReport
+from wattflow.formats.reports import CPU_LIMIT, SOCKET_LIMIT, HWPCReport
 
 Records = npt.NDArray[Any]
 """Rows parsed by numpy into records (a structured array), or byte views of them."""
@@ -281,8 +281,8 @@ def _parse(data: bytes, f: _File, names: _Names) -> EventsTable:
         millis,
         sensors,
         targets,
-        _as_written(records, "socket"),
-        _as_written(records, "cpu"),
+        _as_written(records, "socket", SOCKET_LIMIT),
+        _as_written(records, "cpu", CPU_LIMIT),
         np.ascontiguousarray(counters),
     )
     return table
@@ -365,13 +365,15 @@ def _coded(texts: Records, names: _Names) -> IntArray:
     return np.repeat(np.array(codes, dtype=np.int64), np.diff(np.append(runs, len(texts))))
 
 
-def _as_written(records: Records, name: str) -> IntArray:
-    """Sockets and cpus as numbers, when ``str`` of each gives back its text exactly.
+def _as_written(records: Records, name: str, limit: int) -> IntArray:
+    """Sockets and cpus as numbers, when ``str`` of each gives back its text exactly and each
+    is below ``limit``.
 
-    They are text in a report; a number written otherwise ("01", " 1", "+1") is not plain.
+    They are text in a report; a number written otherwise ("01", " 1", "+1") is not plain, nor
+    is one out of bounds (the row-by-row way refuses its row).
 
     Raises:
-        _NotPlain: when a socket or cpu is written otherwise.
+        _NotPlain: when a socket or cpu is written otherwise, or out of bounds.
     """
     raw = _field_bytes(records, name)
     first = raw[:, 0]
@@ -388,4 +390,6 @@ def _as_written(records: Records, name: str) -> IntArray:
         if not bool((((digit >= 48) & (digit <= 57)) | ~present).all()):
             raise _NotPlain
         value = np.where(present, value * 10 + (digit.astype(np.int64) - 48), value)
+    if bool((value >= limit).any()):
+        raise _NotPlain
     return value

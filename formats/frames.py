@@ -30,10 +30,13 @@ import numpy.typing as npt
 
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
+    CPU_LIMIT,
+    SOCKET_LIMIT,
     FormulaReport,
     HWPCReport,
     PowerReport,
     Report,
+    number_below,
     to_millis,
 )
 
@@ -536,21 +539,26 @@ class _GroupRows:
 
 def _cells(report: HWPCReport) -> list[tuple[str, int, int, dict[str, Any]]] | None:
     """A report's (group, socket, cpu, events), or ``None`` when it has no cpu or an id is not
-    a plain number (a frame holds ids as numbers, and writes them back as their text)."""
+    a plain number (a frame holds ids as numbers, and writes them back as their text) below its
+    bound (:data:`~wattflow.formats.reports.SOCKET_LIMIT`,
+    :data:`~wattflow.formats.reports.CPU_LIMIT`: the inputs refuse any other, but a report
+    made otherwise may carry one)."""
     cells = []
     for group, sockets in report.groups.items():
         for socket, cpus in sockets.items():
-            socket_id = _plain_id(socket)
+            socket_id = _plain_id(socket, SOCKET_LIMIT)
             for cpu, events in cpus.items():
-                cpu_id = _plain_id(cpu)
+                cpu_id = _plain_id(cpu, CPU_LIMIT)
                 if socket_id is None or cpu_id is None:
                     return None
                 cells.append((group, socket_id, cpu_id, events))
     return cells or None
 
 
-def _plain_id(text: str) -> int | None:
-    return int(text) if text.isdigit() and str(int(text)) == text else None
+def _plain_id(text: str, limit: int) -> int | None:
+    if not number_below(text, limit):
+        return None
+    return int(text) if str(int(text)) == text else None
 
 
 def _count_reports(tables: list[EventsTable], width: int) -> int:

@@ -16,12 +16,14 @@ A frame stands for exactly the reports the lines decode to one by one
 every line is plain: it decodes, carries no metadata, has a timestamp of whole milliseconds not
 earlier than the line before, names a (timestamp, sensor, target) no other line of the batch
 names, holds only integer counters that fit 64 bits, writes sockets and cpus as plain numbers
-(``"0"``, not ``"00"`` or ``"-1"``), gives every cpu of a group the same events (one or more),
-and comes in the order the frame gives its reports back. Anything else (hostile input included)
-leaves the batch to the line-by-line way, which decodes, and dead-letters, exactly as it always
-did. A frame gives each cpu's events back in its group's order, which is hwpc-sensor's order; a
-sensor that wrote them in another order on some cpus gets the same counters back in the group's
-order.
+(``"0"``, not ``"00"`` or ``"-1"``) within bounds (sockets below 65,536, cpus below
+1,048,576: :data:`~wattflow.formats.reports.SOCKET_LIMIT`,
+:data:`~wattflow.formats.reports.CPU_LIMIT`), gives every cpu of a group the same events (one
+or more), and comes in the order the frame gives its reports back. Anything else (hostile input
+included) leaves the batch to the line-by-line way, which decodes, and dead-letters, exactly as
+it always did. A frame gives each cpu's events back in its group's order, which is
+hwpc-sensor's order; a sensor that wrote them in another order on some cpus gets the same
+counters back in the group's order.
 
 So placed, a frame's rows are canonical (:attr:`~wattflow.formats.frames.HWPCFrame.canonical`:
 ticks in order, each report's rows of a socket together, each cpu once among them), and the
@@ -50,7 +52,14 @@ from wattflow.formats.powerapi import (
     from_mongodb,
     utc_or_none,
 )
-from wattflow.formats.reports import HWPCReport, Report, to_millis, to_utc
+from wattflow.formats.reports import (
+    CPU_LIMIT,
+    SOCKET_LIMIT,
+    HWPCReport,
+    Report,
+    to_millis,
+    to_utc,
+)
 
 try:
     from wattflow.formats import _hwpc_lines
@@ -138,7 +147,7 @@ class _GroupRows:
             )
         except OverflowError:
             raise _NotPlain("a counter beyond 64 bits") from None
-        sockets = np.repeat(_numbers(self.socket_texts), self.socket_rows)
+        sockets = np.repeat(_numbers(self.socket_texts, SOCKET_LIMIT), self.socket_rows)
         return EventsTable(
             group,
             self.events,
@@ -146,18 +155,17 @@ class _GroupRows:
             np.repeat(np.array(self.line_sensors, dtype=np.int64), counts),
             np.repeat(np.array(self.line_targets, dtype=np.int64), counts),
             sockets,
-            _numbers(self.cpu_texts),
+            _numbers(self.cpu_texts, CPU_LIMIT),
             values.reshape(-1, self.width),
         )
 
 
-_LARGEST_ID = 2**63 - 1
-"""The largest socket or cpu number a frame's int64 columns hold."""
-
-
-def _numbers(texts: list[str]) -> IntArray:
+def _numbers(texts: list[str], limit: int) -> IntArray:
     """Socket or cpu keys as the numbers a frame holds; only keys that are their number's text
-    (``"0"``, ``"12"``, not ``"-1"``), since the frame writes them back as ``str`` of the number."""
+    (``"0"``, ``"12"``, not ``"-1"``), since the frame writes them back as ``str`` of the number,
+    and below ``limit`` (:data:`~wattflow.formats.reports.SOCKET_LIMIT` or
+    :data:`~wattflow.formats.reports.CPU_LIMIT`): a batch with another goes the line-by-line
+    way, which refuses the report that carries it."""
     known: dict[str, int] = {}
     for text in set(texts):
         try:
@@ -168,8 +176,8 @@ def _numbers(texts: list[str]) -> IntArray:
             # A frame's rows are placed by their socket and cpu numbers: "-1" is not one of
             # them (nor for :meth:`~wattflow.formats.frames.HWPCFrame.from_reports`).
             raise _NotPlain("a socket or cpu written another way than its number")
-        if number > _LARGEST_ID:
-            raise _NotPlain("a socket or cpu number beyond 64 bits")
+        if number >= limit:
+            raise _NotPlain("a socket or cpu number out of bounds")
         known[text] = number
     numbers: IntArray = np.fromiter(map(known.__getitem__, texts), dtype=np.int64, count=len(texts))
     return numbers

@@ -32,10 +32,14 @@ from pydantic import ValidationError
 
 from wattflow.formats.errors import DecodeError, describe_validation_error
 from wattflow.formats.reports import (
+    CPU_LIMIT,
+    SOCKET_LIMIT,
     FormulaReport,
     HWPCReport,
     PowerReport,
     Report,
+    bad_number_key,
+    number_below,
     to_millis,
     to_utc,
 )
@@ -178,6 +182,8 @@ def decode_json_lines(
                 timestamp = utc_or_none(raw)
                 if timestamp is not None:
                     stamps[raw] = timestamp
+            if bad_number_key(document.groups) is not None:
+                timestamp = None  # pydantic's validation refuses it, naming the key
         if timestamp is None:
             if line.strip():
                 try:
@@ -200,16 +206,17 @@ def decode_json_lines(
 def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     """hwpc-sensor's JSON the fast way, or ``None`` to leave it to the full validation.
 
-    Every report of a sensor goes through here. Anything msgspec's checks refuse, or a timestamp
-    :func:`to_utc` cannot read, falls back to pydantic, whose error names the field (and which
-    also accepts the rare forms msgspec does not, such as counters written as strings).
+    Every report of a sensor goes through here. Anything msgspec's checks refuse, a timestamp
+    :func:`to_utc` cannot read, or a socket or cpu key out of bounds, falls back to pydantic,
+    whose error names the field (and which also accepts the rare forms msgspec does not, such
+    as counters written as strings).
     """
     try:
         document = decode_hwpc_document(data)
     except (msgspec.DecodeError, UnicodeDecodeError):  # bytes not UTF-8 in a string
         return None
     timestamp = utc_or_none(document.timestamp)
-    if timestamp is None:
+    if timestamp is None or bad_number_key(document.groups) is not None:
         return None
     return HWPCReport.trusted(
         timestamp=timestamp,
@@ -537,6 +544,10 @@ def _plain_blocks(
         counters = _decode_counter_rows(text)
     if len(counters) != len(rows):
         return None
+    if not _numbers_below({row[3] for row in rows}, SOCKET_LIMIT) or not _numbers_below(
+        {row[4] for row in rows}, CPU_LIMIT
+    ):
+        return None  # the row-by-row way names each row that carries one
     parsed: list[tuple[int, dict[tuple[str, str], Sockets]]] = []
     entries: dict[tuple[str, str], Sockets] = {}
     sockets: Sockets = {}
@@ -608,6 +619,10 @@ def _hwpc_rows(
                 str(path), line, f"field 'timestamp': {cells[at_ts]!r} is out of range"
             )
             continue
+        problem = _bad_row_number(cells[at_socket], cells[at_cpu])
+        if problem is not None:
+            yield DecodeError(str(path), line, problem)
+            continue
         raw = cells[len(CSV_HWPC) :] if contiguous else [cells[i] for i in events_at]
         try:
             values: list[int | float] = list(map(int, raw))
@@ -626,6 +641,20 @@ def _hwpc_rows(
             cells[at_cpu],
             dict(zip(names, values, strict=True)),
         )
+
+
+def _numbers_below(texts: set[str], limit: int) -> bool:
+    return all(number_below(text, limit) for text in texts)
+
+
+def _bad_row_number(socket: str, cpu: str) -> str | None:
+    """Why a CSV row's socket or cpu cannot be taken (see
+    :func:`~wattflow.formats.reports.bad_number_key`), or ``None``."""
+    if not number_below(socket, SOCKET_LIMIT):
+        return f"field 'socket': {socket!r} is not a socket number (0 to {SOCKET_LIMIT - 1})"
+    if not number_below(cpu, CPU_LIMIT):
+        return f"field 'cpu': {cpu!r} is not a cpu number (0 to {CPU_LIMIT - 1})"
+    return None
 
 
 def _row_blocks(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -106,15 +106,78 @@ class Report(BaseModel):
         return cast(Self, cls.model_construct(**fields))
 
 
+SOCKET_LIMIT = 65_536
+"""Socket numbers a report may carry are below this (2¹⁶)."""
+
+CPU_LIMIT = 1_048_576
+"""Cpu numbers a report may carry are below this (2²⁰). Linux numbers cpus below its
+``NR_CPUS``, whose largest setting (x86-64's and arm64's ``MAXSMP``) is 8,192: this leaves a
+hundred times that, and keeps a cpu number, a socket number and a frame's tick and name counts
+multiplied together far inside 64 bits."""
+
+_PLAIN_SOCKETS = frozenset(map(str, range(1024)))
+_PLAIN_CPUS = frozenset(map(str, range(8192)))
+"""The keys nearly every report carries: a report whose keys are all among them is checked
+with a few set operations in C."""
+
+
+def number_below(text: str, limit: int) -> bool:
+    """Whether a socket or cpu key is a number below ``limit``: ASCII digits only (a leading
+    zero allowed, as the key's number is what counts), no sign, space or point."""
+    digits = text.lstrip("0")
+    return text.isascii() and text.isdigit() and len(digits) <= 7 and int(digits or "0") < limit
+
+
+def bad_number_key(groups: dict[str, dict[str, dict[str, Any]]]) -> str | None:
+    """Why a report's socket or cpu key cannot be taken, naming the first such key; ``None``
+    when every socket is a number below :data:`SOCKET_LIMIT` and every cpu one below
+    :data:`CPU_LIMIT`.
+
+    The formulas use these numbers as array indexes and in keys made of several of them: a
+    socket numbered 10¹⁸ would have SmartWatts allocate an array that long, or wrap a 64-bit
+    key around. Every input refuses such a report at its edge (a dead letter with this reason),
+    whatever the way it decodes it."""
+    for group, sockets in groups.items():
+        if _PLAIN_SOCKETS.issuperset(sockets) and all(
+            _PLAIN_CPUS.issuperset(cpus) for cpus in sockets.values()
+        ):
+            continue
+        for socket, cpus in sockets.items():
+            if not number_below(socket, SOCKET_LIMIT):
+                return (
+                    f"socket {socket!r} of group {group!r} is not a socket number "
+                    f"(0 to {SOCKET_LIMIT - 1})"
+                )
+            for cpu in cpus:
+                if not number_below(cpu, CPU_LIMIT):
+                    return (
+                        f"cpu {cpu!r} of socket {socket!r} of group {group!r} is not a cpu "
+                        f"number (0 to {CPU_LIMIT - 1})"
+                    )
+    return None
+
+
 class HWPCReport(Report):
     """Performance counters and RAPL readings from hwpc-sensor.
 
     ``groups`` maps group → socket → cpu → event → value. RAPL values are per-interval energy
-    deltas in units of 2^-32 J. Socket and cpu keys are strings, as in hwpc-sensor's JSON.
+    deltas in units of 2^-32 J. Socket and cpu keys are strings, as in hwpc-sensor's JSON, each
+    the decimal number of a socket below :data:`SOCKET_LIMIT` or a cpu below :data:`CPU_LIMIT`
+    (:func:`bad_number_key`).
     """
 
     kind: ClassVar[str] = "HWPCReport"
     groups: dict[str, dict[str, dict[str, dict[str, Counter]]]] = Field(default_factory=dict)
+
+    @field_validator("groups")
+    @classmethod
+    def _numbered(
+        cls, groups: dict[str, dict[str, dict[str, dict[str, Counter]]]]
+    ) -> dict[str, dict[str, dict[str, dict[str, Counter]]]]:
+        problem = bad_number_key(groups)
+        if problem is not None:
+            raise ValueError(problem)
+        return groups
 
 
 class PowerReport(Report):

@@ -162,6 +162,9 @@ def _cell(index: int, value: str) -> Any:
         _cell(6, "1.5"),  # a counter that is not an integer
         _cell(2, '"container-1"'),  # quoting
         _cell(3, "01"),  # a socket that reads back as another text
+        _cell(3, "65536"),  # a socket beyond its bound
+        _cell(4, "1048576"),  # a cpu beyond its bound
+        _cell(4, str(10**18)),  # a cpu wider than the fast way's records
         _cell(0, "2026-01-05T09:06:40"),  # an ISO timestamp
         _cell(0, str(START_MS - 10_000)),  # a timestamp going back
         lambda line: line + ",7",  # a cell too many
@@ -173,6 +176,9 @@ def _cell(index: int, value: str) -> Any:
         "float",
         "quoted",
         "socket-text",
+        "socket-bound",
+        "cpu-bound",
+        "cpu-huge",
         "iso-time",
         "going-back",
         "extra",

@@ -6,10 +6,10 @@ makes must be the frame the Python way makes of the same batch: same names, same
 reports, and the same layouts remembered; and either way's frames are canonical, as the decoder
 promises (``HWPCFrame.canonical``: SmartWatts then skips its check). Batches are slices of
 generated hwpc-sensor streams, with mutations of every kind a line can carry (other key orders
-and spaces, escapes, floats, huge and negative integers, missing, extra and reordered events,
-repeated keys and targets, timestamps going back, truncated lines, random bytes) and random
-bytes alone: the socket input is a network input, so the parser is also run on what no sensor
-writes.
+and spaces, escapes, floats, huge and negative integers, sockets and cpus at and beyond their
+bounds, missing, extra and reordered events, repeated keys and targets, timestamps going back,
+truncated lines, random bytes) and random bytes alone: the socket input is a network input, so
+the parser is also run on what no sensor writes.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -195,6 +196,21 @@ def _rename_first_key(level: str) -> Callable[..., Any]:
     return _on_document(change)
 
 
+def _renumber_first_key(level: str, number: int) -> Callable[..., Any]:
+    """A socket or cpu given another number: at the bounds (65,536 sockets, 1,048,576 cpus)
+    and far beyond them."""
+
+    def change(document: dict[str, Any], rng: random.Random) -> None:
+        sockets = rng.choice(list(document["groups"].values()))
+        if level == "socket":
+            sockets[str(number)] = sockets.pop(next(iter(sockets)))
+        else:
+            cpus = next(iter(sockets.values()))
+            cpus[str(number)] = cpus.pop(next(iter(cpus)))
+
+    return _on_document(change)
+
+
 def _spaces(line: bytes, rng: random.Random) -> bytes:
     indent = rng.choice([None, 1, "\t"])
     separators = rng.choice([(", ", ": "), (",", ":"), (" ,", " :")])
@@ -274,6 +290,14 @@ MUTATIONS: dict[str, Callable[[bytes, random.Random], bytes]] = {
     "a cpu without events": _on_cpu(lambda counters, rng: counters.clear()),
     "a socket written another way": _rename_first_key("socket"),
     "a cpu written another way": _rename_first_key("cpu"),
+    "the largest socket": _renumber_first_key("socket", 65_535),
+    "a socket of 65536": _renumber_first_key("socket", 65_536),
+    "a socket of 2**63": _renumber_first_key("socket", 2**63),
+    "a socket of 10**18": _renumber_first_key("socket", 10**18),
+    "the largest cpu": _renumber_first_key("cpu", 1_048_575),
+    "a cpu of 1048576": _renumber_first_key("cpu", 1_048_576),
+    "a cpu of 2**63": _renumber_first_key("cpu", 2**63),
+    "a cpu of 10**18": _renumber_first_key("cpu", 10**18),
     "metadata": _on_document(lambda document, rng: document.update(metadata={"k": 1})),
     "empty metadata": _on_document(lambda document, rng: document.update(metadata={})),
     "an unknown key": _on_document(lambda document, rng: document.update(extra=[1])),
@@ -379,6 +403,34 @@ def test_what_the_c_parser_declines() -> None:
     assert python_way([escaped], {}) is not None
     assert compiled_hwpc_frames([escaped]) is None
     assert compiled_hwpc_frames([first]) is not None
+
+
+@pytest.mark.parametrize(
+    ("level", "number", "framed"),
+    [
+        ("socket", 65_535, True),
+        ("socket", 65_536, False),
+        ("socket", 10**18, False),
+        ("socket", 2**63, False),
+        ("cpu", 1_048_575, True),
+        ("cpu", 1_048_576, False),
+        ("cpu", 10**18, False),
+        ("cpu", 2**63, False),
+    ],
+)
+def test_sockets_and_cpus_beyond_their_bounds_are_declined_both_ways(
+    level: str, number: int, framed: bool
+) -> None:
+    """The largest socket (65,535) and cpu (1,048,575) numbers are framed, the same way by
+    both; one more, or far more, and neither way makes a frame: the line-by-line way then
+    refuses that report alone."""
+    lines = generated(0.0)[8:24]
+    for at in (0, 5):
+        batch = list(lines)
+        batch[at] = _renumber_first_key(level, number)(batch[at], random.Random(at))
+        assert str(number).encode() in batch[at]
+        assert agree(batch) is framed
+        assert (python_way(batch, {}) is not None) is framed
 
 
 def test_every_line_out_of_place_is_framed_the_same_way_or_declined() -> None:

@@ -477,3 +477,61 @@ def test_the_reference_run_reports_every_target_socket_and_scope(
     }
     assert all(d["power"] >= 0 for d in reference.power)
     assert f"entered={recording.reports}" in reference.log, reference.log[-2000:]
+
+
+def _renumbered(line: bytes, *, socket: str | None = None, cpu: str | None = None) -> bytes:
+    """The line with every group's first socket, or its first cpu, given another number."""
+    document = json.loads(line)
+    for sockets in document["groups"].values():
+        if cpu is not None:
+            cpus = next(iter(sockets.values()))
+            cpus[cpu] = cpus.pop(next(iter(cpus)))
+        if socket is not None:
+            sockets[socket] = sockets.pop(next(iter(sockets)))
+    return json.dumps(document).encode() + b"\n"
+
+
+def test_reports_with_sockets_or_cpus_out_of_bounds_are_dead_letters(
+    recording: Recording, tmp_path: Path
+) -> None:
+    """One report names socket 10¹⁸ (SmartWatts would size an array by it), another cpu 2⁴⁰:
+    the run exits normally, both are dead letters naming their line and key, and every other
+    report's PowerReports are written: exactly those of the same file without the two lines."""
+    lines = recording.jsonl.read_bytes().splitlines(keepends=True)
+    containers = [at for at, line in enumerate(lines) if json.loads(line)["target"] != "all"]
+    first, second = containers[len(containers) // 3], containers[len(containers) // 2]
+    bad = list(lines)
+    bad[first] = _renumbered(lines[first], socket=str(10**18))
+    bad[second] = _renumbered(lines[second], cpu=str(2**40))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "hwpc.jsonl").write_bytes(b"".join(bad))
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "hwpc.jsonl").write_bytes(
+        b"".join(line for at, line in enumerate(lines) if at not in (first, second))
+    )
+    runs = {}
+    for name in ("bad", "clean"):
+        directory = tmp_path / name
+        runs[name] = wattflow(
+            "run", "--input", "jsonl", "--files", str(directory / "hwpc.jsonl"),
+            *outputs(directory),
+        )  # fmt: skip
+        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+    letters = read_jsonl(tmp_path / "bad" / "dead.jsonl")
+    source = tmp_path / "bad" / "hwpc.jsonl"
+    assert [(letter["actor"], letter["payload"]) for letter in letters] == [
+        ("puller:puller_jsonl", bad[first].decode().rstrip("\n")),
+        ("puller:puller_jsonl", bad[second].decode().rstrip("\n")),
+    ]
+    assert letters[0]["reason"].startswith(f"{source}:{first + 1}: HWPCReport: field 'groups'")
+    assert f"socket '{10**18}' of group" in letters[0]["reason"]
+    assert "not a socket number (0 to 65535)" in letters[0]["reason"]
+    assert letters[1]["reason"].startswith(f"{source}:{second + 1}: HWPCReport: field 'groups'")
+    assert f"cpu '{2**40}' of socket" in letters[1]["reason"]
+    assert "not a cpu number (0 to 1048575)" in letters[1]["reason"]
+    assert read_jsonl(tmp_path / "clean" / "dead.jsonl") == []
+    power = (tmp_path / "bad" / "power.jsonl").read_bytes()
+    assert power == (tmp_path / "clean" / "power.jsonl").read_bytes()
+    assert len(power.splitlines()) >= 1000
+    target = json.loads(lines[first])["target"]
+    assert any(json.loads(line)["target"] == target for line in power.splitlines())

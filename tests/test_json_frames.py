@@ -178,6 +178,46 @@ def test_a_line_not_utf8_is_a_dead_letter_and_the_others_reports(tmp_path: Path)
     assert decoded == one_by_one([*lines[:3], *lines[4:]])
 
 
+def renumbered(line: bytes, socket: str | None = None, cpu: str | None = None) -> bytes:
+    """The line with its first group's first socket, or that socket's first cpu, renumbered."""
+    document = json.loads(line)
+    sockets = next(iter(document["groups"].values()))
+    if cpu is not None:
+        cpus = next(iter(sockets.values()))
+        cpus[cpu] = cpus.pop(next(iter(cpus)))
+    if socket is not None:
+        sockets[socket] = sockets.pop(next(iter(sockets)))
+    return json.dumps(document).encode()
+
+
+def test_sockets_and_cpus_out_of_bounds_are_dead_letters_and_the_others_reports(
+    tmp_path: Path,
+) -> None:
+    """A socket from 65,536 on or a cpu from 1,048,576 on (SmartWatts would size arrays by
+    them): that line is refused with the key in its reason, the batch's other lines are
+    reports, as one by one, and the largest numbers within bounds are reports too."""
+    lines = stream(tmp_path)
+    lines[3] = renumbered(lines[3], socket=str(10**18))
+    lines[6] = renumbered(lines[6], cpu=str(2**40))
+    lines[8] = renumbered(lines[8], socket="-1")
+    lines[9] = renumbered(lines[9], socket="65535", cpu="1048575")
+    decoded, errors = json_frames.decode_json_batch(HWPCReport, lines, "test", 1)
+    assert [(error.line, raw) for error, raw in errors] == [
+        (4, lines[3]),
+        (7, lines[6]),
+        (9, lines[8]),
+    ]
+    assert f"socket '{10**18}' of group" in str(errors[0][0])
+    assert "(0 to 65535)" in str(errors[0][0])
+    assert f"cpu '{2**40}' of socket" in str(errors[1][0])
+    assert "(0 to 1048575)" in str(errors[1][0])
+    assert "socket '-1' of group" in str(errors[2][0])
+    assert decoded == one_by_one([*lines[:3], *lines[4:6], lines[7], *lines[9:]])
+    report = decoded[6]  # line 10's
+    assert isinstance(report, HWPCReport)
+    assert "1048575" in next(iter(report.groups.values()))["65535"]
+
+
 def test_a_sensor_whose_groups_change_is_learned_again(tmp_path: Path) -> None:
     lines = stream(tmp_path)
     layouts: dict[str, Layout] = {}

@@ -155,7 +155,22 @@ def _replace(at: int, by: int) -> Callable[[list[Document]], None]:
     return apply
 
 
+def _renumber(level: str, number: int) -> Callable[[list[Document]], None]:
+    """The first group's first socket, or its first cpu, given another number."""
+
+    def change(document: Document) -> None:
+        sockets = next(iter(document["groups"].values()))
+        keys = sockets if level == "socket" else next(iter(sockets.values()))
+        keys[str(number)] = keys.pop(next(iter(keys)))
+
+    return _changed(3, change)
+
+
 CHANGES: dict[str, Callable[[list[Document]], None]] = {
+    "a socket beyond its bound": _renumber("socket", 65_536),
+    "a socket of 10**18": _renumber("socket", 10**18),
+    "a cpu beyond its bound": _renumber("cpu", 1_048_576),
+    "a cpu of 2**63": _renumber("cpu", 2**63),
     "metadata": _changed(3, lambda d: d.update(metadata={"k": 1})),
     "a counter with a fraction": _set_counter(1.5),
     "a double beyond 2**53": _set_counter(2.0**60),
@@ -192,6 +207,26 @@ def test_a_batch_with_a_document_the_frame_cannot_stand_for_is_left_to_the_docum
     assert len(reports) + len(errors) == len(documents)
     for error, document in errors:
         assert str(document["_id"]) in str(error)
+
+
+@pytest.mark.parametrize(
+    ("level", "number"),
+    [("socket", 65_536), ("socket", 10**18), ("cpu", 1_048_576), ("cpu", 2**63)],
+)
+def test_a_document_with_a_socket_or_cpu_out_of_bounds_is_refused_alone(
+    tmp_path: Path, level: str, number: int
+) -> None:
+    """Neither way takes it: the batch is decoded document by document, and that document
+    alone is an error naming it and the key; the others are the reports they always were."""
+    documents = documents_of(stream(tmp_path))
+    expected = one_by_one(documents[:3] + documents[4:])
+    _renumber(level, number)(documents)
+    assert decode_hwpc_document_frames(documents) is None
+    reports, errors = decode_document_reports(HWPCReport, documents, "test")
+    assert reports == expected
+    assert [document for _, document in errors] == [documents[3]]
+    assert str(documents[3]["_id"]) in str(errors[0][0])
+    assert f"{level} '{number}'" in str(errors[0][0])
 
 
 def test_documents_of_other_kinds_are_decoded_one_by_one() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +150,63 @@ def test_bad_csv_row_becomes_an_error_in_place(tmp_path: Path) -> None:
         f"{path}:3: empty value for 'RAPL_ENERGY_PKG'",
         f"{path}:4: counter is not a number: could not convert string to float: 'abc'",
     ]
+
+
+def test_csv_rows_with_sockets_or_cpus_out_of_bounds_are_errors_in_place(tmp_path: Path) -> None:
+    """Sockets from 65,536 on and cpus from 1,048,576 on (or negative ones) are refused row by
+    row, naming the field; the largest numbers within bounds are read."""
+    path = tmp_path / "rapl.csv"
+    path.write_text(
+        "timestamp,sensor,target,socket,cpu,RAPL_ENERGY_PKG\n"
+        "1000,s,all,65535,1048575,5\n"
+        "2000,s,all,65536,0,6\n"
+        f"3000,s,all,0,{2**40},7\n"
+        "4000,s,all,-1,0,8\n"
+        "5000,s,all,0,0,9\n"
+    )
+    items = list(powerapi.read_hwpc_csv([path]))
+    errors = [str(i) for i in items if isinstance(i, DecodeError)]
+    good = [i for i in items if isinstance(i, HWPCReport)]
+    assert [r.groups["rapl"] for r in good] == [
+        {"65535": {"1048575": {"RAPL_ENERGY_PKG": 5}}},
+        {"0": {"0": {"RAPL_ENERGY_PKG": 9}}},
+    ]
+    assert errors == [
+        f"{path}:3: field 'socket': '65536' is not a socket number (0 to 65535)",
+        f"{path}:4: field 'cpu': '{2**40}' is not a cpu number (0 to 1048575)",
+        f"{path}:5: field 'socket': '-1' is not a socket number (0 to 65535)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        {"rapl": {str(10**18): {"0": {"e": 1}}}},
+        {"rapl": {"65536": {"0": {"e": 1}}}},
+        {"rapl": {"0": {str(2**63): {"e": 1}}}},
+        {"rapl": {"0": {"1048576": {"e": 1}}}},
+        {"rapl": {"0": {"-1": {"e": 1}}}},
+        {"rapl": {"0": {"1.0": {"e": 1}}}},
+        {"rapl": {"x": {"0": {"e": 1}}}},
+    ],
+)
+def test_hwpc_reports_with_sockets_or_cpus_out_of_bounds_are_refused(
+    groups: dict[str, Any],
+) -> None:
+    """Whichever way a report is decoded (the JSON fast way, pydantic, a MongoDB document), a
+    socket or cpu key that is not a number within bounds is refused, naming the key."""
+    document = {"timestamp": 1000, "sensor": "s", "target": "t", "groups": groups}
+    key = next(iter(groups["rapl"]))
+    bad = key if key != "0" else next(iter(groups["rapl"]["0"]))
+    with pytest.raises(DecodeError) as caught:
+        powerapi.decode_json(HWPCReport, json.dumps(document), "in.jsonl", 7)
+    assert str(caught.value).startswith("in.jsonl:7: HWPCReport: field 'groups'")
+    assert f"'{bad}'" in str(caught.value)
+    reports, errors = powerapi.decode_json_lines(HWPCReport, [json.dumps(document)], "in", 1)
+    assert reports == []
+    assert [str(error) for error, _ in errors] == [str(caught.value).replace("in.jsonl:7", "in:1")]
+    with pytest.raises(DecodeError, match=f"'{re.escape(bad)}'"):
+        powerapi.from_mongodb(HWPCReport, {**document, "_id": 5})
 
 
 @pytest.mark.parametrize(
