@@ -185,14 +185,33 @@ def canonical_rows(tables: Sequence[EventsTable]) -> bool:
         if bool((table.millis[1:] < table.millis[:-1]).any()):
             return False
         starts = run_starts(table.millis, table.targets, table.sockets)
-        width = int(table.targets.max()) + 1
-        span = int(table.sockets.max()) + 1
-        segment = ((table.millis[starts] - table.millis[0]) * width + table.targets[starts]) * span
-        if len(np.unique(segment + table.sockets[starts])) != len(starts):
+        if not _segments_unique(table, starts):
             return False
         if not _cpus_unique(table.cpus, starts):
             return False
     return True
+
+
+def _segments_unique(table: EventsTable, starts: IntArray) -> bool:
+    """Whether no (tick, target, socket) starts two segments (rows in tick order).
+
+    One int64 key per segment: its tick's place among the table's ticks, target code and
+    socket, in mixed radix. The tick's place (not its milliseconds, which span 3·10¹⁴) is below
+    the number of segments, the target below the frame's names and the socket below
+    :data:`~wattflow.formats.reports.SOCKET_LIMIT` (every input refuses larger ones): the
+    product fits 63 bits unless a table holds billions of rows, and then the segments are
+    compared as rows of three columns instead."""
+    millis = table.millis[starts]
+    tick = np.zeros(len(starts), dtype=np.int64)
+    np.cumsum(millis[1:] != millis[:-1], out=tick[1:])
+    targets, sockets = table.targets[starts], table.sockets[starts]
+    width = int(targets.max()) + 1
+    span = int(sockets.max()) + 1
+    if (int(tick[-1]) + 1) * width * span < 2**63:
+        keys = (tick * width + targets) * span + sockets
+        return len(np.unique(keys)) == len(keys)
+    rows = np.unique(np.stack((tick, targets, sockets), axis=1), axis=0)
+    return len(rows) == len(starts)
 
 
 def _cpus_unique(cpus: IntArray, starts: IntArray) -> bool:
@@ -205,6 +224,8 @@ def _cpus_unique(cpus: IntArray, starts: IntArray) -> bool:
     if bool((rising | segment_start).all()):
         return True
     segment = np.cumsum(segment_start)
+    # Segments are at most the rows and cpus below CPU_LIMIT (2**20, which every input keeps):
+    # the key stays below 2**63 for any table that fits in memory (2**43 rows).
     keys = segment * (int(cpus.max()) + 1) + cpus
     return len(np.unique(keys)) == len(keys)
 
@@ -317,10 +338,24 @@ class HWPCFrame(Frame):
     def of_reports(self, millis: IntArray, targets: IntArray) -> HWPCFrame:
         """The frame's rows of the reports of these ticks and targets (codes), pair by pair."""
         width = len(self.names)
-        wanted = millis * width + targets
-        return self._part(
-            [t.where(np.isin(t.millis * width + t.targets, wanted)) for t in self.tables]
-        )
+        everything = np.concatenate([millis, *(t.millis for t in self.tables)])
+        if not len(everything):
+            return self._part(list(self.tables))
+        first = int(everything.min())
+        ticks = None
+        if (int(everything.max()) - first + 1) * width >= 2**63:
+            # Ticks centuries apart with many names: ticks by their place among them, so
+            # that no key wraps around.
+            ticks = np.unique(everything)
+
+        def keys(stamps: IntArray, codes: IntArray) -> IntArray:
+            numbers = stamps - first if ticks is None else np.searchsorted(ticks, stamps)
+            found: IntArray = numbers * width + codes
+            return found
+
+        wanted = keys(millis, targets)
+        tables = self.tables
+        return self._part([t.where(np.isin(keys(t.millis, t.targets), wanted)) for t in tables])
 
     def _part(self, tables: list[EventsTable]) -> HWPCFrame:
         return HWPCFrame(self.names, tables, None, self.originals)

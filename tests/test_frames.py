@@ -16,12 +16,20 @@ from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.node import NodeConfig, NodeFormula
 from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.actors.formulas.smartwatts_frames import index_reports
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.actors.runtime import Mailbox
 from wattflow.formats import powerapi
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import Frame, HWPCFrame, PowerFrame, expand
+from wattflow.formats.frames import (
+    EventsTable,
+    Frame,
+    HWPCFrame,
+    PowerFrame,
+    canonical_rows,
+    expand,
+)
 from wattflow.formats.reports import Report
 
 START_MS = 1_767_603_600_000
@@ -420,3 +428,38 @@ def test_wattflow_run_writes_the_same_files_by_frames_as_report_by_report(
         outputs[name] = {p.relative_to(out): p.read_bytes() for p in out.rglob("*.csv")}
     assert len(outputs["framed"]) == 6  # rapl, global and four containers
     assert outputs["framed"] == outputs["rows"]
+
+
+def _far_apart_frame() -> HWPCFrame:
+    """Two ticks 2**48 ms (8,900 years) apart, 65,536 names, socket 65,535: every key made of
+    milliseconds, target codes and sockets multiplied together would wrap around 64 bits and
+    make the two ticks' rows collide."""
+    names = [f"name-{code}" for code in range(2**16)]
+    first = powerapi.FIRST_MILLIS
+    millis = np.array([first, first, first + 2**48, first + 2**48], dtype=np.int64)
+    table = EventsTable(
+        "core",
+        ("CYCLES",),
+        millis,
+        np.zeros(4, dtype=np.int64),
+        np.array([1, 2, 1, 2], dtype=np.int64),
+        np.full(4, 65_535, dtype=np.int64),
+        np.zeros(4, dtype=np.int64),
+        np.array([[1], [2], [3], [4]], dtype=np.int64),
+    )
+    return HWPCFrame(names, [table])
+
+
+def test_keys_of_ticks_centuries_apart_do_not_wrap_around() -> None:
+    """The frame is canonical, holds four reports, and each can be picked out alone."""
+    frame = _far_apart_frame()
+    assert canonical_rows(frame.tables)
+    index = index_reports(frame)
+    first = powerapi.FIRST_MILLIS
+    assert index.millis.tolist() == [first, first, first + 2**48, first + 2**48]
+    assert index.targets.tolist() == [1, 2, 1, 2]
+    assert len(frame) == 4
+    picked = frame.of_reports(
+        np.array([first + 2**48], dtype=np.int64), np.array([1], dtype=np.int64)
+    )
+    assert picked.tables[0].values.tolist() == [[3]]

@@ -114,22 +114,39 @@ def _global_report_count(frame: HWPCFrame, rapl: EventsTable, codes: list[int]) 
     if not bool(np.isin(rapl.targets, codes).all()):
         return None  # a target's RAPL rows
     first = min(int(table.millis.min()) for table in frame.tables if len(table))
+    last = max(int(table.millis.max()) for table in frame.tables if len(table))
     width = len(frame.names)
-    in_rapl = _report_keys(rapl, np.ones(len(rapl), dtype=np.bool_), first, width)
+    ticks = None
+    if (last - first + 1) * width * width >= 2**63:
+        # Ticks spread over centuries with many names: each tick by its place among the
+        # frame's ticks instead (fewer than its rows), so that the keys cannot wrap around.
+        ticks = np.unique(np.concatenate([table.millis for table in frame.tables]))
+    in_rapl = _report_keys(rapl, np.ones(len(rapl), dtype=np.bool_), first, width, ticks)
     for table in frame.tables:
         if table is not rapl and not bool(
-            np.isin(_report_keys(table, np.isin(table.targets, codes), first, width), in_rapl).all()
+            np.isin(
+                _report_keys(table, np.isin(table.targets, codes), first, width, ticks), in_rapl
+            ).all()
         ):
             return None  # a global report without RAPL energy
     return len(in_rapl)
 
 
 def _report_keys(
-    table: EventsTable, chosen: npt.NDArray[np.bool_], first: int, width: int
+    table: EventsTable,
+    chosen: npt.NDArray[np.bool_],
+    first: int,
+    width: int,
+    ticks: npt.NDArray[np.int64] | None = None,
 ) -> npt.NDArray[np.int64]:
-    """One number per report among a table's ``chosen`` rows: its tick (ms after ``first``),
-    sensor and target, ``width`` being the number of names the codes index."""
-    millis = table.millis[chosen] - first
+    """One number per report among a table's ``chosen`` rows: its tick (ms after ``first``, or
+    its place in ``ticks`` when given), sensor and target, ``width`` being the number of names
+    the codes index. The caller gives ``ticks`` where the milliseconds times ``width`` squared
+    could pass 2**63."""
+    if ticks is None:
+        millis = table.millis[chosen] - first
+    else:
+        millis = np.searchsorted(ticks, table.millis[chosen])
     keys: npt.NDArray[np.int64] = np.unique(
         (millis * width + table.sensors[chosen]) * width + table.targets[chosen]
     )
@@ -183,6 +200,8 @@ def rapl_energy(tables: list[EventsTable], ticks: IntArray) -> Energy:
     parts = [(*(np.empty(0, dtype=np.int64) for _ in range(6)), np.empty(0))]
     for at, table in enumerate(tables):
         tick = sorter[np.searchsorted(ticks, table.millis, sorter=sorter)]
+        # Ticks are fewer than the frame's rows and sockets below SOCKET_LIMIT (2**16, which
+        # every input keeps): the slot stays far below 2**63.
         slot = tick * (int(table.sockets.max(initial=0)) + 1) + table.sockets
         unique, first = np.unique(slot, return_index=True)
         slot_first = first[np.searchsorted(unique, slot)]

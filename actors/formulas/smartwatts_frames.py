@@ -156,9 +156,15 @@ def index_reports(frame: HWPCFrame) -> ReportIndex:
     """Every report of a frame (a frame of one sensor: a report is a tick and a target)."""
     width = len(frame.names)
     first = min((int(t.millis[0]) for t in frame.tables if len(t)), default=0)
+    last = max((int(t.millis[-1]) for t in frame.tables if len(t)), default=0)
     starts = [run_starts(t.millis, t.targets) for t in frame.tables]
+    ticks = None
+    if (last - first + 1) * width >= 2**63:
+        # Ticks centuries apart with many names: each tick by its place among the frame's
+        # ticks (fewer than its rows) instead of its milliseconds, so that no key wraps.
+        ticks = np.unique(np.concatenate([t.millis for t in frame.tables]))
     keys = [
-        (t.millis[at] - first) * width + t.targets[at]
+        _tick_numbers(t.millis[at], first, ticks) * width + t.targets[at]
         for t, at in zip(frame.tables, starts, strict=True)
     ]
     unique, inverse = np.unique(np.concatenate([np.empty(0, np.int64), *keys]), return_inverse=True)
@@ -169,7 +175,15 @@ def index_reports(frame: HWPCFrame) -> ReportIndex:
         runs = np.diff(np.append(at, len(table)))
         row_report[table.group] = np.repeat(inverse[done : done + len(part)], runs)
         done += len(part)
-    return ReportIndex(unique // width + first, unique % width, row_report)
+    tick_of = unique // width
+    millis = tick_of + first if ticks is None else ticks[tick_of]
+    return ReportIndex(millis, unique % width, row_report)
+
+
+def _tick_numbers(millis: IntArray, first: int, ticks: IntArray | None) -> IntArray:
+    """Ticks as small numbers: milliseconds after ``first``, or places in ``ticks``."""
+    numbers: IntArray = millis - first if ticks is None else np.searchsorted(ticks, millis)
+    return numbers
 
 
 def is_canonical(frame: HWPCFrame) -> bool:
@@ -687,7 +701,9 @@ def ordered_sums(values: FloatArray, starts: IntArray, *, exact: bool) -> FloatA
 
 
 def _positions(sockets: IntArray, position: dict[int, int]) -> IntArray:
-    """Each socket's place in the RAPL order, -1 for a socket RAPL does not report."""
+    """Each socket's place in the RAPL order, -1 for a socket RAPL does not report. Sockets are
+    below :data:`~wattflow.formats.reports.SOCKET_LIMIT` (every input refuses others): the
+    table has at most 65,536 entries."""
     table = np.full(max(int(sockets.max(initial=0)), *position, 0) + 1, -1, dtype=np.int64)
     table[list(position)] = list(position.values())
     found: IntArray = table[sockets]
