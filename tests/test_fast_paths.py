@@ -390,6 +390,9 @@ class _Peer:
             return self.pieces.pop(0)
         return b"" if self.closes else None
 
+    async def readable(self, wait_s: float | None) -> bool:
+        return bool(self.pieces) or self.closes
+
 
 class _Emitter:
     def __init__(self) -> None:
@@ -510,6 +513,33 @@ def test_at_a_stop_a_quiet_sensor_is_let_go_and_a_sending_one_cut_after_the_grac
         for payload, reason in emitter.rejected
         if reason.endswith(":2: connection cut at shutdown mid-line")
     ] == [line(2)[:10].decode()]
+
+
+def test_connected_sensors_that_wait_between_ticks_hold_none_of_the_budget() -> None:
+    """Sensors stay connected between their ticks: once a sensor's lines are handed on, its
+    connection waits for more holding no room, so that many quiet sensors cannot hold the
+    budget that a busy one needs for its batch."""
+    puller = SocketPuller(SocketPullerConfig(type="socket", port=0, gather_ms=5))
+    emitter = _Emitter()
+
+    async def scenario() -> int:
+        pulling = asyncio.create_task(puller.pull(emitter))  # type: ignore[arg-type]
+        await asyncio.wait_for(puller.listening.wait(), 10)
+        assert puller.bound_port is not None
+        sensors = [socket.create_connection(("127.0.0.1", puller.bound_port)) for _ in range(5)]
+        for number, sensor in enumerate(sensors):
+            sensor.sendall(line(number) + b"\n")
+        await _until(lambda: len(emitter.reports) == len(sensors), "the sensors' reports")
+        await _until(lambda: puller.budget.held_bytes == 0, "the budget given back")
+        connected = len(puller._connections)
+        emitter.stopping.set()
+        await asyncio.wait_for(pulling, 20)
+        for sensor in sensors:
+            sensor.close()
+        return connected
+
+    assert run_async(scenario()) == 5  # still connected, and holding nothing
+    assert puller.budget.held_bytes == 0
 
 
 def test_flooding_connections_hand_their_batches_on_whole_while_the_budget_holds_few() -> None:

@@ -169,6 +169,9 @@ class Peer(Protocol):
         """The peer's next data: ``b""`` once it closed, ``None`` if nothing came in
         ``wait_s``."""
 
+    async def readable(self, wait_s: float | None) -> bool:
+        """Whether the peer has data to read, or closed, within ``wait_s``; nothing is read."""
+
 
 class _Connection:
     """One sensor's connection, read only when its handler asks.
@@ -213,10 +216,20 @@ class _Connection:
             self._closed = True
         return data
 
-    async def read(self, wait_s: float | None) -> bytes | None:
-        data = self._recv()
-        if data is not None or wait_s == 0:
-            return data
+    def _ready(self) -> bool:
+        """Whether a read would return at once (data, or the peer closed), without reading."""
+        if self._closed:
+            return True
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass  # the read says what happened
+        return True
+
+    async def _wait(self, wait_s: float | None) -> None:
+        """Wait until the socket is readable (or closed, or cut), ``wait_s`` at most."""
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         fd = self.sock.fileno()
@@ -229,7 +242,19 @@ class _Connection:
             loop.remove_reader(fd)
             if timer is not None:
                 timer.cancel()
+
+    async def read(self, wait_s: float | None) -> bytes | None:
+        data = self._recv()
+        if data is not None or wait_s == 0:
+            return data
+        await self._wait(wait_s)
         return self._recv()
+
+    async def readable(self, wait_s: float | None) -> bool:
+        if self._ready():
+            return True
+        await self._wait(wait_s)
+        return self._ready()
 
     def cut(self) -> None:
         """Close the connection at once: a read in progress, and every later one, gets ``b""``."""
@@ -458,31 +483,43 @@ class SocketPuller(Puller[SocketPullerConfig]):
         """The peer's next data; ``None`` or empty once it closed, or went quiet while draining.
 
         While lines are held, the read waits ``gather_ms`` at most: a busy sensor's reads then
-        gather into one batch, and a quiet sensor's lines are handed on once it pauses. Before
-        reading, room for the read is taken in the budget (:meth:`_make_room`); a connection
-        that holds lines waits for it ``gather_ms`` at most, then hands its lines on (giving
-        their room back), so that connections waiting for each other's room cannot stall.
+        gather into one batch, and a quiet sensor's lines are handed on once it pauses. A
+        connection that holds no lines waits for data before it takes any room, so that quiet
+        sensors hold none of the budget. Before reading, room for the read is taken in the
+        budget (:meth:`_make_room`); a connection that holds lines waits for it ``gather_ms`` at
+        most, then hands its lines on (giving their room back), so that connections waiting for
+        each other's room cannot stall.
         """
         while True:
             wait_s = self._wait_s(batch, emitter)
+            if not batch.size and not await peer.readable(wait_s):
+                if emitter.stopping.is_set():
+                    return None  # quiet while draining
+                continue
             if batch.room_bytes < READ_BYTES and not await self._make_room(batch, wait_s):
                 batch.busy = True
                 await batch.emit(emitter)
                 continue
-            ahead = not batch.size and batch.room_bytes > READ_BYTES
-            chunk = await peer.read(0 if ahead else wait_s)
+            chunk = await peer.read(wait_s if batch.size else 0)
             batch.room_bytes -= len(chunk or b"")
             batch.read_bytes += len(chunk or b"")
             if chunk is not None:
                 return chunk
-            if ahead:  # a batch's room, and the sensor has paused: keep one read's room only
-                batch.busy = False
-                batch.give_room(batch.room_bytes - READ_BYTES)
-            elif emitter.stopping.is_set():
+            if await self._nothing_came(batch, emitter):
                 return None
-            else:
-                batch.busy = False
-                await batch.emit(emitter)
+
+    async def _nothing_came(self, batch: _CountedOutbox, emitter: Emitter) -> bool:
+        """A read found nothing: whether the connection is done (quiet while draining).
+        Holding no lines, it gives its room back while it waits; holding lines, its sensor
+        has paused: they are handed on."""
+        if not batch.size:
+            batch.give_room(batch.room_bytes)
+            return False
+        if emitter.stopping.is_set():
+            return True
+        batch.busy = False
+        await batch.emit(emitter)
+        return False
 
     def _wait_s(self, batch: _CountedOutbox, emitter: Emitter) -> float | None:
         """How long a read may wait for data: while draining, 0.1 s (what the peer already
