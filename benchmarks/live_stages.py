@@ -45,6 +45,7 @@ from live_socket import sensor_streams
 from wattflow.actors.formulas.base import Formula, Output
 from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
+from wattflow.actors.pullers.socket import SocketPullerConfig
 from wattflow.formats.frames import Frame, HWPCFrame, PowerFrame
 from wattflow.formats.json_frames import c_parser_built, decode_hwpc_frames
 from wattflow.formats.report_table import encode_json_lines
@@ -121,7 +122,12 @@ def main() -> int:
     parser.add_argument("--sensors", type=int, default=10)
     parser.add_argument("--containers", type=int, default=100)
     parser.add_argument("--ticks", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=500, help="lines per batch of one sensor")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=SocketPullerConfig.model_fields["max_batch"].default,
+        help="lines per batch of one sensor (default: the socket input's --max-batch)",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="rounds; the best is printed")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()

@@ -145,6 +145,22 @@ class EventsTable:
             self.values[start:stop],
         )
 
+    def own_rows(self, start: int) -> EventsTable:
+        """Rows ``start`` to the end, as arrays of their own: a part that is kept while the
+        rest is let go (a view would keep every row of the table alive with it)."""
+        if not start:
+            return self
+        return EventsTable(
+            self.group,
+            self.events,
+            self.millis[start:].copy(),
+            self.sensors[start:].copy(),
+            self.targets[start:].copy(),
+            self.sockets[start:].copy(),
+            self.cpus[start:].copy(),
+            self.values[start:].copy(),
+        )
+
     def then(self, later: EventsTable) -> EventsTable:
         """These rows followed by ``later``'s (same group and events, same name codes)."""
         return EventsTable(
@@ -393,8 +409,9 @@ class HWPCFrame(Frame):
         if not any(cuts) and self.originals is None:  # all of it after millis, as it is
             return None, (self if any(len(t) for t in self.tables) else None)
         upto = [t.rows(0, cut) for t, cut in zip(self.tables, cuts, strict=True)]
-        later = [t.rows(cut, len(t)) for t, cut in zip(self.tables, cuts, strict=True)]
-        # The later part keeps only its own reports: a formula holds it while more ticks come.
+        # The later part keeps only its own rows and reports: a formula holds it while more
+        # ticks come, and holding views would keep the whole frame alive as long.
+        later = [t.own_rows(cut) for t, cut in zip(self.tables, cuts, strict=True)]
         own = None
         if self.originals:
             own = {key: r for key, r in self.originals.items() if key[0] > millis} or None

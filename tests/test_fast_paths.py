@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import gc
 import io
 import json
 import random
+import socket
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -242,10 +247,10 @@ def generated_files(directory: Path) -> list[Path]:
             for sensor in ("n1", "n2"):
                 targets = ["all"] if group != "core" else ["all", "c1", "c2"]
                 for target in targets:
-                    for socket in ("0", "1"):
+                    for socket_id in ("0", "1"):
                         for cpu in range(2):
                             values = [str(tick * 7 + cpu + i + index) for i in range(len(events))]
-                            row = [str(1000 * tick), sensor, target, socket, str(cpu), *values]
+                            row = [str(1000 * tick), sensor, target, socket_id, str(cpu), *values]
                             rows.append(",".join(row))
         paths.append(write(directory / f"{group}.csv", "\n".join(rows) + "\n"))
     return paths
@@ -496,6 +501,9 @@ class _Peer:
             return self.pieces.pop(0)
         return b"" if self.closes else None
 
+    async def readable(self, wait_s: float | None) -> bool:
+        return bool(self.pieces) or self.closes
+
 
 class _Emitter:
     def __init__(self) -> None:
@@ -556,6 +564,151 @@ def test_socket_line_cut_at_shutdown_is_a_dead_letter() -> None:
     assert emitter.rejected == [
         (line(2)[:10].decode(), "socket:127.0.0.1:4000:2: connection cut at shutdown mid-line")
     ]
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Wait for ``condition()`` (polled on the event loop) for ``timeout_s`` at most."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"no {what} in {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+def test_at_a_stop_a_quiet_sensor_is_let_go_and_a_sending_one_cut_after_the_grace() -> None:
+    """Real connections: at a stop, a sensor that has sent everything is read to its last line
+    and closed (the half line it left is a dead letter); one that keeps sending is read for
+    ``drain_grace_s`` and then cut off, so that the input ends whatever the sensors do."""
+    puller = SocketPuller(SocketPullerConfig(type="socket", port=0, drain_grace_s=0.3))
+    emitter = _Emitter()
+    talking = threading.Event()
+    talking.set()
+
+    def talk(connection: socket.socket) -> None:
+        index = 100
+        with contextlib.suppress(OSError):  # cut off: the send fails
+            while talking.is_set():
+                connection.sendall(line(index) + b"\n")
+                index += 1
+                time.sleep(0.001)
+
+    async def scenario() -> tuple[bytes, threading.Thread]:
+        pulling = asyncio.create_task(puller.pull(emitter))  # type: ignore[arg-type]
+        await asyncio.wait_for(puller.listening.wait(), 10)
+        assert puller.bound_port is not None
+        address = ("127.0.0.1", puller.bound_port)
+        quiet = socket.create_connection(address)
+        quiet.sendall(line(1) + b"\n" + line(2)[:10])
+        talker = threading.Thread(target=talk, args=(socket.create_connection(address),))
+        talker.start()
+
+        def both_read() -> bool:
+            stamps = {report.timestamp for report in emitter.reports}
+            return to_utc(1) in stamps and to_utc(101) in stamps
+
+        await _until(both_read, "reports of both sensors")
+        emitter.stopping.set()
+        await asyncio.wait_for(pulling, 20)
+        quiet.settimeout(10)
+        with quiet:
+            return quiet.recv(1), talker
+
+    try:
+        closed, talker = run_async(scenario())
+    finally:
+        talking.clear()
+    assert closed == b""  # the quiet sensor's connection was closed
+    talker.join(10)
+    assert not talker.is_alive(), "the sending sensor was never cut off"
+    assert [
+        payload
+        for payload, reason in emitter.rejected
+        if reason.endswith(":2: connection cut at shutdown mid-line")
+    ] == [line(2)[:10].decode()]
+
+
+def test_connected_sensors_that_wait_between_ticks_hold_none_of_the_budget() -> None:
+    """Sensors stay connected between their ticks: once a sensor's lines are handed on, its
+    connection waits for more holding no room, so that many quiet sensors cannot hold the
+    budget that a busy one needs for its batch."""
+    puller = SocketPuller(SocketPullerConfig(type="socket", port=0, gather_ms=5))
+    emitter = _Emitter()
+
+    async def scenario() -> int:
+        pulling = asyncio.create_task(puller.pull(emitter))  # type: ignore[arg-type]
+        await asyncio.wait_for(puller.listening.wait(), 10)
+        assert puller.bound_port is not None
+        sensors = [socket.create_connection(("127.0.0.1", puller.bound_port)) for _ in range(5)]
+        for number, sensor in enumerate(sensors):
+            sensor.sendall(line(number) + b"\n")
+        await _until(lambda: len(emitter.reports) == len(sensors), "the sensors' reports")
+        await _until(lambda: puller.budget.held_bytes == 0, "the budget given back")
+        connected = len(puller._connections)
+        emitter.stopping.set()
+        await asyncio.wait_for(pulling, 20)
+        for sensor in sensors:
+            sensor.close()
+        return connected
+
+    assert run_async(scenario()) == 5  # still connected, and holding nothing
+    assert puller.budget.held_bytes == 0
+
+
+def test_flooding_connections_hand_their_batches_on_whole_while_the_budget_holds_few() -> None:
+    """Sixteen sensors send faster than the pipeline takes, and the input may hold only a few
+    batches of lines: each connection, once it is seen to be busy, waits its turn for the room
+    of a whole batch and hands on full batches, instead of all of them growing a read at a time
+    until the budget is spread over them and every batch goes on small."""
+    max_batch, batches, sensors = 200, 6, 16
+    pad = "x" * 900
+
+    def lines_of(sensor: int) -> bytes:
+        return b"".join(
+            json.dumps(
+                {"timestamp": i, "sensor": f"s{sensor}", "target": "all", "metadata": {"p": pad}}
+            ).encode()
+            + b"\n"
+            for i in range(1, max_batch * batches + 1)
+        )
+
+    config = SocketPullerConfig(
+        type="socket", max_batch=max_batch, max_buffered_bytes=1_500_000, gather_ms=5
+    )
+    puller = SocketPuller(config)
+
+    class SlowPipeline(_Emitter):
+        """Takes a batch every 2 ms: the input fills its budget and waits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: dict[str, list[int]] = {}
+
+        async def emit(self, batch: list[Report]) -> None:
+            await asyncio.sleep(0.002)
+            self.sizes.setdefault(batch[0].sensor, []).append(len(batch))
+            await super().emit(batch)
+
+    emitter = SlowPipeline()
+
+    async def scenario() -> None:
+        peers = []
+        for sensor in range(sensors):
+            data = lines_of(sensor)
+            peer = _Peer([data[start : start + 65536] for start in range(0, len(data), 65536)])
+            peer.name = f"socket:127.0.0.1:{5000 + sensor}"
+            peers.append(peer)
+        await asyncio.gather(*(puller._read(peer, emitter) for peer in peers))  # type: ignore[arg-type]
+        assert puller.budget.held_bytes == 0  # every byte read was given back
+
+    run_async(scenario())
+    assert puller.budget.waits > 0, "the budget never ran out: nothing was tested"
+    assert puller.budget.high_water_bytes <= config.max_buffered_bytes
+    assert len(emitter.reports) == sensors * max_batch * batches
+    for sensor in range(sensors):
+        assert [r.timestamp for r in emitter.reports if r.sensor == f"s{sensor}"] == [
+            to_utc(i) for i in range(1, max_batch * batches + 1)
+        ]
+        sizes = emitter.sizes[f"s{sensor}"]
+        assert min(sizes[1:-1]) >= max_batch, (sensor, sizes)  # the first: before it was busy
 
 
 # --- Runtime ----------------------------------------------------------------------------------

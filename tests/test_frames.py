@@ -317,6 +317,29 @@ def test_a_frame_counts_as_its_reports_in_a_mailbox_and_travels_alone(tmp_path: 
     assert batches[1] == [frame]
 
 
+def test_the_ticks_a_formula_keeps_for_later_do_not_keep_the_whole_frame_alive(
+    tmp_path: Path,
+) -> None:
+    """SmartWatts holds the last ticks of each frame until later ones come: that part must hold
+    its own rows, not views that keep every row of the frame it was cut from in memory."""
+    frame = next(read_hwpc_csv_frames(write_recording(tmp_path, ticks=3), 1 << 22))
+    assert isinstance(frame, HWPCFrame)
+    ticks = sorted({int(t) for table in frame.tables for t in table.millis})
+    upto, later = frame.after(ticks[0])
+    assert upto is not None
+    assert later is not None
+    assert len(upto) + len(later) == len(frame)
+    assert [r.model_dump() for r in [*upto.reports(), *later.reports()]] == [
+        r.model_dump() for r in frame.reports()
+    ]
+    for whole, part in zip(frame.tables, later.tables, strict=True):
+        for column in ("millis", "sensors", "targets", "sockets", "cpus", "values"):
+            assert not np.shares_memory(getattr(whole, column), getattr(part, column)), column
+    _, everything = frame.after(ticks[0] - 1)
+    assert everything is not None
+    assert everything.tables == frame.tables  # nothing cut: nothing copied
+
+
 def _power_frames(paths: list[Path]) -> list[PowerFrame]:
     config = SmartWattsConfig(learn_min_samples_required=5)
     formula = SmartWattsFormula(config, "node-1")

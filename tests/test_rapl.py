@@ -10,7 +10,7 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.rapl import RAPL_UNIT_J, RaplConfig, RaplFormula
 from wattflow.formats import jsonl, powerapi
-from wattflow.formats.frames import expand
+from wattflow.formats.frames import HWPCFrame, expand
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_utc
 
 
@@ -166,3 +166,57 @@ def test_compat_mode_divides_by_the_configured_period_from_the_first_tick(fixtur
     # SmartWatts 2.4.1 reads every tick's energy as spent over the configured 0.5 s.
     assert got[(first, "0", "cpu")] == pytest.approx(722468864 * RAPL_UNIT_J / 0.5)
     assert got[(second, "0", "cpu")] == pytest.approx(83577274368 * RAPL_UNIT_J / 0.5)
+
+
+def _core(second: float, *, target: str, sensor: str = "s") -> HWPCReport:
+    return HWPCReport(
+        timestamp=to_utc(1_600_000_000_000) + timedelta(seconds=second),
+        sensor=sensor,
+        target=target,
+        groups={"core": {"0": {"0": {"CPU_CLK_THREAD_UNHALTED:REF_P": 5}}}},
+    )
+
+
+def _with_core(report: HWPCReport) -> HWPCReport:
+    core = {"core": {"0": {"0": {"CPU_CLK_THREAD_UNHALTED:REF_P": 7}}}}
+    return report.model_copy(update={"groups": {**report.groups, **core}})
+
+
+@pytest.mark.parametrize(
+    ("reports", "parts"),
+    [
+        pytest.param(  # every global report has RAPL energy: one part per sensor
+            [_with_core(tick(0, 0)), _core(0, target="c1"), _with_core(tick(1, 9)),
+             _core(1, target="c1"), tick(0, 0, sensor="t"), tick(1, 5, sensor="t")],
+            {"s": 2, "t": 2}, id="parts",
+        ),
+        pytest.param([_core(0, target="c1"), _core(1, target="c2")], {}, id="targets-only"),
+        pytest.param(  # a global report without RAPL energy: the frame goes as reports
+            [_with_core(tick(0, 0)), _core(1, target="all")], None, id="global-without-rapl",
+        ),
+        pytest.param(  # a target's RAPL rows: the frame goes as reports
+            [tick(0, 0), tick(0, 1, target="c1")], None, id="target-with-rapl",
+        ),
+        pytest.param([_core(0, target="all")], None, id="no-rapl-group"),
+    ],
+)  # fmt: skip
+def test_the_routers_split_of_a_frame_takes_what_the_report_by_report_way_takes(
+    reports: list[HWPCReport], parts: dict[str, int] | None
+) -> None:
+    """The router sends a frame's parts to the RAPL instances only when they stand for exactly
+    the reports ``dispatch_key`` would send them; otherwise (``None``) the frame goes as its
+    reports."""
+    frame, refused = HWPCFrame.from_reports(reports)
+    assert refused == []
+    found = RaplFormula.frame_parts(frame)
+    if parts is None:
+        assert found is None
+        return
+    assert found is not None
+    assert {key: len(part) for key, part in found} == parts
+    by_key: dict[object, list[Report]] = {}
+    for report in reports:
+        key = RaplFormula.dispatch_key(report)
+        if key is not None:
+            by_key.setdefault(key, []).append(report)
+    assert {key: part.reports() for key, part in found} == by_key

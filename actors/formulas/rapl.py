@@ -92,71 +92,100 @@ def global_parts(frame: Frame) -> list[tuple[Hashable, Frame]] | None:
 def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     """:func:`global_parts`, worked out: ``[]`` for a frame of targets' reports only, ``None``
     when a target has RAPL rows or a global report has no RAPL energy (the frame then goes
-    report by report, where such reports are told apart)."""
+    report by report, where such reports are told apart).
+
+    The router asks this of every frame: each table's global rows are found once, by
+    comparing the target column with the global targets' codes (one, mostly)."""
     tables = {table.group: table for table in frame.tables}
     rapl = tables.get("rapl")
     codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
+    global_rows = [_among(table.targets, codes) for table in frame.tables]
     if rapl is None:
-        if not any(bool(np.isin(t.targets, codes).any()) for t in frame.tables):
+        if not any(bool(rows.any()) for rows in global_rows):
             return []  # only targets' reports, none of them the formula's
         return None
     if len(tables) != len(frame.tables):
         return None
-    reports = _global_report_count(frame, rapl, codes)
+    reports = _global_report_count(frame, rapl, global_rows)
     if reports is None:
         return None
-    return _sensor_parts(frame, reports)
+    return _sensor_parts(frame, reports, global_rows)
 
 
-def _global_report_count(frame: HWPCFrame, rapl: EventsTable, codes: list[int]) -> int | None:
+def _among(values: IntArray, codes: list[int]) -> npt.NDArray[np.bool_]:
+    """Where ``values`` is one of ``codes``."""
+    if len(codes) == 1:
+        found: npt.NDArray[np.bool_] = values == codes[0]
+        return found
+    return np.isin(values, codes)
+
+
+def _global_report_count(
+    frame: HWPCFrame, rapl: EventsTable, global_rows: list[npt.NDArray[np.bool_]]
+) -> int | None:
     """How many global reports a frame holds, when every one of them has RAPL energy and no
-    target has RAPL rows; else ``None``. ``codes`` are the global targets' codes."""
-    if not bool(np.isin(rapl.targets, codes).all()):
-        return None  # a target's RAPL rows
-    first = min(int(table.millis.min()) for table in frame.tables if len(table))
-    last = max(int(table.millis.max()) for table in frame.tables if len(table))
+    target has RAPL rows; else ``None``. ``global_rows`` are each table's global rows."""
     width = len(frame.names)
-    ticks = None
-    if (last - first + 1) * width * width >= 2**63:
-        # Ticks spread over centuries with many names: each tick by its place among the
-        # frame's ticks instead (fewer than its rows), so that the keys cannot wrap around.
-        ticks = np.unique(np.concatenate([table.millis for table in frame.tables]))
-    in_rapl = _report_keys(rapl, np.ones(len(rapl), dtype=np.bool_), first, width, ticks)
-    for table in frame.tables:
-        if table is not rapl and not bool(
-            np.isin(
-                _report_keys(table, np.isin(table.targets, codes), first, width, ticks), in_rapl
-            ).all()
+    first, ticks = _key_ticks(frame, width)
+    in_rapl: IntArray | None = None
+    for table, rows in zip(frame.tables, global_rows, strict=True):
+        if table is rapl:
+            if not bool(rows.all()):
+                return None  # a target's RAPL rows
+            in_rapl = _report_keys(rapl, None, first, width, ticks)
+    assert in_rapl is not None
+    for table, rows in zip(frame.tables, global_rows, strict=True):
+        if table is not rapl and not _within(
+            _report_keys(table, rows, first, width, ticks), in_rapl
         ):
             return None  # a global report without RAPL energy
     return len(in_rapl)
 
 
+def _key_ticks(frame: HWPCFrame, width: int) -> tuple[int, npt.NDArray[np.int64] | None]:
+    """The first tick's milliseconds, from which :func:`_report_keys` counts; and, for ticks
+    spread over centuries with many names, the frame's ticks, so that each is keyed by its
+    place among them (fewer than its rows) and the keys cannot wrap around 64 bits."""
+    first = min((int(table.millis.min()) for table in frame.tables if len(table)), default=0)
+    last = max((int(table.millis.max()) for table in frame.tables if len(table)), default=0)
+    if (last - first + 1) * width * width < 2**63:
+        return first, None
+    return first, np.unique(np.concatenate([table.millis for table in frame.tables]))
+
+
+def _within(keys: IntArray, known: IntArray) -> bool:
+    """Whether every key (sorted, unique) is among the ``known`` ones (sorted, unique)."""
+    if np.array_equal(keys, known):
+        return True  # the usual case: the same reports in every group
+    return len(keys) < len(known) and bool(np.isin(keys, known, assume_unique=True).all())
+
+
 def _report_keys(
     table: EventsTable,
-    chosen: npt.NDArray[np.bool_],
+    chosen: npt.NDArray[np.bool_] | None,
     first: int,
     width: int,
     ticks: npt.NDArray[np.int64] | None = None,
-) -> npt.NDArray[np.int64]:
-    """One number per report among a table's ``chosen`` rows: its tick (ms after ``first``, or
-    its place in ``ticks`` when given), sensor and target, ``width`` being the number of names
-    the codes index. The caller gives ``ticks`` where the milliseconds times ``width`` squared
-    could pass 2**63."""
-    if ticks is None:
-        millis = table.millis[chosen] - first
-    else:
-        millis = np.searchsorted(ticks, table.millis[chosen])
-    keys: npt.NDArray[np.int64] = np.unique(
-        (millis * width + table.sensors[chosen]) * width + table.targets[chosen]
-    )
+) -> IntArray:
+    """One number per report among a table's ``chosen`` rows (``None``: all of them), sorted:
+    its tick (ms after ``first``, or its place in ``ticks`` when given), sensor and target,
+    ``width`` being the number of names the codes index. The caller gives ``ticks`` where the
+    milliseconds times ``width`` squared could pass 2**63."""
+    millis, sensors, targets = table.millis, table.sensors, table.targets
+    if chosen is not None:
+        millis, sensors, targets = millis[chosen], sensors[chosen], targets[chosen]
+    places = millis - first if ticks is None else np.searchsorted(ticks, millis)
+    keys: IntArray = np.unique((places * width + sensors) * width + targets)
     return keys
 
 
-def _sensor_parts(frame: HWPCFrame, reports: int) -> list[tuple[Hashable, Frame]]:
+def _sensor_parts(
+    frame: HWPCFrame, reports: int, global_rows: list[npt.NDArray[np.bool_]]
+) -> list[tuple[Hashable, Frame]]:
     """A frame's global reports, one part per sensor; ``reports`` is their count, kept on a
     frame of a single sensor."""
-    only_global = frame.of_targets(GLOBAL_TARGETS)
+    tables = [table.where(rows) for table, rows in zip(frame.tables, global_rows, strict=True)]
+    only_global = HWPCFrame(frame.names, tables, None, frame.originals)
     sensors = only_global.sensors()
     if len(sensors) == 1:
         return [(sensors[0], HWPCFrame(only_global.names, only_global.tables, reports))]

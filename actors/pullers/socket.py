@@ -1,10 +1,12 @@
 """hwpc-sensor's socket output: a TCP server that reads newline-delimited JSON reports.
 
 hwpc-sensor connects as a client and writes one JSON report per line. A connection is read only
-when its handler asks for more (its transport stays paused in between), and the whole input
-holds at most ``max_buffered_bytes`` of lines read and not yet handed on, whatever the number of
-connections: when the pipeline is full, the handlers wait to hand on, the budget runs out, every
-connection stops being read, and TCP flow control slows the sensors instead of memory filling.
+when its handler asks for more (nothing is read in between), and the whole input holds at most
+``max_buffered_bytes`` of lines read and not yet handed on, whatever the number of connections:
+when the pipeline is full, the handlers wait to hand on, the budget runs out, every connection
+stops being read, and TCP flow control slows the sensors instead of memory filling. A sensor
+that sends faster than the pipeline takes waits its turn for the room of a whole batch, then has
+its batch read at once and handed on whole.
 Lines are bounded: one longer than ``max_line_bytes`` is dead-lettered and skipped, so a broken
 peer cannot make the service buffer without limit. Under ``--workers``, a worker's input listens
 on no port: it adopts the connections the acceptor hands it (:mod:`wattflow.actors.handoff`) and
@@ -17,7 +19,7 @@ import asyncio
 import logging
 import socket
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import Field, PositiveInt
@@ -53,13 +55,14 @@ class SocketPullerConfig(PullerConfig):
         default=1 << 20, description="Longest report line accepted, in bytes."
     )
     max_batch: PositiveInt = Field(
-        default=500, description="Reports decoded from one connection before they are handed on."
+        default=2000, description="Reports decoded from one connection before they are handed on."
     )
     max_buffered_bytes: PositiveInt = Field(
         default=64 << 20,
         description="Bytes of report lines the input holds, over all its connections, read and "
-        "not yet handed on (each read reserves 256 KiB of it first): when the pipeline is full, "
-        "the input stops reading at this bound and TCP flow control slows the sensors.",
+        "not yet handed on (each read reserves 256 KiB of it first, a busy sensor's connection "
+        "the room of a whole batch): when the pipeline is full, the input stops reading at this "
+        "bound and TCP flow control slows the sensors.",
     )
     gather_ms: float = Field(
         default=20.0,
@@ -77,15 +80,20 @@ class SocketPullerConfig(PullerConfig):
 
 
 READ_BYTES = 256 * 1024
-"""The most one read of asyncio's socket transport returns: what a read reserves of the
-input's ``max_buffered_bytes`` before it is made."""
+"""The most one read of a connection takes: what a read reserves of the input's
+``max_buffered_bytes`` before it is made."""
+ACCEPT_PAUSE_S = 0.5
+"""Pause before accepting again after an accept failed (no descriptor left, say)."""
 
 
 class ByteBudget:
     """Bytes an input holds, shared by its connections: a read waits for room first.
 
-    A read is let through when its bytes fit, or when nothing at all is held (so a budget
-    smaller than one read cannot stop the input). Bytes are given back as lines are handed on.
+    Room goes to requests in the order they came: a request waits while an earlier one waits,
+    so a connection that asks for the room of the rest of its batch is not passed over, again
+    and again, by connections asking for one read's room. A request is let through when it
+    fits, or when nothing at all is held (so a budget smaller than one request cannot stop the
+    input). Bytes are given back as lines are handed on.
     """
 
     def __init__(self, limit_bytes: int) -> None:
@@ -93,34 +101,63 @@ class ByteBudget:
         self.held_bytes = 0
         self.high_water_bytes = 0
         self.waits = 0
-        """Reads that had to wait for room: how often the input stopped reading."""
-        self._room = asyncio.Event()
-        self._room.set()
+        """Requests that had to wait for room: how often the input stopped reading."""
+        self._waiting: deque[tuple[int, asyncio.Future[bool]]] = deque()
 
     def has_room(self, size_bytes: int) -> bool:
         return not self.held_bytes or self.held_bytes + size_bytes <= self.limit_bytes
 
     async def take(self, size_bytes: int, wait_s: float | None = None) -> bool:
-        """Hold ``size_bytes`` more, waiting until they fit, or ``wait_s`` at most: whether
-        they are held."""
-        if not self.has_room(size_bytes):
-            self.waits += 1
-            try:
-                async with asyncio.timeout(wait_s):
-                    while not self.has_room(size_bytes):
-                        self._room.clear()
-                        await self._room.wait()
-            except TimeoutError:
-                return False
-        self.held_bytes += size_bytes
-        self.high_water_bytes = max(self.high_water_bytes, self.held_bytes)
-        return True
+        """Hold ``size_bytes`` more, waiting until they fit and every earlier request is
+        served, or ``wait_s`` at most: whether they are held."""
+        if not self._waiting and self.has_room(size_bytes):
+            self._hold(size_bytes)
+            return True
+        self.waits += 1
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[bool] = loop.create_future()
+        request = (size_bytes, granted)
+        self._waiting.append(request)
+        timer = None if wait_s is None else loop.call_later(wait_s, _settle, granted, False)
+        try:
+            return await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled() and granted.result():
+                self.give(size_bytes)  # granted just as the wait was cancelled
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if request in self._waiting:  # gave up waiting: the next request may fit
+                self._waiting.remove(request)
+                self._serve()
 
     def give(self, size_bytes: int) -> None:
         """Hold ``size_bytes`` fewer (more, when negative: lines kept from a read)."""
         self.held_bytes += -size_bytes
         if size_bytes > 0:
-            self._room.set()
+            self._serve()
+
+    def _hold(self, size_bytes: int) -> None:
+        self.held_bytes += size_bytes
+        self.high_water_bytes = max(self.high_water_bytes, self.held_bytes)
+
+    def _serve(self) -> None:
+        """Grant the waiting requests that fit, in order, up to the first that does not."""
+        waiting = self._waiting
+        while waiting:
+            size_bytes, granted = waiting[0]
+            if not granted.done():
+                if not self.has_room(size_bytes):
+                    return
+                self._hold(size_bytes)
+                granted.set_result(True)
+            waiting.popleft()
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 class Peer(Protocol):
@@ -132,76 +169,130 @@ class Peer(Protocol):
         """The peer's next data: ``b""`` once it closed, ``None`` if nothing came in
         ``wait_s``."""
 
+    async def readable(self, wait_s: float | None) -> bool:
+        """Whether the peer has data to read, or closed, within ``wait_s``; nothing is read."""
 
-class _Connection(asyncio.Protocol):
+
+class _Connection:
     """One sensor's connection, read only when its handler asks.
 
-    The transport is paused except while a read waits, so what the sensor sends stays in the
-    kernel's buffers (and then in the sensor, through TCP flow control) until the input takes
-    it, instead of piling up in this process as a stream reader's eager buffer would.
+    A read takes what the kernel already holds at once, with no trip through the event loop;
+    only a read that finds nothing waits for the socket to become readable. Between reads
+    nothing is read: what the sensor sends stays in the kernel's buffers (and then in the
+    sensor, through TCP flow control) until the input takes it. A busy sensor's lines are
+    therefore read in one go up to the batch's size, and its batch is handed on whole, instead
+    of every connection's batch growing one read at a time, turn by turn, until the byte budget
+    runs out with all of them half full.
     """
 
-    def __init__(self, handle: Callable[[_Connection], Coroutine[Any, Any, None]]) -> None:
-        self._handle = handle
-        self.name = "socket:?"
-        self.transport: asyncio.Transport | None = None
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        try:
+            self.name = "socket:{}:{}".format(*sock.getpeername()[:2])
+        except OSError:  # the peer is already gone: its reads say so
+            self.name = "socket:?"
         self.task: asyncio.Task[None] | None = None
-        self._data: deque[bytes] = deque()
-        self._waiter: asyncio.Future[bytes | None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._closed = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.pause_reading()
-        self.name = "socket:{}:{}".format(*transport.get_extra_info("peername")[:2])
-        self.task = asyncio.get_running_loop().create_task(self._handle(self))
-
-    def data_received(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.pause_reading()
-        self._data.append(data)
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self._closed = True
-        self._wake()
-        return False  # nothing is ever written back: close
-
-    def connection_lost(self, error: Exception | None) -> None:
-        if error is not None:
-            logger.info("%s closed: %s", self.name, error)
-        self._closed = True
-        self._wake()
-
-    def _wake(self, *_: object) -> None:
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def _recv(self) -> bytes | None:
+        """What the kernel holds (``READ_BYTES`` at most), ``b""`` once the peer closed, or
+        ``None`` when nothing is there yet."""
+        if self._closed:
+            return b""
+        try:
+            data = self.sock.recv(READ_BYTES)
+        except BlockingIOError:
+            return None
+        except OSError as error:
+            logger.info("%s closed: %s", self.name, error)
+            data = b""
+        if not data:
+            self._closed = True
+        return data
+
+    def _ready(self) -> bool:
+        """Whether a read would return at once (data, or the peer closed), without reading."""
+        if self._closed:
+            return True
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass  # the read says what happened
+        return True
+
+    async def _wait(self, wait_s: float | None) -> None:
+        """Wait until the socket is readable (or closed, or cut), ``wait_s`` at most."""
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        fd = self.sock.fileno()
+        loop.add_reader(fd, self._wake)
+        timer = loop.call_later(wait_s, self._wake) if wait_s is not None else None
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            loop.remove_reader(fd)
+            if timer is not None:
+                timer.cancel()
+
     async def read(self, wait_s: float | None) -> bytes | None:
-        if not self._data and not self._closed:
-            assert self.transport is not None
-            loop = asyncio.get_running_loop()
-            self._waiter = loop.create_future()
-            self.transport.resume_reading()
-            timer = loop.call_later(wait_s, self._wake) if wait_s is not None else None
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
-                self.transport.pause_reading()
-        if self._data:
-            return self._data.popleft()
-        return b"" if self._closed else None
+        data = self._recv()
+        if data is not None or wait_s == 0:
+            return data
+        await self._wait(wait_s)
+        return self._recv()
+
+    async def readable(self, wait_s: float | None) -> bool:
+        if self._ready():
+            return True
+        await self._wait(wait_s)
+        return self._ready()
 
     def cut(self) -> None:
         """Close the connection at once: a read in progress, and every later one, gets ``b""``."""
-        if self.transport is not None:
-            self.transport.abort()
         self._closed = True
+        if self._waiter is None:
+            self.close()
         self._wake()
+
+    def close(self) -> None:
+        """Close the socket (a read in progress stops watching it first: see :meth:`cut`)."""
+        self._closed = True
+        if self._waiter is None:
+            self.sock.close()
+
+
+def _listeners(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` resolves to, as asyncio's servers bind.
+
+    Raises:
+        OSError: an address cannot be listened on.
+    """
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, protocol, _, address in dict.fromkeys(infos):
+            listener = socket.socket(family, kind, protocol)
+            listeners.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+            listener.listen(1024)
+            listener.setblocking(False)
+    except OSError:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
 
 
 @pullers.register("socket")
@@ -232,59 +323,74 @@ class SocketPuller(Puller[SocketPullerConfig]):
     async def pull(self, emitter: Emitter) -> None:
         if self.handoff is not None and self.partition is not None:
             emitter = _OwnSensors(emitter, self.partition, self.instance)
+        loop = asyncio.get_running_loop()
 
-        async def serve(connection: _Connection) -> None:
+        def serve(sock: socket.socket) -> None:
+            """Read a connection, accepted here or handed over, in a task of its own."""
+            connection = _Connection(sock)
             self._connections.add(connection)
-            try:
-                await self._read(connection, emitter)
-            finally:
-                self._connections.discard(connection)
-                if connection.transport is not None:
-                    connection.transport.close()
+            connection.task = loop.create_task(self._serve(connection, emitter))
 
         if self.handoff is not None:
             await self._take_handed(self.handoff, serve, emitter)
-            await self._close_connections()
-            return
-        loop = asyncio.get_running_loop()
+        else:
+            await self._accept(serve, emitter)
+        await self._close_connections()
+
+    async def _serve(self, connection: _Connection, emitter: Emitter) -> None:
         try:
-            server = await loop.create_server(
-                lambda: _Connection(serve), self.config.host, self.config.port
-            )
+            await self._read(connection, emitter)
+        finally:
+            self._connections.discard(connection)
+            connection.close()
+
+    async def _accept(self, serve: Callable[[socket.socket], None], emitter: Emitter) -> None:
+        """Listen and accept connections until the pipeline stops."""
+        try:
+            listeners = _listeners(self.config.host, self.config.port)
         except OSError as error:
             raise PullUnavailable(
-                f"cannot listen on {self.config.host}:{self.config.port}: {error.strerror}"
+                f"cannot listen on {self.config.host}:{self.config.port}: {error.strerror or error}"
             ) from error
-        self.bound_port = server.sockets[0].getsockname()[1]
+        self.bound_port = listeners[0].getsockname()[1]
         logger.info("listening for hwpc-sensor on %s:%s", self.config.host, self.bound_port)
         self.listening.set()
-        async with server:
+        loop = asyncio.get_running_loop()
+
+        async def accept(listener: socket.socket) -> None:
+            while True:
+                try:
+                    sock, _ = await loop.sock_accept(listener)
+                except OSError as error:  # out of descriptors, say: wait, then accept again
+                    logger.warning("accepting a connection failed: %s", error)
+                    await asyncio.sleep(ACCEPT_PAUSE_S)
+                    continue
+                serve(sock)
+
+        accepting = [loop.create_task(accept(listener)) for listener in listeners]
+        try:
             await emitter.stopping.wait()
-            server.close()
-            await self._close_connections()
+        finally:
+            for task in accepting:
+                task.cancel()
+            await asyncio.gather(*accepting, return_exceptions=True)
+            for listener in listeners:
+                listener.close()
 
     async def _take_handed(
         self,
         channel: socket.socket,
-        serve: Callable[[_Connection], Coroutine[Any, Any, None]],
+        serve: Callable[[socket.socket], None],
         emitter: Emitter,
     ) -> None:
         """Read the connections the acceptor hands over until the pipeline stops.
 
-        A handed connection becomes a :class:`_Connection` on an accepted socket, exactly as
-        one this input accepts itself: read on demand, within the same byte budget.
+        A handed connection is read exactly as one this input accepts itself: on demand,
+        within the same byte budget.
         """
         loop = asyncio.get_running_loop()
         channel.setblocking(False)
-        starting: set[asyncio.Task[Any]] = set()
         logger.info("reading the hwpc-sensor connections handed to this worker")
-
-        async def adopt(connection: socket.socket) -> None:
-            try:
-                await loop.connect_accepted_socket(lambda: _Connection(serve), sock=connection)
-            except OSError as error:  # the sensor hung up while the connection was handed
-                logger.info("a handed connection could not be read: %s", error)
-                connection.close()
 
         def on_readable() -> None:
             received = receive_connections(channel)
@@ -292,17 +398,13 @@ class SocketPuller(Puller[SocketPullerConfig]):
                 loop.remove_reader(channel.fileno())
                 return
             for connection in received:
-                task = loop.create_task(adopt(connection))
-                starting.add(task)
-                task.add_done_callback(starting.discard)
+                serve(connection)
 
         loop.add_reader(channel.fileno(), on_readable)
         try:
             await emitter.stopping.wait()
         finally:
             loop.remove_reader(channel.fileno())
-            if starting:  # connections received just now: read them like the others
-                await asyncio.wait(set(starting))
 
     async def _close_connections(self) -> None:
         """Read what connected sensors already sent for ``drain_grace_s``, then cut them off."""
@@ -321,52 +423,59 @@ class SocketPuller(Puller[SocketPullerConfig]):
     async def _read(self, peer: Peer, emitter: Emitter) -> None:
         """Read one connection a chunk at a time, decoding each batch's complete lines together.
 
-        A chunk is what one read of the transport returns (256 KiB at most), so a busy sensor's
-        reports are decoded and handed on hundreds at a time, while a quiet one's are handed on
-        as soon as they arrive. Each chunk is reserved in the input's byte budget first; the
-        lines held are counted until they are handed on.
+        A chunk is what one read returns (256 KiB at most); a busy sensor's chunks follow one
+        another until its batch is full, and are decoded and handed on together, while a quiet
+        one's lines are handed on as soon as it pauses. Each chunk is reserved in the input's
+        byte budget first; the lines held are counted until they are handed on.
         """
-        limit = self.config.max_line_bytes
-        line_number = 0
-        partial = b""
-        skipping = False  # inside a line longer than the limit, until its end
+        cursor = _Cursor()
         batch = _CountedOutbox(self.kind, peer.name, self.budget)
         try:
-            while True:
-                chunk = await self._next_chunk(peer, batch, emitter)
-                if not chunk:
-                    self._last_line(partial, skipping, peer.name, line_number, batch, emitter)
-                    break
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                start = 0
-                for position, line in enumerate(lines):
-                    if skipping:
-                        # The end of an overlong line, already dead-lettered.
-                        skipping = False
-                        start = position + 1
-                    elif len(line) > limit:
-                        line_number = self._decode(
-                            lines[start:position], peer.name, line_number, batch, emitter
-                        )
-                        line_number += 1
-                        await batch.emit(emitter)  # dead letters in the order of lines
-                        self._too_long(emitter, peer.name, line_number)
-                        start = position + 1
-                line_number = self._decode(lines[start:], peer.name, line_number, batch, emitter)
-                if len(partial) > limit and not skipping:
-                    line_number += 1
-                    await batch.emit(emitter)
-                    self._too_long(emitter, peer.name, line_number)
-                    skipping = True
-                if skipping:
-                    partial = b""
+            while chunk := await self._next_chunk(peer, batch, emitter):
+                await self._split(chunk, cursor, peer.name, batch, emitter)
+                del chunk  # its lines are in the batch: hold nothing else while waiting
                 batch.settle()
                 if batch.size >= self.config.max_batch:
+                    batch.busy = True
                     await batch.emit(emitter)
+                    # A read that finds data does not yield: let the other connections and
+                    # the stages run before this one reads its next batch.
+                    await asyncio.sleep(0)
+            self._last_line(cursor, peer.name, batch, emitter)
             await batch.emit(emitter)
         finally:
             batch.release()
+
+    async def _split(
+        self, chunk: bytes, cursor: _Cursor, peer: str, batch: _CountedOutbox, emitter: Emitter
+    ) -> None:
+        """Add a chunk's complete lines to the batch; a line longer than ``max_line_bytes`` is
+        dead-lettered in its place (what came before it is handed on first)."""
+        limit = self.config.max_line_bytes
+        lines = chunk.split(b"\n")
+        if cursor.partial:  # the end of a line begun in the last chunk
+            lines[0] = cursor.partial + lines[0]
+        cursor.partial = lines.pop()
+        start = 0
+        for position, line in enumerate(lines):
+            if cursor.skipping:
+                # The end of an overlong line, already dead-lettered.
+                cursor.skipping = False
+                start = position + 1
+            elif len(line) > limit:
+                self._decode(lines[start:position], cursor, batch)
+                cursor.number += 1
+                await batch.emit(emitter)  # dead letters in the order of lines
+                self._too_long(emitter, peer, cursor.number)
+                start = position + 1
+        self._decode(lines[start:], cursor, batch)
+        if len(cursor.partial) > limit and not cursor.skipping:
+            cursor.number += 1
+            await batch.emit(emitter)
+            self._too_long(emitter, peer, cursor.number)
+            cursor.skipping = True
+        if cursor.skipping:
+            cursor.partial = b""
 
     async def _next_chunk(
         self, peer: Peer, batch: _CountedOutbox, emitter: Emitter
@@ -374,63 +483,92 @@ class SocketPuller(Puller[SocketPullerConfig]):
         """The peer's next data; ``None`` or empty once it closed, or went quiet while draining.
 
         While lines are held, the read waits ``gather_ms`` at most: a busy sensor's reads then
-        gather into one batch, and a quiet sensor's lines are handed on once it pauses. Before
-        reading, room for the read is taken in the budget; a connection that holds lines waits
-        for it ``gather_ms`` at most, then hands its lines on (giving their room back), so that
-        connections waiting for each other's room cannot stall: batches stay large while the
-        budget is only briefly full.
+        gather into one batch, and a quiet sensor's lines are handed on once it pauses. A
+        connection that holds no lines waits for data before it takes any room, so that quiet
+        sensors hold none of the budget. Before reading, room for the read is taken in the
+        budget (:meth:`_make_room`); a connection that holds lines waits for it ``gather_ms`` at
+        most, then hands its lines on (giving their room back), so that connections waiting for
+        each other's room cannot stall.
         """
         while True:
-            if emitter.stopping.is_set():  # draining: what the peer already sent, then stop
-                wait_s: float | None = 0.1
-            elif batch.size:
-                wait_s = self.config.gather_ms / 1000
-            else:
-                wait_s = None
-            if not await self.budget.take(READ_BYTES, wait_s if batch.size else None):
+            wait_s = self._wait_s(batch, emitter)
+            if not batch.size and not await peer.readable(wait_s):
+                if emitter.stopping.is_set():
+                    return None  # quiet while draining
+                continue
+            if batch.room_bytes < READ_BYTES and not await self._make_room(batch, wait_s):
+                batch.busy = True
                 await batch.emit(emitter)
                 continue
-            chunk = await peer.read(wait_s)
-            self.budget.give(READ_BYTES - len(chunk or b""))
+            chunk = await peer.read(wait_s if batch.size else 0)
+            batch.room_bytes -= len(chunk or b"")
             batch.read_bytes += len(chunk or b"")
             if chunk is not None:
                 return chunk
-            if emitter.stopping.is_set():
+            if await self._nothing_came(batch, emitter):
                 return None
-            await batch.emit(emitter)
 
-    def _decode(
-        self,
-        lines: list[bytes],
-        peer: str,
-        line_number: int,
-        batch: _CountedOutbox,
-        emitter: Emitter,
-    ) -> int:
-        """Hold complete lines that follow line ``line_number``, to be decoded when handed on;
-        return the last one's number."""
-        batch.add(lines, line_number + 1)
-        return line_number + len(lines)
+    async def _nothing_came(self, batch: _CountedOutbox, emitter: Emitter) -> bool:
+        """A read found nothing: whether the connection is done (quiet while draining).
+        Holding no lines, it gives its room back while it waits; holding lines, its sensor
+        has paused: they are handed on."""
+        if not batch.size:
+            batch.give_room(batch.room_bytes)
+            return False
+        if emitter.stopping.is_set():
+            return True
+        batch.busy = False
+        await batch.emit(emitter)
+        return False
+
+    def _wait_s(self, batch: _CountedOutbox, emitter: Emitter) -> float | None:
+        """How long a read may wait for data: while draining, 0.1 s (what the peer already
+        sent, then stop); holding lines, ``gather_ms``; else as long as it takes."""
+        if emitter.stopping.is_set():
+            return 0.1
+        return self.config.gather_ms / 1000 if batch.size else None
+
+    async def _make_room(self, batch: _CountedOutbox, wait_s: float | None) -> bool:
+        """Take room in the budget for the next read: whether it was taken.
+
+        A connection whose last batch was full (its sensor sends faster than the pipeline
+        takes) asks, before it reads again, for the room of a whole batch of lines as long as
+        the last ones, waiting its turn behind the earlier requests while it holds no lines.
+        Its next batch is then read whole, at once, and handed on full, instead of every
+        connection's batch growing by a read at a time until the budget is spread over all of
+        them and each is handed on small. Otherwise it asks for one read's room; holding
+        lines, it waits ``wait_s`` at most.
+        """
+        wanted = READ_BYTES - batch.room_bytes
+        if not batch.size and batch.busy and batch.line_bytes:
+            # the last read of a batch may bring up to a read's bytes past max_batch
+            whole = self.config.max_batch * batch.line_bytes + READ_BYTES
+            whole = min(whole, self.budget.limit_bytes)
+            wanted = max(wanted, whole - batch.room_bytes)
+        if not await self.budget.take(wanted, wait_s if batch.size else None):
+            return False
+        batch.room_bytes += wanted
+        return True
+
+    def _decode(self, lines: list[bytes], cursor: _Cursor, batch: _CountedOutbox) -> None:
+        """Hold complete lines that follow line ``cursor.number``, to be decoded when handed
+        on."""
+        batch.add(lines, cursor.number + 1)
+        cursor.number += len(lines)
 
     def _last_line(
-        self,
-        partial: bytes,
-        skipping: bool,
-        peer: str,
-        line_number: int,
-        batch: _CountedOutbox,
-        emitter: Emitter,
+        self, cursor: _Cursor, peer: str, batch: _CountedOutbox, emitter: Emitter
     ) -> None:
         """What the peer sent after its last newline, once it closed or went quiet."""
-        if skipping or not partial.strip():
+        if cursor.skipping or not cursor.partial.strip():
             return
         if emitter.stopping.is_set():
             emitter.reject(
-                partial.decode("utf-8", "replace"),
-                f"{peer}:{line_number + 1}: connection cut at shutdown mid-line",
+                cursor.partial.decode("utf-8", "replace"),
+                f"{peer}:{cursor.number + 1}: connection cut at shutdown mid-line",
             )
             return
-        self._decode([partial], peer, line_number, batch, emitter)
+        self._decode([cursor.partial], cursor, batch)
 
     def _too_long(self, emitter: Emitter, peer: str, line_number: int) -> None:
         emitter.reject(
@@ -439,19 +577,39 @@ class SocketPuller(Puller[SocketPullerConfig]):
         )
 
 
+class _Cursor:
+    """Where the reading of a connection stands: the last complete line's number, the start
+    of the next line, and whether that line is too long and being skipped to its end."""
+
+    __slots__ = ("number", "partial", "skipping")
+
+    def __init__(self) -> None:
+        self.number = 0
+        self.partial = b""
+        self.skipping = False
+
+
 class _CountedOutbox(LineOutbox):
     """A connection's lines, counted in the input's byte budget until they are handed on.
 
-    ``read_bytes`` are the bytes read and not yet settled; :meth:`settle`, after a chunk's
-    lines are split, keeps counted only the bytes of the complete lines held (the end of a line
-    still to come is not counted: a budget full of half lines could never be read further).
+    ``room_bytes`` are taken in the budget for reads still to come; ``read_bytes`` are the bytes
+    read and not yet settled; :meth:`settle`, after a chunk's lines are split, keeps counted
+    only the bytes of the complete lines held (the end of a line still to come is not counted:
+    a budget full of half lines could never be read further). Handing the lines on gives back
+    their bytes and the room left.
     """
 
     def __init__(self, kind: type[Report], source: str, budget: ByteBudget) -> None:
         super().__init__(kind, source)
         self.budget = budget
+        self.room_bytes = 0
         self.read_bytes = 0
         self.held_bytes = 0
+        self.busy = False
+        """Whether the last batch went on before the sensor paused: it sends faster than
+        the lines are handed on."""
+        self.line_bytes = 0
+        """The length of the lines of the last batch handed on, on average."""
 
     def add(self, lines: list[bytes], first_line: int) -> None:
         super().add(lines, first_line)
@@ -463,18 +621,23 @@ class _CountedOutbox(LineOutbox):
         self.read_bytes = self.held_bytes
 
     async def emit(self, emitter: Emitter) -> None:
-        """Hand the lines on, then give their bytes back."""
+        """Hand the lines on, then give their bytes and the room left back."""
+        if self.size:
+            self.line_bytes = -(-self.held_bytes // self.size)
         try:
             await super().emit(emitter)
         finally:
-            self.settle()
-            self.budget.give(self.held_bytes)
-            self.read_bytes = self.held_bytes = 0
+            self.release()
+
+    def give_room(self, size_bytes: int) -> None:
+        """Give back room taken for reads that are not made now."""
+        self.budget.give(size_bytes)
+        self.room_bytes -= size_bytes
 
     def release(self) -> None:
-        """Give back everything still counted (the connection is done)."""
-        self.budget.give(self.read_bytes)
-        self.read_bytes = self.held_bytes = 0
+        """Give back everything still counted (the batch went on, or the connection is done)."""
+        self.budget.give(self.read_bytes + self.room_bytes)
+        self.room_bytes = self.read_bytes = self.held_bytes = 0
 
 
 class _OwnSensors:
