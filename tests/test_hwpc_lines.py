@@ -433,18 +433,21 @@ def test_sockets_and_cpus_beyond_their_bounds_are_declined_both_ways(
         assert (python_way(batch, {}) is not None) is framed
 
 
+def fresh_and_remembered_layouts(before: list[Any]) -> list[dict[str, Layout]]:
+    """No layouts, then the layouts an input remembers after the ``before`` lines."""
+    remembered: dict[str, Layout] = {}
+    python_way(before, remembered)
+    return [{}, remembered]
+
+
 def test_every_line_out_of_place_is_framed_the_same_way_or_declined() -> None:
     """Each batch change at each line of two sensors' first ticks (a line twice, lines
     swapped, a line moved to the front, dropped, a blank line), with and without the layouts
     the input remembers: ticks going back, a target twice in a tick and a tick's reports in
     another group order are each met somewhere."""
     lines = generated(0.0)
-    before = lines[:8]
     batch = lines[8:32]
-    for learned in (False, True):
-        layouts: dict[str, Layout] = {}
-        if learned:
-            python_way(before, layouts)
+    for layouts in fresh_and_remembered_layouts(lines[:8]):
         for change in BATCH_CHANGES.values():
             for at in range(len(batch) - 1):
                 agree(change(list(batch), at, random.Random(at)), layouts)
@@ -454,12 +457,8 @@ def test_every_mutation_of_every_line_is_framed_the_same_way_or_declined() -> No
     """Each mutation at each line of a batch (the global reports and the containers'), with
     and without the layouts the input remembers."""
     lines = generated(0.0)
-    before = lines[:8]
     batch = lines[8:24]
-    for learned in (False, True):
-        layouts: dict[str, Layout] = {}
-        if learned:
-            python_way(before, layouts)
+    for layouts in fresh_and_remembered_layouts(lines[:8]):
         for mutate in MUTATIONS.values():
             for at in range(len(batch)):
                 changed = list(batch)
