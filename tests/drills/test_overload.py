@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -240,10 +241,21 @@ def clean_run(directory: Path, sensors: list[Sensor], ticks: list[int]) -> Path:
     return directory / "power.jsonl"
 
 
+@pytest.fixture
+def drill_path(tmp_path: Path) -> Iterator[Path]:
+    """The drill's directory. Its two outputs, several GB each at the rate the service takes a
+    flood, are removed afterwards (the logs stay): pytest keeps the temporary directories of
+    its last sessions, and a few drills' outputs would fill the disk."""
+    yield tmp_path
+    for run in ("flood", "clean"):
+        (tmp_path / run / "power.jsonl").unlink(missing_ok=True)
+
+
 @pytest.mark.timeout(900)  # a minute of flood, its drain and a clean run of the same reports
 def test_a_flood_of_sensors_is_slowed_down_in_bounded_memory_and_nothing_is_lost(
-    tmp_path: Path,
+    drill_path: Path,
 ) -> None:
+    tmp_path = drill_path
     sensors = [Sensor(number) for number in range(SENSORS)]
     service, port = start_service(tmp_path / "flood")
     with service:
