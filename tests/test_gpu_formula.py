@@ -126,7 +126,7 @@ def test_idle_is_learned_from_ticks_without_sm_use() -> None:
         ]
     )
     assert powers_at(out, 0) == {"gpu0": 0.0, "pid:7": pytest.approx(120.0)}
-    # Fewer than 6 s of rest so far: idle is their mean.
+    # Fewer than 6 s of rest so far: idle is their median.
     assert powers_at(out, 3)["gpu0"] == pytest.approx(37.5)
     assert powers_at(out, 3)["pid:7"] == pytest.approx(97.5)
 

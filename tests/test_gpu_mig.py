@@ -345,7 +345,7 @@ def test_instances_survive_the_json_and_mongodb_encodings() -> None:
 
 def test_idle_is_learned_from_windows_in_which_no_instance_was_busy() -> None:
     """Without --gpu-idle-power-w: ticks covered by windows where no GPU instance was busy are
-    rest, and their mean power (resting 1.1 s, less than the 6 s over which idle is a mean) is
+    rest, and their median power (resting 1.1 s, less than the 6 s over which idle is a mean) is
     the idle the busy ticks keep on the device."""
     reports = []
     for step in range(21):
@@ -362,6 +362,6 @@ def test_idle_is_learned_from_windows_in_which_no_instance_was_busy() -> None:
     at = {(r[0], r[1]): r[2] for r in everything(out)}
     busy_tick = START + timedelta(seconds=1.5)
     # Ticks 1 to 10 rest (tick 0 has no window to cover it): 48 and 52 W five times each.
-    assert at[(busy_tick, "gpu0")] == pytest.approx(50.0), "the resting mean"
+    assert at[(busy_tick, "gpu0")] == pytest.approx(50.0), "the resting median"
     assert at[(busy_tick, "gpu0/gi1")] == pytest.approx(112.5)
     assert at[(busy_tick, "gpu0/gi2")] == pytest.approx(37.5)

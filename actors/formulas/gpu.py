@@ -17,7 +17,7 @@ For each device and sampling tick (τ0, τ1]:
    two of its readings can read up to 5 % low (the next one as much high), and the lowest
    single tick would carry that error into idle. Until the device has rested once, idle counts
    as 0 W: all of its power is active; until it has rested :data:`IDLE_MEAN_S`, idle is the
-   mean of the resting ticks so far.
+   median of the resting ticks so far.
 3. **Active energy** = (device power − idle) × the tick's length, never below zero.
 4. **Per process.** The driver records every ~200 ms which ONE process holds the engine, and
    NVML averages those samples per process over the window since the previous call (a sample
@@ -589,10 +589,14 @@ def _share(pending: list[_Tick], left_j: float) -> None:
 
 def _lowest_mean_w(readings: deque[float], tick_s: float) -> float:
     """The lowest mean of :data:`IDLE_MEAN_S` worth of consecutive readings (ticks of
-    ``tick_s``); the mean of them all while there are fewer; 0 W without any."""
+    ``tick_s``); the median of them all while there are fewer (the resting ticks next to a
+    burst can take some of its energy through the counter's lag, and the lowest mean leaves
+    them out only once there is more than one burst's edge to choose from); 0 W without any."""
     if not readings:
         return 0.0
-    run = max(1, min(len(readings), round(IDLE_MEAN_S / tick_s) if tick_s > 0 else 1))
+    run = max(1, round(IDLE_MEAN_S / tick_s) if tick_s > 0 else 1)
+    if len(readings) < run:
+        return float(np.median(np.fromiter(readings, dtype=np.float64, count=len(readings))))
     sums = np.cumsum(np.fromiter(readings, dtype=np.float64, count=len(readings)))
     means = (sums[run - 1 :] - np.concatenate(([0.0], sums[:-run]))) / run
     return float(means.min())
