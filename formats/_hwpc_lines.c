@@ -1,4 +1,7 @@
-/* hwpc-sensor's JSON lines parsed straight into columns.
+/* hwpc-sensor's JSON lines, and PowerAPI's CSV rows, parsed straight into columns.
+ *
+ * parse_csv (at the end of this file) reads whole lines of one CSV events file the same way,
+ * for wattflow.formats.csv_frames.
  *
  * parse(lines) reads a batch of hwpc-sensor's JSON reports (a list of bytes, one report each)
  * and writes every cpu's counters into flat int64 columns, without a Python object per report,
@@ -798,16 +801,203 @@ static PyObject *parse(PyObject *module, PyObject *argument) {
     return result;
 }
 
+/* --- PowerAPI's CSV rows ---------------------------------------------------------------------- */
+
+#define CSV_FIXED_CELLS 5   /* timestamp, sensor, target, socket, cpu */
+#define CSV_LONGEST_NAME 1023 /* wattflow.formats.csv_frames.LONGEST_NAMES - 1 */
+
+/* A cell of a non-negative integer that fits int64, written as its number ("0" or digits not
+ * starting with 0), ending at the cell's end. */
+static inline int csv_integer(const char **cell, const char *end, int64_t *value) {
+    const char *at = *cell;
+    if (at >= end || *at < '0' || *at > '9' || (*at == '0' && at + 1 < end && at[1] != ',')) {
+        return DECLINE;
+    }
+    uint64_t number = 0;
+    while (at < end && *at >= '0' && *at <= '9') {
+        uint64_t digit = (uint64_t)(*at - '0');
+        if (number > ((uint64_t)INT64_MAX - digit) / 10) {
+            return DECLINE;
+        }
+        number = number * 10 + digit;
+        at++;
+    }
+    *cell = at;
+    *value = (int64_t)number;
+    return OK;
+}
+
+/* A cell of text: not empty, no quote, NUL or carriage return, shorter than CSV_LONGEST_NAME,
+ * valid UTF-8; its id among the interned names. */
+static inline int csv_name(Interned *names, const char **cell, const char *end, int64_t *id) {
+    const char *start = *cell;
+    const char *at = start;
+    while (at < end && *at != ',') {
+        if (*at == '"' || *at == '\0' || *at == '\r') {
+            return DECLINE;
+        }
+        at++;
+    }
+    Py_ssize_t size = at - start;
+    if (size == 0 || size > CSV_LONGEST_NAME) {
+        return DECLINE;
+    }
+    Py_ssize_t found;
+    TRY(intern(names, start, size, &found));
+    *cell = at;
+    *id = (int64_t)found;
+    return OK;
+}
+
+/* The comma after a cell that is not the row's last, or the row's end after its last. */
+static inline int csv_next(const char **cell, const char *end, int last) {
+    if (last) {
+        return *cell == end ? OK : DECLINE;
+    }
+    if (*cell >= end || **cell != ',') {
+        return DECLINE;
+    }
+    (*cell)++;
+    return OK;
+}
+
+typedef struct {
+    int64_t *millis, *sensors, *targets, *sockets, *cpus, *counters;
+} CsvColumns;
+
+static int csv_row(Interned *names, const char *at, const char *end, Py_ssize_t events,
+                   CsvColumns *columns, Py_ssize_t row) {
+    int64_t number;
+    TRY(csv_integer(&at, end, &columns->millis[row]));
+    TRY(csv_next(&at, end, 0));
+    TRY(csv_name(names, &at, end, &columns->sensors[row]));
+    TRY(csv_next(&at, end, 0));
+    TRY(csv_name(names, &at, end, &columns->targets[row]));
+    TRY(csv_next(&at, end, 0));
+    TRY(csv_integer(&at, end, &number));
+    if (number >= SOCKET_LIMIT) {
+        return DECLINE;
+    }
+    columns->sockets[row] = number;
+    TRY(csv_next(&at, end, 0));
+    TRY(csv_integer(&at, end, &number));
+    if (number >= CPU_LIMIT) {
+        return DECLINE;
+    }
+    columns->cpus[row] = number;
+    int64_t *counters = columns->counters + row * events;
+    for (Py_ssize_t event = 0; event < events; event++) {
+        TRY(csv_next(&at, end, 0));
+        /* A counter may be negative: SmartWatts dead-letters it with its reason. */
+        int negative = at < end && *at == '-';
+        at += negative;
+        TRY(csv_integer(&at, end, &counters[event]));
+        if (negative) {
+            counters[event] = -counters[event];
+        }
+    }
+    return csv_next(&at, end, 1);
+}
+
+static int csv_rows(Interned *names, const char *text, Py_ssize_t size, Py_ssize_t events,
+                    CsvColumns *columns) {
+    const char *at = text;
+    const char *stop = text + size;
+    Py_ssize_t row = 0;
+    while (at < stop) {
+        const char *end = memchr(at, '\n', (size_t)(stop - at));
+        const char *next = end + 1;
+        if (end > at && end[-1] == '\r') {
+            end--; /* a file written by Python's csv module ends its lines with \r\n */
+        }
+        TRY(csv_row(names, at, end, events, columns, row));
+        row++;
+        at = next;
+    }
+    return OK;
+}
+
+PyDoc_STRVAR(parse_csv_doc,
+"parse_csv(data, cells, /)\n--\n\n"
+"Whole lines of a PowerAPI CSV events file in its own layout (timestamp, sensor, target,\n"
+"socket, cpu, then cells - 5 counters; every line ending with a line break) as columns, or\n"
+"None when a line is not plain: quoted, empty or blank cells, another number of cells, a\n"
+"carriage return not before a line break, numbers that are not written as an integer of\n"
+"at most 63 bits without leading zeros (non-negative but for counters; socket below 65,536,\n"
+"cpu below 1,048,576), names of 1,024 bytes\n"
+"or more or not UTF-8. Returns (names, millis, sensors, targets, sockets, cpus, counters):\n"
+"the distinct sensor and target names by id, then int64 columns as bytearrays (sensors and\n"
+"targets as name ids; counters row by row).");
+
+static PyObject *parse_csv(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "parse_csv(data: bytes, cells: int)");
+        return NULL;
+    }
+    const char *text = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t cells = PyLong_AsSsize_t(args[1]);
+    if (cells == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (cells <= CSV_FIXED_CELLS || size == 0 || text[size - 1] != '\n') {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t events = cells - CSV_FIXED_CELLS;
+    Py_ssize_t rows = 0;
+    for (const char *at = text; (at = memchr(at, '\n', (size_t)(text + size - at))) != NULL;
+         at++) {
+        rows++;
+    }
+    if (events > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) / rows) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t sizes[7] = {0, 8 * rows, 8 * rows, 8 * rows, 8 * rows, 8 * rows,
+                           8 * rows * events};
+    PyObject *result = PyTuple_New(7);
+    Interned names = {NULL, 0, 0, PyList_New(0)};
+    if (result == NULL || names.strings == NULL) {
+        Py_XDECREF(result);
+        Py_XDECREF(names.strings);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, names.strings); /* the tuple owns it now */
+    int64_t *starts[7] = {NULL};
+    for (int at = 1; at < 7; at++) {
+        PyObject *column = PyByteArray_FromStringAndSize(NULL, sizes[at]);
+        if (column == NULL) {
+            PyMem_Free(names.slots);
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(result, at, column);
+        starts[at] = (int64_t *)PyByteArray_AS_STRING(column);
+    }
+    CsvColumns columns = {starts[1], starts[2], starts[3], starts[4], starts[5], starts[6]};
+    int status = csv_rows(&names, text, size, events, &columns);
+    PyMem_Free(names.slots);
+    if (status != OK) {
+        Py_DECREF(result);
+        if (status == DECLINE) {
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"parse", parse, METH_O, parse_doc},
+    {"parse_csv", (PyCFunction)(void (*)(void))parse_csv, METH_FASTCALL, parse_csv_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "_hwpc_lines",
-    "hwpc-sensor's JSON lines parsed in C straight into int64 columns "
-    "(see wattflow.formats.json_frames).",
+    "hwpc-sensor's JSON lines and PowerAPI's CSV rows parsed in C straight into int64 "
+    "columns (see wattflow.formats.json_frames and wattflow.formats.csv_frames).",
     0,
     methods,
     NULL,

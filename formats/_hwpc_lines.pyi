@@ -1,4 +1,5 @@
-"""hwpc-sensor's JSON lines parsed in C straight into int64 columns (formats/_hwpc_lines.c)."""
+"""hwpc-sensor's JSON lines and PowerAPI's CSV rows parsed in C straight into int64 columns
+(formats/_hwpc_lines.c)."""
 
 from collections.abc import Sequence
 
@@ -14,3 +15,7 @@ Parsed = tuple[
 ]
 
 def parse(lines: Sequence[bytes | str], /) -> Parsed | None: ...
+
+CsvParsed = tuple[list[str], bytearray, bytearray, bytearray, bytearray, bytearray, bytearray]
+
+def parse_csv(data: bytes, cells: int, /) -> CsvParsed | None: ...

@@ -1,11 +1,12 @@
-"""PowerAPI's per-group CSV input read into frames: a chunk of rows parsed in a few array calls.
+"""PowerAPI's per-group CSV input read into frames: a chunk of rows parsed in one C call.
 
 hwpc-sensor's CSV files hold one row per cpu, group and tick, so a recording of ten containers
 on eight cpus is about 80 rows a second. Parsing them one Python object at a time is the largest
 cost of a replay. Here each file is read in chunks of whole lines, and a chunk of plain rows (the
 layout hwpc-sensor writes: integer timestamps, sockets, cpus and counters, no quoting) becomes
-arrays in a few calls: numpy's C parser reads every number, and the sensor and target names are
-found once per run of rows that repeat them.
+int64 columns in one call of wattflow's C parser (``parse_csv`` in ``formats/_hwpc_lines.c``),
+each distinct sensor and target name decoded once. Where wattflow was built without that parser,
+every file goes the row-by-row way.
 
 The files are merged by timestamp as :func:`~wattflow.formats.powerapi.read_hwpc_csv` merges
 them: a frame holds every row of every file up to the latest timestamp all files have reached.
@@ -19,22 +20,22 @@ from __future__ import annotations
 
 import csv
 import io
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import BinaryIO, TextIO
 
 import numpy as np
-import numpy.typing as npt
 
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import EventsTable, HWPCFrame, IntArray, run_starts
-from wattflow.formats.reports import CPU_LIMIT, SOCKET_LIMIT, HWPCReport
+from wattflow.formats.frames import EventsTable, HWPCFrame
+from wattflow.formats.reports import HWPCReport
 
-Records = npt.NDArray[Any]
-"""Rows parsed by numpy into records (a structured array), or byte views of them."""
+try:
+    from wattflow.formats import _hwpc_lines
+except ImportError:  # built without its C parser: every file goes the row-by-row way
+    _hwpc_lines = None  # type: ignore[assignment]
 
 CHUNK_BYTES = 1 << 21
 """Bytes read from a file at once, at first: thousands of rows, so per-chunk costs are shared."""
@@ -47,9 +48,9 @@ LARGEST_CHUNK = 1 << 26
 """The most bytes read from one file at once, whatever its ticks."""
 
 LONGEST_NAMES = 1024
-"""Longest ``sensor,target`` text the fast way reads; longer names go the row-by-row way."""
+"""Sensor and target names this long (in bytes) or longer go the row-by-row way, as the C
+parser's ``CSV_LONGEST_NAME`` says."""
 
-_FIRST_MILLIS = -62_135_596_800_000  # 0001-01-01, the earliest datetime
 _LAST_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999
 
 
@@ -66,8 +67,6 @@ class _File:
     """Rows parsed but not yet framed."""
     eof: bool = False
     last_millis: int | None = None
-    name_bytes: int = 32
-    """Width of the sensor and target records: grows when a file's names are longer."""
     chunk_bytes: int = 0
     """Bytes to read next: grows while chunks span fewer than :data:`FRAME_TICKS` ticks."""
 
@@ -246,150 +245,32 @@ def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
 
 
 def _parse(data: bytes, f: _File, names: _Names) -> EventsTable:
-    """Whole lines of a plain file as a table.
+    """Whole lines of a plain file as a table, read by the C parser (``parse_csv`` in
+    ``formats/_hwpc_lines.c``) straight into int64 columns.
 
-    numpy's C parser reads each row into a record: the numbers as integers, the sensor, target,
-    socket and cpu as bytes, and it refuses a row with another number of cells. What it would
-    read otherwise than the row-by-row way (quoting, empty or padded cells, numbers that are
-    not integers, names longer than the widest record) is not plain.
+    The parser reads only what the row-by-row way would read the same: no quoting, no empty or
+    padded cells, numbers written as integers without leading zeros (sockets and cpus exactly as
+    ``str`` writes them, within their bounds), names shorter than :data:`LONGEST_NAMES` bytes.
 
     Raises:
-        _NotPlain: at anything that is not plain.
+        _NotPlain: at anything that is not plain, or where wattflow was built without its C
+            parser.
     """
-    if b'"' in data or b"\0" in data:
+    parsed = None if _hwpc_lines is None else _hwpc_lines.parse_csv(data, len(f.header))
+    if parsed is None:
         raise _NotPlain
-    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
-        raise _NotPlain  # a line broken by a lone carriage return
-    if data.startswith((b"\n", b"\r\n")) or b"\n\n" in data or b"\n\r\n" in data:
-        raise _NotPlain  # a blank line, which numpy would skip
-    while True:
-        records = _records(data, f.name_bytes, len(f.header))
-        if _fits(records, "sensor") and _fits(records, "target"):
-            break
-        if f.name_bytes >= LONGEST_NAMES:
-            raise _NotPlain
-        f.name_bytes *= 4
-    millis = np.ascontiguousarray(records["millis"])
-    if millis.min() < _FIRST_MILLIS or millis.max() > _LAST_MILLIS:
+    texts, millis, sensors, targets, sockets, cpus, counters = parsed
+    codes = np.array([names.code(text) for text in texts], dtype=np.int64)
+    millis_column = np.frombuffer(millis, dtype=np.int64)
+    if int(millis_column.max()) > _LAST_MILLIS:
         raise _NotPlain
-    sensors, targets = _codes(records["sensor"], records["target"], names)
-    events_at = _field_at(records, "e0")  # the counters fill the end of each record
-    counters = _bytes(records, events_at, 8 * len(f.events)).view(np.int64)
-    table = EventsTable(
+    return EventsTable(
         f.group,
         f.events,
-        millis,
-        sensors,
-        targets,
-        _as_written(records, "socket", SOCKET_LIMIT),
-        _as_written(records, "cpu", CPU_LIMIT),
-        np.ascontiguousarray(counters),
+        millis_column,
+        codes[np.frombuffer(sensors, dtype=np.int64)],
+        codes[np.frombuffer(targets, dtype=np.int64)],
+        np.frombuffer(sockets, dtype=np.int64),
+        np.frombuffer(cpus, dtype=np.int64),
+        np.frombuffer(counters, dtype=np.int64).reshape(-1, len(f.events)),
     )
-    return table
-
-
-_NUMBER_BYTES = 8
-"""Width of the socket and cpu records: no machine has 10^8 cpus."""
-
-_EVENT_FIELDS = tuple(f"e{number}" for number in range(4096))
-
-
-def _records(data: bytes, name_bytes: int, cells: int) -> Records:
-    """Every row as a record of the header's cells, or :class:`_NotPlain`."""
-    fields = [
-        ("millis", "<i8"),
-        ("sensor", f"S{name_bytes}"),
-        ("target", f"S{name_bytes}"),
-        ("socket", f"S{_NUMBER_BYTES}"),
-        ("cpu", f"S{_NUMBER_BYTES}"),
-    ]
-    fields.extend((name, "<i8") for name in _EVENT_FIELDS[: cells - len(fields)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # numpy would read "5.0" as 5 with a warning
-        try:
-            return np.loadtxt(io.BytesIO(data), delimiter=",", dtype=np.dtype(fields), ndmin=1)
-        except (ValueError, OverflowError, DeprecationWarning) as error:
-            raise _NotPlain from error
-
-
-def _bytes(records: Records, at: int, width: int) -> Records:
-    """Bytes ``at`` to ``at + width`` of every record (rows × width), a view."""
-    raw = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
-    return raw[:, at : at + width]
-
-
-def _field_bytes(records: Records, name: str) -> Records:
-    """A bytes field of every record as rows × its width, a view."""
-    return _bytes(records, _field_at(records, name), records.dtype[name].itemsize)
-
-
-def _field_at(records: Records, name: str) -> int:
-    """Where a field starts in each record, in bytes."""
-    fields = records.dtype.fields
-    assert fields is not None
-    at: int = fields[name][1]
-    return at
-
-
-def _fits(records: Records, name: str) -> bool:
-    """Whether every text of a bytes field is shorter than the field (none was cut short).
-
-    Raises:
-        _NotPlain: when a text is empty.
-    """
-    raw = _field_bytes(records, name)
-    if not bool(raw[:, 0].all()):
-        raise _NotPlain  # an empty cell
-    return not bool(raw[:, -1].any())
-
-
-def _codes(sensors: Records, targets: Records, names: _Names) -> tuple[IntArray, IntArray]:
-    """Each row's sensor and target codes."""
-    return _coded(sensors, names), _coded(targets, names)
-
-
-def _coded(texts: Records, names: _Names) -> IntArray:
-    """Each row's code of a text column, the text read once per run of rows that repeat it
-    and each distinct text decoded once."""
-    runs = run_starts(texts)
-    known: dict[bytes, int] = {}
-    codes = []
-    try:
-        for text in texts[runs].tolist():
-            code = known.get(text)
-            if code is None:
-                code = known[text] = names.code(text.decode("utf-8"))
-            codes.append(code)
-    except UnicodeDecodeError as error:
-        raise _NotPlain from error
-    return np.repeat(np.array(codes, dtype=np.int64), np.diff(np.append(runs, len(texts))))
-
-
-def _as_written(records: Records, name: str, limit: int) -> IntArray:
-    """Sockets and cpus as numbers, when ``str`` of each gives back its text exactly and each
-    is below ``limit``.
-
-    They are text in a report; a number written otherwise ("01", " 1", "+1") is not plain, nor
-    is one out of bounds (the row-by-row way refuses its row).
-
-    Raises:
-        _NotPlain: when a socket or cpu is written otherwise, or out of bounds.
-    """
-    raw = _field_bytes(records, name)
-    first = raw[:, 0]
-    digit_first = (first >= 48) & (first <= 57)
-    lone_zero_or_not_zero = (first != 48) | (raw[:, 1] == 0)  # only "0" itself starts with 0
-    if not bool((digit_first & lone_zero_or_not_zero).all()):
-        raise _NotPlain
-    value = (first - 48).astype(np.int64)
-    for column in range(1, _NUMBER_BYTES):
-        digit = raw[:, column]
-        present = digit != 0
-        if not bool(present.any()):
-            break
-        if not bool((((digit >= 48) & (digit <= 57)) | ~present).all()):
-            raise _NotPlain
-        value = np.where(present, value * 10 + (digit.astype(np.int64) - 48), value)
-    if bool((value >= limit).any()):
-        raise _NotPlain
-    return value

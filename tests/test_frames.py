@@ -19,7 +19,7 @@ from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsForm
 from wattflow.actors.formulas.smartwatts_frames import index_reports
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.actors.runtime import Mailbox
-from wattflow.formats import powerapi
+from wattflow.formats import csv_frames, powerapi
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.frames import (
@@ -168,6 +168,10 @@ def _cell(index: int, value: str) -> Any:
     [
         _cell(6, ""),  # an empty counter
         _cell(6, "1.5"),  # a counter that is not an integer
+        _cell(6, "007"),  # a counter with leading zeros
+        _cell(6, "+7"),  # a counter with a sign
+        _cell(6, str(2**63)),  # a counter beyond 63 bits
+        _cell(1, "n" * 1024),  # a sensor name as long as the fast way's longest
         _cell(2, '"container-1"'),  # quoting
         _cell(3, "01"),  # a socket that reads back as another text
         _cell(3, "65536"),  # a socket beyond its bound
@@ -182,6 +186,10 @@ def _cell(index: int, value: str) -> Any:
     ids=[
         "empty",
         "float",
+        "leading-zeros",
+        "plus-sign",
+        "counter-huge",
+        "long-sensor",
         "quoted",
         "socket-text",
         "socket-bound",
@@ -203,6 +211,17 @@ def test_rows_the_fast_way_cannot_vouch_for_go_the_row_by_row_way_from_there(
     framed, rows = both_readers(paths, 5_000)
     assert isinstance(framed[0], HWPCFrame), "the rows before the bad one are framed"
     assert not isinstance(framed[-1], HWPCFrame), "the rest goes the row-by-row way"
+    assert as_comparable(framed) == as_comparable(rows)
+
+
+def test_without_the_c_parser_every_file_goes_the_row_by_row_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wattflow installs without its C extension where no compiler is at hand: CSV replay
+    then reads every row one by one, and reads the same."""
+    monkeypatch.setattr(csv_frames, "_hwpc_lines", None)
+    framed, rows = both_readers(write_recording(tmp_path), 5_000)
+    assert not any(isinstance(item, HWPCFrame) for item in framed)
     assert as_comparable(framed) == as_comparable(rows)
 
 
