@@ -283,32 +283,36 @@ static inline int read_string(Cursor *cursor, const char **text, Py_ssize_t *siz
     return DECLINE;
 }
 
-/* A non-negative JSON integer that fits int64 (no sign, fraction or exponent). */
-static inline int read_counter(Cursor *cursor, int64_t *value) {
-    skip_space(cursor);
-    const char *at = cursor->at;
-    const char *end = cursor->end;
-    if (at >= end || *at < '0' || *at > '9') {
+/* A non-negative integer that fits int64, written as its number ("0" or digits not starting
+ * with 0), from *text on: *text is left after its digits. */
+static inline int read_integer(const char **text, const char *end, int64_t *value) {
+    const char *at = *text;
+    if (at >= end || *at < '0' || *at > '9' || (*at == '0' && at + 1 < end && at[1] >= '0' &&
+                                                 at[1] <= '9')) {
         return DECLINE;
     }
     uint64_t number = 0;
-    if (*at == '0') {
-        at++;
-    } else {
-        while (at < end && *at >= '0' && *at <= '9') {
-            uint64_t digit = (uint64_t)(*at - '0');
-            if (number > ((uint64_t)INT64_MAX - digit) / 10) {
-                return DECLINE;
-            }
-            number = number * 10 + digit;
-            at++;
+    while (at < end && *at >= '0' && *at <= '9') {
+        uint64_t digit = (uint64_t)(*at - '0');
+        if (number > ((uint64_t)INT64_MAX - digit) / 10) {
+            return DECLINE;
         }
+        number = number * 10 + digit;
+        at++;
     }
-    if (at < end && (*at == '.' || *at == 'e' || *at == 'E' || (*at >= '0' && *at <= '9'))) {
+    *text = at;
+    *value = (int64_t)number;
+    return OK;
+}
+
+/* A non-negative JSON integer that fits int64 (no sign, fraction or exponent). */
+static inline int read_counter(Cursor *cursor, int64_t *value) {
+    skip_space(cursor);
+    TRY(read_integer(&cursor->at, cursor->end, value));
+    const char *at = cursor->at;
+    if (at < cursor->end && (*at == '.' || *at == 'e' || *at == 'E')) {
         return DECLINE;
     }
-    cursor->at = at;
-    *value = (int64_t)number;
     return OK;
 }
 
@@ -806,27 +810,6 @@ static PyObject *parse(PyObject *module, PyObject *argument) {
 #define CSV_FIXED_CELLS 5   /* timestamp, sensor, target, socket, cpu */
 #define CSV_LONGEST_NAME 1023 /* wattflow.formats.csv_frames.LONGEST_NAMES - 1 */
 
-/* A cell of a non-negative integer that fits int64, written as its number ("0" or digits not
- * starting with 0), ending at the cell's end. */
-static inline int csv_integer(const char **cell, const char *end, int64_t *value) {
-    const char *at = *cell;
-    if (at >= end || *at < '0' || *at > '9' || (*at == '0' && at + 1 < end && at[1] != ',')) {
-        return DECLINE;
-    }
-    uint64_t number = 0;
-    while (at < end && *at >= '0' && *at <= '9') {
-        uint64_t digit = (uint64_t)(*at - '0');
-        if (number > ((uint64_t)INT64_MAX - digit) / 10) {
-            return DECLINE;
-        }
-        number = number * 10 + digit;
-        at++;
-    }
-    *cell = at;
-    *value = (int64_t)number;
-    return OK;
-}
-
 /* A cell of text: not empty, no quote, NUL or carriage return, shorter than CSV_LONGEST_NAME,
  * valid UTF-8; its id among the interned names. */
 static inline int csv_name(Interned *names, const char **cell, const char *end, int64_t *id) {
@@ -868,19 +851,19 @@ typedef struct {
 static int csv_row(Interned *names, const char *at, const char *end, Py_ssize_t events,
                    CsvColumns *columns, Py_ssize_t row) {
     int64_t number;
-    TRY(csv_integer(&at, end, &columns->millis[row]));
+    TRY(read_integer(&at, end, &columns->millis[row]));
     TRY(csv_next(&at, end, 0));
     TRY(csv_name(names, &at, end, &columns->sensors[row]));
     TRY(csv_next(&at, end, 0));
     TRY(csv_name(names, &at, end, &columns->targets[row]));
     TRY(csv_next(&at, end, 0));
-    TRY(csv_integer(&at, end, &number));
+    TRY(read_integer(&at, end, &number));
     if (number >= SOCKET_LIMIT) {
         return DECLINE;
     }
     columns->sockets[row] = number;
     TRY(csv_next(&at, end, 0));
-    TRY(csv_integer(&at, end, &number));
+    TRY(read_integer(&at, end, &number));
     if (number >= CPU_LIMIT) {
         return DECLINE;
     }
@@ -891,7 +874,7 @@ static int csv_row(Interned *names, const char *at, const char *end, Py_ssize_t 
         /* A counter may be negative: SmartWatts dead-letters it with its reason. */
         int negative = at < end && *at == '-';
         at += negative;
-        TRY(csv_integer(&at, end, &counters[event]));
+        TRY(read_integer(&at, end, &counters[event]));
         if (negative) {
             counters[event] = -counters[event];
         }
