@@ -250,6 +250,7 @@ def free_on_all_cores() -> None:
 def run_wattflow(
     command: list[str],
     extra: list[str],
+    input_extra: list[str],
     blobs: Sequence[bytes],
     reports: int,
     output: Path,
@@ -261,8 +262,8 @@ def run_wattflow(
     for old in outputs(output):
         old.unlink()
     process = subprocess.Popen(
-        [*command, "run", "--input", "socket", "--port", "0", "--workers", str(workers),
-         "--output", "jsonl", "--file", str(output), *FLAGS, *extra],
+        [*command, "run", "--input", "socket", "--port", "0", *input_extra, "--workers",
+         str(workers), "--output", "jsonl", "--file", str(output), *FLAGS, *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -368,7 +369,14 @@ def main() -> int:
         help="command that runs wattflow (default: the one next to this Python)",
     )
     parser.add_argument(
-        "--wattflow-args", default="", help="more flags for `wattflow run` (--wattflow-args='…')"
+        "--wattflow-args",
+        default="",
+        help="more flags for `wattflow run`, after the output's (--wattflow-args='…')",
+    )
+    parser.add_argument(
+        "--input-args",
+        default="",
+        help="more flags for the socket input, e.g. --input-args='--max-batch 500'",
     )
     parser.add_argument(
         "--workers",
@@ -390,6 +398,7 @@ def main() -> int:
         parser.error("--workers takes counts of 1 or more")
     command = shlex.split(args.wattflow)
     extra = shlex.split(args.wattflow_args)
+    input_extra = shlex.split(args.input_args)
 
     others = os.sched_getaffinity(0) - {WATTFLOW_CORE}
     if others:
@@ -416,7 +425,9 @@ def main() -> int:
         for round_number in range(1, args.repeat + 1):
             decodes.append(decode_rate(streams))
             for count in counts:
-                run = run_wattflow(command, extra, blobs, reports, output, args.timeout, count)
+                run = run_wattflow(
+                    command, extra, input_extra, blobs, reports, output, args.timeout, count
+                )
                 runs[count].append(run)
                 report_round(round_number, count, run, decodes[-1])
     return summary(runs, decodes, counts)
