@@ -56,7 +56,9 @@ class Run(NamedTuple):
     calls: dict[str, int]
 
 
-def sample(fake_nvml: Path, directory: Path, scenario: list[str], ticks: int) -> Run:
+def sample(
+    fake_nvml: Path, directory: Path, scenario: list[str], ticks: int, *more_flags: str
+) -> Run:
     """The sampler and the GPU formula (idle 60 W) for ``ticks`` ticks of 100 ms; SIGINT."""
     directory.mkdir(parents=True, exist_ok=True)
     calls = directory / "calls.txt"
@@ -69,7 +71,7 @@ def sample(fake_nvml: Path, directory: Path, scenario: list[str], ticks: int) ->
         sys.executable, "-m", "wattflow.service", "run", "--input", "nvml",
         "--gpu-idle-power-w", str(IDLE_W),
         "--output", "jsonl", "--file", str(power),
-        "--output", "jsonl", "--model", "GPUReport", "--file", str(gpu),
+        "--output", "jsonl", "--model", "GPUReport", "--file", str(gpu), *more_flags,
     ]  # fmt: skip
     with Service(directory / "run.log", command=command, env=environment) as service:
         service.wait_for_lines(gpu, ticks, timeout_s=ticks / 10 * 4 + 30)
@@ -204,6 +206,25 @@ def test_a_failing_gpm_sample_leaves_the_power_on_the_device_and_says_so(
     assert all(r["devices"]["0"]["instances"] == [] for r in run.gpu)
     assert run.calls["gpm_metrics"] == 0
     assert "GPU 0: gpm keeps failing (nvmlGpmMigSampleGet: GPU is lost, 3 times" in run.log
+    assert "GPU 0: no per-process or per-instance activity covered a tick" in run.log
+
+
+def test_impossible_gpm_activity_is_a_dead_letter_and_its_window_covers_no_tick(
+    fake_nvml: Path, tmp_path: Path
+) -> None:
+    """A GPU instance whose GPM graphics activity reads above 100 % (a driver fault): each such
+    window is dead-lettered with the instances' readings, none is reported, and the power
+    stays with the device target, counted, instead of being split by a number that cannot be
+    a share."""
+    letters = tmp_path / "dead.jsonl"
+    scenario = [line if line != "d0.gi=1:70:60" else "d0.gi=1:170:60" for line in MIG_GPM]
+    assert scenario != MIG_GPM
+    run = sample(fake_nvml, tmp_path, scenario, 35, "--dead-letters", str(letters))
+    dead = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert dead, "the impossible windows are dead letters"
+    assert all(letter["reason"] == "GPU 0: impossible GPM activity" for letter in dead)
+    assert all(r["devices"]["0"]["instances"] == [] for r in run.gpu)
+    assert {r["target"] for r in run.power} == {"gpu0"}
     assert "GPU 0: no per-process or per-instance activity covered a tick" in run.log
 
 

@@ -40,7 +40,8 @@
  *   dN.gi=1:70:50                   under MIG, a GPU instance (id:graphics %:SM %, the SM % is
  *                                   optional and defaults to the graphics %), busy that share of
  *                                   every moment: its GPM counters grow by exactly that much
- *                                   per µs, so a metric over two samples is the share itself;
+ *                                   per µs, so a metric over two samples is the share itself
+ *                                   (up to 1000: above 100 it plays a faulty driver);
  *                                   repeat the key for more instances (one compute instance,
  *                                   one MIG device each, in the order given)
  *   dN.gi_until_ms=3:3000           GPU instance 3 is destroyed 3000 ms after nvmlInit: it is
@@ -532,7 +533,7 @@ static void device_key(struct fake_device *d, const char *key, char *value) {
         struct fake_gi *gi = &d->gi[d->gis];
         int read = sscanf(value, "%u:%u:%u", &gi->id, &gi->graphics, &gi->sm);
         if (read == 2) gi->sm = gi->graphics;
-        if (read >= 2 && gi->graphics <= 100 && gi->sm <= 100) d->gis++;
+        if (read >= 2 && gi->graphics <= 1000 && gi->sm <= 1000) d->gis++;
     } else if (!strcmp(key, "gi_until_ms")) {
         unsigned int id = 0;
         unsigned long long ms = 0;
