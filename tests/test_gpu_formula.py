@@ -16,6 +16,7 @@ from wattflow.actors.checkpoints import (
     Checkpoints,
     decode_checkpoint,
     encode_checkpoint,
+    pack_floats,
 )
 from wattflow.actors.formulas.base import FormulaActor, Output
 from wattflow.actors.formulas.gpu import GpuConfig, GpuFormula
@@ -126,7 +127,7 @@ def test_idle_is_learned_from_ticks_without_sm_use() -> None:
         ]
     )
     assert powers_at(out, 0) == {"gpu0": 0.0, "pid:7": pytest.approx(120.0)}
-    # Fewer than 6 s of rest so far: idle is their median.
+    # Without a counter each tick is a span; fewer than 6 s of rest so far: idle is their mean.
     assert powers_at(out, 3)["gpu0"] == pytest.approx(37.5)
     assert powers_at(out, 3)["pid:7"] == pytest.approx(97.5)
 
@@ -148,6 +149,33 @@ def test_learned_idle_is_not_pulled_low_by_the_counter_s_100_ms_steps() -> None:
     assert min(device_w) < 58.0, "no span read low: the case tests nothing"
     state = formula.devices["0"]
     assert state.idle_w == pytest.approx(60.0, rel=0.02)
+
+
+def test_learned_idle_is_not_pulled_high_by_a_burst_s_energy_late_in_the_counter() -> None:
+    """A GPU resting at 60 W, busy at 260 W for 2.1 s every 6 s, its counter read every 20
+    ticks of 100 ms and one step (100 ms) late: the reading that ends a burst's first span
+    misses the burst's last tick, so the next span, one busy tick then 19 resting ones, holds
+    26 J more than its ticks' readings say, and its resting ticks read 68.6 W. The span after
+    it rests whole and reads 60 W: idle is learned from it alone, and every busy tick from
+    there on leaves exactly 60 W to the device's target."""
+    busy = [(7, 50.0, None)]
+    power_w = [260.0 if index == 0 or (index - 1) % 60 <= 20 else 60.0 for index in range(601)]
+    reports: list[Report] = []
+    for index, watts in enumerate(power_w):
+        energy = sum(power_w[:index]) * 0.1 if index % 20 == 0 else None  # a tick late
+        working = watts > 60.0
+        reports.append(tick(index * 0.1, energy_j=energy, power_w=watts, util=50 if working else 0,
+                            processes=busy if working else ()))  # fmt: skip
+    formula = GpuFormula(GpuConfig(), "node-1")
+    out = Output()
+    formula.process(reports, out)
+    assert powers_at(out, 2.5)["gpu0"] == pytest.approx(60.0 * 160 / 140), "a span reads high"
+    # The first span in which every tick rested ends at 6 s; each busy tick after it.
+    idle_w = [powers_at(out, index * 0.1)["gpu0"] for index in range(61, 601)
+              if power_w[index] > 60.0]  # fmt: skip
+    assert len(idle_w) > 100
+    assert max(idle_w) == pytest.approx(60.0, rel=1e-9)
+    assert min(idle_w) == pytest.approx(60.0, rel=1e-9)
 
 
 def test_power_comes_from_samples_when_there_is_no_counter() -> None:
@@ -364,9 +392,27 @@ def test_the_gpu_state_is_bounded_by_the_idle_window_and_versioned() -> None:
     state = through_checkpoint(formula)
     narrower = GpuFormula(GpuConfig(gpu_idle_window=5), "node-1")
     narrower.restore(state)
-    assert list(narrower.devices["0"].idle_readings) == [45.0, 46.0, 47.0, 48.0, 49.0]
+    # Without an energy counter each tick is a span of its own, its reading its power.
+    spans = narrower.devices["0"].idle_spans
+    assert [energy_j / seconds for energy_j, seconds, _ in spans] == [45.0, 46.0, 47.0, 48.0, 49.0]
     with pytest.raises(ValueError, match="version 0, not 1"):
         GpuFormula(GpuConfig(), "node-1").restore({**state, "version": 0})
+
+
+def test_a_state_saved_when_resting_ticks_taught_idle_still_teaches_it() -> None:
+    """A checkpoint written before whole spans taught idle keeps the resting ticks' power: they
+    teach idle (their median, the last ``--gpu-idle-window`` of them) until a span rests whole."""
+    formula = GpuFormula(GpuConfig(), "node-1")
+    formula.process([tick(0, power_w=200.0, util=50, processes=[(7, 50.0, None)])], Output())
+    state = through_checkpoint(formula)
+    device = state["devices"]["0"]
+    del device["idle_spans"], device["span"]
+    device["idle_w"] = pack_floats([10.0, 90.0, 58.0, 61.0, 60.0, 59.0, 75.0])
+    restored = GpuFormula(GpuConfig(gpu_idle_window=5), "node-1")
+    restored.restore(state)
+    out = Output()
+    restored.process([tick(1, power_w=200.0, util=50, processes=[(7, 50.0, None)])], out)
+    assert powers_at(out, 1)["gpu0"] == pytest.approx(60.0)
 
 
 def test_a_gpu_state_of_another_version_is_logged_and_the_instance_starts_afresh(

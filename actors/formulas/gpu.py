@@ -9,15 +9,18 @@ For each device and sampling tick (τ0, τ1]:
    reading); a tick waits for the counter reading that ends its span, within
    ``--gpu-hold-ms``. Without a counter, a tick's power is its reading. The first tick of a
    device with only an energy counter starts its interval.
-2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned from the
-   ticks during which no process used the SMs (per the process windows below, and device
-   utilisation at most ``--gpu-idle-util``): the lowest mean power over
-   :data:`IDLE_MEAN_S` of consecutive such ticks, among the last ``--gpu-idle-window`` of
-   them. A mean, not the lowest tick: the counter steps every ~100 ms, so a 2 s span between
-   two of its readings can read up to 5 % low (the next one as much high), and the lowest
-   single tick would carry that error into idle. Until the device has rested once, idle counts
-   as 0 W: all of its power is active; until it has rested :data:`IDLE_MEAN_S`, idle is the
-   median of the resting ticks so far.
+2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned from
+   the whole counter spans (the ticks between two counter readings) in which every tick
+   rested: no process used the SMs (per the process windows below) and device utilisation
+   was at most ``--gpu-idle-util``. A span's power is its energy over its length, the
+   counter's own figure: a resting tick in a span that also held a burst gets a share of the
+   span's energy by interpolation, and the counter's lag can put part of the burst in it.
+   Idle is the lowest mean power over :data:`IDLE_MEAN_S` of consecutive such spans, among
+   those holding the last ``--gpu-idle-window`` resting ticks (their mean while they last
+   less): a mean over three spans, not one, because the counter steps every ~100 ms, so a
+   2 s span can read up to 5 % low (the next one as much high). Without a counter each tick
+   is a span of its own. Until the first such span, idle is the median of the resting ticks
+   so far; until the device has rested once, 0 W: all of its power is active.
 3. **Active energy** = (device power − idle) × the tick's length, never below zero.
 4. **Per process.** The driver records every ~200 ms which ONE process holds the engine, and
    NVML averages those samples per process over the window since the previous call (a sample
@@ -41,10 +44,12 @@ For each device and sampling tick (τ0, τ1]:
    targets of a device add up to its measured power on every tick.
 
 **State** (:meth:`GpuFormula.state`, kept by checkpoints): per device, the last tick's time,
-the counter's last reading and what released ticks took of it, the idle readings (at most
-``--gpu-idle-window``), the process windows still needed and the ticks still held (at most
-:data:`MAX_WINDOWS` and :data:`MAX_HELD_TICKS`). A restart at a checkpoint then splits the held
-ticks as one uninterrupted run would: none is lost, none is reported twice.
+the counter's last reading and what released ticks took of it, the resting spans idle is
+learned from (at most ``--gpu-idle-window`` ticks' worth), the span being released, the
+resting ticks' power before the first such span, the process windows still needed and the
+ticks still held (at most :data:`MAX_WINDOWS` and :data:`MAX_HELD_TICKS`). A restart at a
+checkpoint then splits the held ticks as one uninterrupted run would: none is lost, none is
+reported twice. A state saved before spans taught idle restores its resting ticks.
 
 Recordings made before ``process_window`` existed give each tick's processes for that tick
 alone: the tick is then its own window.
@@ -88,10 +93,15 @@ MAX_HELD_TICKS = 10_000
 released (its uncovered part to the device's target, counted) whatever ``--gpu-hold-ms`` says."""
 
 MAX_WINDOWS = 10_000
+"""Process windows a device keeps at most; those no held tick overlaps are dropped first."""
+
 IDLE_MEAN_S = 6.0
 """Learned idle is the lowest mean power over this much resting time: three of the NVML
 input's 2 s energy-counter spans, across which the counter's 100 ms steps cancel out to ±2 %."""
-"""Process windows a device keeps at most; those no held tick overlaps are dropped first."""
+
+_SECONDS_SLACK = 1e-3
+"""Spans that last :data:`IDLE_MEAN_S` less this (three spans of 2 s, summed in floats) last
+it."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -115,7 +125,8 @@ class GpuConfig(FormulaConfig):
     )
     gpu_idle_window: PositiveInt = Field(
         default=600,
-        description="Resting ticks among which idle is learned (their lowest 6 s mean power).",
+        description="Resting ticks among which idle is learned, in whole energy-counter spans "
+        "in which every tick rested (their lowest 6 s mean power).",
     )
     gpu_hold_ms: PositiveInt = Field(
         default=3000,
@@ -159,10 +170,30 @@ class _Tick:
     """The tick's power, once settled."""
     settled: bool = False
     """Whether ``power_w`` is final: scaled to the energy counter, or the device has none."""
+    span_us: int | None = None
+    """End of the counter span that settled the tick (its own end on a device without a
+    counter); ``None`` where the tick was not settled with every other tick of its span (the
+    counter's first reading, one that went backwards, a span some of whose ticks were released
+    on their own readings): such a tick teaches no idle."""
+    span_ticks: int = 0
+    """How many ticks that span holds."""
 
     @property
     def seconds(self) -> float:
         return (self.end_us - self.start_us) / 1e6
+
+
+@dataclass(slots=True)
+class _Span:
+    """The ticks of one counter span released so far: idle is learned from a span once its
+    last tick is released, if every one of its ticks rested."""
+
+    end_us: int
+    ticks: int
+    seen: int = 0
+    energy_j: float = 0.0
+    seconds: float = 0.0
+    rested: bool = True
 
 
 @dataclass
@@ -178,9 +209,15 @@ class _DeviceState:
     counter_w: float | None = None
     """Mean power between the last two counter readings: what a tick with no reading of its
     own gets when released before the counter settles it."""
+    idle_spans: deque[tuple[float, float, int]] = field(default_factory=deque)
+    """The last whole counter spans in which every tick rested: energy (J), seconds, ticks
+    (together at most ``--gpu-idle-window`` ticks, and at least the newest span)."""
+    span: _Span | None = None
+    """The span whose ticks are being released."""
     idle_readings: deque[float] = field(default_factory=deque)
+    """The power of each resting tick, until the first span in :attr:`idle_spans`."""
     idle_w: float | None = None
-    """Learned idle power from ``idle_readings``; ``None`` until computed again."""
+    """Learned idle power; ``None`` until computed again."""
     windows: deque[_Window] = field(default_factory=deque)
     covered_us: int | None = None
     """End of the newest process window: the ticks up to here can be split."""
@@ -352,18 +389,23 @@ class GpuFormula(Formula[GpuConfig]):
             )
 
     def _idle(self, tick: _Tick, resting: bool, state: _DeviceState) -> float:
-        """Idle power in W: configured, else the lowest power of the last resting ticks, else
-        0 W (until the device has rested once, all of its power counts as active)."""
+        """Idle power in W: configured, else learned from the whole counter spans in which
+        every tick rested, else from the resting ticks so far, else 0 W (until the device has
+        rested once, all of its power counts as active)."""
         if self.config.gpu_idle_power_w is not None:
             return self.config.gpu_idle_power_w
         quiet = tick.util_gpu is None or tick.util_gpu <= self.config.gpu_idle_util
-        if resting and quiet:
+        window = self.config.gpu_idle_window
+        if _close_span(state, tick, resting and quiet, window):
+            state.idle_readings.clear()  # no longer needed: spans teach idle from now on
+            state.idle_w = None
+        elif resting and quiet and not state.idle_spans:
             state.idle_readings.append(tick.power_w)
-            while len(state.idle_readings) > self.config.gpu_idle_window:
+            while len(state.idle_readings) > window:
                 state.idle_readings.popleft()
             state.idle_w = None
         if state.idle_w is None:
-            state.idle_w = _lowest_mean_w(state.idle_readings, tick.seconds)
+            state.idle_w = _learned_idle_w(state)
         return state.idle_w
 
     def _shares(self, device: GPUDevice) -> dict[str, float]:
@@ -406,6 +448,8 @@ def _save_device(state: _DeviceState) -> dict[str, Any]:
         "spent_mj": state.spent_mj,
         "counter_w": state.counter_w,
         "idle_w": pack_floats(list(state.idle_readings)),
+        "idle_spans": pack_floats([list(span) for span in state.idle_spans]),
+        "span": None if state.span is None else _save_span(state.span),
         "windows": [[w.start_us, w.end_us, dict(w.shares), w.busy] for w in state.windows],
         "covered_us": state.covered_us,
         "held": [_save_tick(tick) for tick in state.held],
@@ -429,14 +473,27 @@ def _save_tick(tick: _Tick) -> dict[str, Any]:
         "waits": tick.waits,
         "power_w": tick.power_w,
         "settled": tick.settled,
+        "span": None if tick.span_us is None else [tick.span_us, tick.span_ticks],
     }
 
 
+def _save_span(span: _Span) -> list[Any]:
+    return [span.end_us, span.ticks, span.seen, span.energy_j, span.seconds, span.rested]
+
+
 def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
-    """A device's state from :func:`_save_device`, bounded as the running formula bounds it."""
+    """A device's state from :func:`_save_device`, bounded as the running formula bounds it.
+    A state saved before spans taught idle has only resting ticks: they teach idle until the
+    first whole resting span, as for a device that has not rested a whole span yet."""
     stamp = saved["timestamp"]
     readings = unpack_floats(saved["idle_w"])
     idle = [] if readings is None else readings.tolist()[-idle_window:]
+    spans = unpack_floats(saved.get("idle_spans"))
+    idle_spans: deque[tuple[float, float, int]] = deque()
+    for energy_j, seconds, ticks in [] if spans is None else spans.reshape(-1, 3).tolist():
+        idle_spans.append((energy_j, seconds, int(ticks)))
+    _bound_spans(idle_spans, idle_window)
+    span = saved.get("span")
     windows = [
         _Window(int(start), int(end), {str(t): float(v) for t, v in shares.items()}, bool(busy))
         for start, end, shares, busy in saved["windows"][-MAX_WINDOWS:]
@@ -447,6 +504,8 @@ def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
         counter_us=saved["counter_us"],
         spent_mj=float(saved["spent_mj"]),
         counter_w=_float_or_none(saved["counter_w"]),
+        idle_spans=idle_spans,
+        span=None if span is None else _restore_span(span),
         idle_readings=deque(idle),
         windows=deque(windows),
         covered_us=saved["covered_us"],
@@ -465,6 +524,7 @@ def _restore_tick(saved: dict[str, Any]) -> _Tick:
         metadata=dict(fields["metadata"]),
     )
     start_us, end_us = saved["us"]
+    span_us, span_ticks = saved.get("span") or (None, 0)
     return _Tick(
         report,
         int(start_us),
@@ -474,7 +534,14 @@ def _restore_tick(saved: dict[str, Any]) -> _Tick:
         bool(saved["waits"]),
         float(saved["power_w"]),
         bool(saved["settled"]),
+        None if span_us is None else int(span_us),
+        int(span_ticks),
     )
+
+
+def _restore_span(saved: list[Any]) -> _Span:
+    end_us, ticks, seen, energy_j, seconds, rested = saved
+    return _Span(int(end_us), int(ticks), int(seen), float(energy_j), float(seconds), bool(rested))
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -550,6 +617,7 @@ def _hold(state: _DeviceState, tick: _Tick, energy_mj: float | None, first: bool
     elif tick.reading_w is not None:
         if state.counter_us is None:  # a device without counter: the reading is its power
             tick.power_w, tick.settled = tick.reading_w, True
+            tick.span_us, tick.span_ticks = tick.end_us, 1  # and the tick its own span
         state.held.append(tick)
 
 
@@ -573,6 +641,9 @@ def _settle(state: _DeviceState, energy_mj: float, end_us: int) -> None:
     state.counter_w = (energy_mj - previous_mj) / 1000.0 / span_s if span_s > 0 else None
     if pending:
         _share(pending, max(energy_mj - previous_mj - spent_mj, 0.0) / 1000.0)
+        if pending[0].start_us == previous_us:  # no tick of the span went on its own reading
+            for tick in pending:
+                tick.span_us, tick.span_ticks = end_us, len(pending)
 
 
 def _share(pending: list[_Tick], left_j: float) -> None:
@@ -587,18 +658,61 @@ def _share(pending: list[_Tick], left_j: float) -> None:
         tick.settled = True
 
 
-def _lowest_mean_w(readings: deque[float], tick_s: float) -> float:
-    """The lowest mean of :data:`IDLE_MEAN_S` worth of consecutive readings (ticks of
-    ``tick_s``); the median of them all while there are fewer (the resting ticks next to a
-    burst can take some of its energy through the counter's lag, and the lowest mean leaves
-    them out only once there is more than one burst's edge to choose from); 0 W without any."""
-    if not readings:
-        return 0.0
-    run = max(1, round(IDLE_MEAN_S / tick_s) if tick_s > 0 else 1)
-    if len(readings) < run:
-        return float(np.median(np.fromiter(readings, dtype=np.float64, count=len(readings))))
-    sums = np.cumsum(np.fromiter(readings, dtype=np.float64, count=len(readings)))
-    means = (sums[run - 1 :] - np.concatenate(([0.0], sums[:-run]))) / run
+def _close_span(state: _DeviceState, tick: _Tick, rested: bool, idle_window: int) -> bool:
+    """Add a released tick to its counter span; when that is the span's last tick and every
+    one of them rested, keep the span to learn idle from. Returns whether it was kept."""
+    if tick.span_us is None:
+        state.span = None
+        return False
+    span = state.span
+    if span is None or span.end_us != tick.span_us:
+        span = state.span = _Span(tick.span_us, tick.span_ticks)
+    span.seen += 1
+    span.energy_j += tick.power_w * tick.seconds
+    span.seconds += tick.seconds
+    span.rested = span.rested and rested
+    if span.seen < span.ticks:
+        return False
+    state.span = None
+    if not span.rested or span.seconds <= 0:
+        return False
+    state.idle_spans.append((span.energy_j, span.seconds, span.ticks))
+    _bound_spans(state.idle_spans, idle_window)
+    return True
+
+
+def _bound_spans(spans: deque[tuple[float, float, int]], idle_window: int) -> None:
+    """Keep the newest spans that hold at most ``idle_window`` ticks, and at least one."""
+    ticks = sum(span[2] for span in spans)
+    while len(spans) > 1 and ticks > idle_window:
+        ticks -= spans.popleft()[2]
+
+
+def _learned_idle_w(state: _DeviceState) -> float:
+    """Idle from the whole resting spans: the lowest mean power over :data:`IDLE_MEAN_S` of
+    consecutive ones, their mean while they hold less. Before the first one, the median of
+    the resting ticks so far (the resting ticks of a span that also held a burst can take some
+    of its energy through the counter's lag; the median leaves out a few of them); 0 W
+    without any."""
+    if state.idle_spans:
+        return _lowest_mean_w(state.idle_spans)
+    if state.idle_readings:
+        return float(np.median(np.fromiter(state.idle_readings, dtype=np.float64)))
+    return 0.0
+
+
+def _lowest_mean_w(spans: deque[tuple[float, float, int]]) -> float:
+    """The lowest mean power of consecutive spans that last :data:`IDLE_MEAN_S` or more
+    together (the shortest such run ending at each span); the mean of them all while they
+    last less."""
+    energy_j = np.concatenate(([0.0], np.cumsum([span[0] for span in spans])))
+    seconds = np.concatenate(([0.0], np.cumsum([span[1] for span in spans])))
+    if seconds[-1] < IDLE_MEAN_S - _SECONDS_SLACK:
+        return float(energy_j[-1] / seconds[-1])
+    ends = np.arange(1, len(seconds))
+    starts = np.searchsorted(seconds, seconds[1:] - IDLE_MEAN_S + _SECONDS_SLACK, "right") - 1
+    ends, starts = ends[starts >= 0], starts[starts >= 0]
+    means = (energy_j[ends] - energy_j[starts]) / (seconds[ends] - seconds[starts])
     return float(means.min())
 
 
