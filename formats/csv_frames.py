@@ -109,7 +109,7 @@ def read_hwpc_csv_frames(
         for path in paths:
             handle = path.open("rb")
             first = handle.readline()
-            header = next(csv.reader([first.decode("utf-8")]), None)
+            header = next(csv.reader([first.decode("utf-8", powerapi.CSV_ERRORS)]), None)
             powerapi.check_csv_header(path, header, powerapi.CSV_HWPC)
             assert header is not None
             group = powerapi.csv_group_name(path)
@@ -144,7 +144,7 @@ def _row_by_row(paths: list[Path], files: list[_File]) -> Iterator[HWPCReport | 
     resume: list[tuple[TextIO, list[str], int]] = []
     for f in files:
         f.handle.seek(_line_start(f.handle, f.lines))
-        text = io.TextIOWrapper(f.handle, encoding="utf-8", newline="")
+        text = io.TextIOWrapper(f.handle, encoding="utf-8", errors=powerapi.CSV_ERRORS, newline="")
         resume.append((text, f.header, f.lines))
     yield from powerapi.read_hwpc_csv(paths, resume)
 

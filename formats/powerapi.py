@@ -21,6 +21,7 @@ import csv
 import heapq
 import io
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -300,10 +301,27 @@ def csv_group_name(path: Path) -> str:
     return path.name[:-4] if path.name.endswith(".csv") else path.name
 
 
+CSV_ERRORS = "surrogateescape"
+"""How CSV files are decoded: a byte that is not UTF-8 is kept as a lone surrogate (see
+:data:`_NOT_UTF8`), so the row holding it is a dead letter and the rest of the file is read."""
+
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+"""What :data:`CSV_ERRORS` makes of a byte that is not UTF-8."""
+
+NOT_UTF8 = "not valid UTF-8"
+
+
+def not_utf8(text: str) -> bool:
+    """Whether text decoded with :data:`CSV_ERRORS` held bytes that are not UTF-8."""
+    return _NOT_UTF8.search(text) is not None
+
+
 def check_csv_header(path: Path, header: list[str] | None, required: Iterable[str]) -> None:
     """Raise a :class:`DecodeError` naming the first required column the header lacks."""
     if not header:
         raise DecodeError(str(path), 1, "empty file: expected a CSV header")
+    if not_utf8("".join(header)):
+        raise DecodeError(str(path), 1, f"the CSV header is {NOT_UTF8}")
     for column in required:
         if column not in header:
             raise DecodeError(str(path), 1, f"missing field '{column}' in the CSV header")
@@ -320,6 +338,9 @@ def _rows(
     check_csv_header(path, list(reader.fieldnames or []), required)
     for row in reader:
         line = reader.line_num
+        if not_utf8("".join(v for v in row.values() if isinstance(v, str))):
+            yield DecodeError(str(path), line, NOT_UTF8)
+            continue
         empty = next((k for k, v in row.items() if v is None or v == ""), None)
         if empty is not None or None in row:
             problem = f"empty value for '{empty}'" if empty else "more values than header columns"
@@ -514,7 +535,7 @@ def _chunk_blocks(
     anywhere in the chunk send it the row-by-row way, as does anything the fast way refuses.
     """
     lines = body.split("\n")
-    if ",," not in body and "[" not in body and "]" not in body:
+    if ",," not in body and "[" not in body and "]" not in body and not not_utf8(body):
         try:
             parsed = _plain_blocks(lines, layout)
         except (ValueError, IndexError, msgspec.DecodeError):
@@ -605,6 +626,9 @@ def _hwpc_rows(
         line = offset + reader.line_num
         if len(cells) != width or "" in cells:
             yield DecodeError(str(path), line, _bad_cells(header, cells))
+            continue
+        if not_utf8("".join(cells)):
+            yield DecodeError(str(path), line, NOT_UTF8)
             continue
         try:
             millis = int(cells[at_ts])
@@ -717,7 +741,7 @@ def read_hwpc_csv(
     """
     handles: list[TextIO]
     if resume is None:
-        handles = [path.open(newline="", encoding="utf-8") for path in paths]
+        handles = [path.open(newline="", encoding="utf-8", errors=CSV_ERRORS) for path in paths]
         positions: list[tuple[list[str], int] | None] = [None] * len(paths)
     else:
         handles = [handle for handle, _, _ in resume]
@@ -800,7 +824,7 @@ def _flush(millis: int, pending: dict[tuple[str, str], dict[str, Sockets]]) -> I
 
 def read_power_csv(path: Path) -> Iterator[PowerReport | DecodeError]:
     """Read a PowerReport.csv back: the columns besides the fixed ones become metadata."""
-    with path.open(newline="", encoding="utf-8") as handle:
+    with path.open(newline="", encoding="utf-8", errors=CSV_ERRORS) as handle:
         for item in _rows(path, handle, 0, (*CSV_COMMON, "power")):
             if isinstance(item, DecodeError):
                 yield item

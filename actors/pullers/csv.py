@@ -48,7 +48,7 @@ class CsvPuller(Puller[CsvPullerConfig]):
             else (*powerapi.CSV_COMMON, "power")
         )
         for path in self.config.files:
-            with path.open(newline="", encoding="utf-8") as handle:
+            with path.open(newline="", encoding="utf-8", errors=powerapi.CSV_ERRORS) as handle:
                 header = next(csv.reader(handle), None)
             powerapi.check_csv_header(path, header, required)
 
