@@ -22,10 +22,10 @@ import heapq
 import io
 import itertools
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TextIO, cast
+from typing import Annotated, Any, TextIO
 
 import msgspec
 import orjson
@@ -370,18 +370,11 @@ index, block number in the file, each (sensor, target)'s sockets)."""
 HwpcRow = tuple[int, int, str, str, str, str, Counters]
 """A counter row read one at a time: (ms, line, sensor, target, socket, cpu, events)."""
 
-_CSV_CHUNK_CHARS = 1 << 20
-"""Characters read from an events file at once: many ticks, so that per-chunk work is shared."""
-
-_decode_integer_rows = msgspec.json.Decoder(list[list[int]]).decode
-_decode_counter_rows = msgspec.json.Decoder(list[list[int | float]]).decode
-"""Counters are integers: checking for integers alone is faster, numbers are the fallback."""
-
 
 class _EventsLayout:
-    """Where an events file's header puts each column, and how its counters become dicts."""
+    """Where an events file's header puts each column."""
 
-    __slots__ = ("at", "events_at", "header", "make_events", "names", "plain")
+    __slots__ = ("at", "events_at", "header", "names", "plain")
 
     def __init__(self, header: list[str]) -> None:
         self.header = header
@@ -393,70 +386,6 @@ class _EventsLayout:
         self.plain = header[: len(CSV_HWPC)] == list(CSV_HWPC) and self.events_at == list(
             range(len(CSV_HWPC), len(header))
         )
-        self.make_events = _events_maker(tuple(self.names))
-
-
-EventsMaker = Callable[[list[list[int | float]]], list[Counters]]
-"""Rows of counters to one ``{event: value}`` dict per row."""
-
-
-def _events_maker(names: tuple[str, ...]) -> EventsMaker:
-    """A function turning rows of counters into one ``{event: value}`` dict per row.
-
-    For the widths hwpc-sensor's groups have it is a comprehension with a dict display,
-    ``[{k0: v0, …} for v0, … in rows]``, the keys bound in a closure: that builds each cpu's
-    dict about three times faster than ``dict(zip(names, row))``, and the row-by-row CSV input
-    builds one per row. Wider groups take ``dict(zip(…))``. Either raises ``ValueError`` for a
-    row of another width.
-    """
-    if 1 <= len(names) <= len(_FIXED_WIDTH_MAKERS):
-        return _FIXED_WIDTH_MAKERS[len(names) - 1](*names)
-
-    def make(rows: list[list[int | float]]) -> list[Counters]:
-        return [dict(zip(names, row, strict=True)) for row in rows]
-
-    return make
-
-
-def _make1(k0: str) -> EventsMaker:
-    return lambda rows: [{k0: a} for (a,) in rows]
-
-
-def _make2(k0: str, k1: str) -> EventsMaker:
-    return lambda rows: [{k0: a, k1: b} for a, b in rows]
-
-
-def _make3(k0: str, k1: str, k2: str) -> EventsMaker:
-    return lambda rows: [{k0: a, k1: b, k2: c} for a, b, c in rows]
-
-
-def _make4(k0: str, k1: str, k2: str, k3: str) -> EventsMaker:
-    return lambda rows: [{k0: a, k1: b, k2: c, k3: d} for a, b, c, d in rows]
-
-
-def _make5(k0: str, k1: str, k2: str, k3: str, k4: str) -> EventsMaker:
-    return lambda rows: [{k0: a, k1: b, k2: c, k3: d, k4: e} for a, b, c, d, e in rows]
-
-
-def _make6(k0: str, k1: str, k2: str, k3: str, k4: str, k5: str) -> EventsMaker:
-    return lambda rows: [{k0: a, k1: b, k2: c, k3: d, k4: e, k5: f} for a, b, c, d, e, f in rows]
-
-
-def _make7(k0: str, k1: str, k2: str, k3: str, k4: str, k5: str, k6: str) -> EventsMaker:
-    return lambda rows: [
-        {k0: a, k1: b, k2: c, k3: d, k4: e, k5: f, k6: g} for a, b, c, d, e, f, g in rows
-    ]
-
-
-def _make8(k0: str, k1: str, k2: str, k3: str, k4: str, k5: str, k6: str, k7: str) -> EventsMaker:
-    return lambda rows: [
-        {k0: a, k1: b, k2: c, k3: d, k4: e, k5: f, k6: g, k7: h} for a, b, c, d, e, f, g, h in rows
-    ]
-
-
-_FIXED_WIDTH_MAKERS: tuple[Callable[..., EventsMaker], ...] = (
-    _make1, _make2, _make3, _make4, _make5, _make6, _make7, _make8,
-)  # fmt: skip
 
 
 def _hwpc_blocks(
@@ -464,11 +393,10 @@ def _hwpc_blocks(
 ) -> Iterator[Block | DecodeError]:
     """One events file as blocks of rows sharing a timestamp, with bad rows as errors in place.
 
-    The file is read a chunk of many rows at a time. A chunk of plain rows (PowerAPI's column
-    order, no quoting, integer timestamps, numeric counters) is parsed with a few calls for the
-    whole chunk: each row split once, every counter of the chunk parsed and type-checked by
-    msgspec in one go, and each cpu's dict built by :func:`_events_maker`. Any other chunk is read
-    row by row as the csv module reads it, which also finds the line and the problem of a bad row.
+    Rows are read one at a time, as the csv module reads them, which also finds the line and
+    the problem of a bad row. This is the reference the fast way into frames
+    (:mod:`wattflow.formats.csv_frames`) is held to, the way paced replays read, and where the
+    fast way hands over a file it cannot vouch for.
 
     ``resume`` is (header, lines already read) for a handle positioned at the start of a row,
     where the columnar reader hands a file over.
@@ -481,132 +409,8 @@ def _hwpc_blocks(
     else:
         header, offset = resume
     assert header is not None
-    layout = _EventsLayout(header)
-    blocks = itertools.count()
-    if not layout.plain:
-        yield from _row_blocks(_hwpc_rows(path, reader, layout, offset), index, blocks)
-        return
-    line = offset + reader.line_num
-    carry = ""
-    while text := handle.read(_CSV_CHUNK_CHARS):
-        text = carry + text
-        end = text.rfind("\n")
-        if end < 0:
-            carry = text
-            continue
-        body, carry = text[:end], text[end + 1 :]
-        plain = body
-        if "\r" in plain:  # a file written by Python's csv module ends its lines with \r\n
-            plain = plain.replace("\r\n", "\n")
-            if plain.endswith("\r"):
-                plain = plain[:-1]
-        if '"' in body or "\r" in plain or "\0" in body:
-            # Quoting (a cell may span lines) or bare carriage returns: the csv module reads
-            # the rest of the file, exactly as it would have read all of it.
-            rest = itertools.chain(io.StringIO(body + "\n", newline=""), _rest(carry, handle))
-            rows = _hwpc_rows(path, csv.reader(rest), layout, line)
-            yield from _row_blocks(rows, index, blocks)
-            return
-        yield from _chunk_blocks(path, plain, layout, index, line, blocks)
-        line += plain.count("\n") + 1
-    if carry.strip("\r"):
-        rows = _hwpc_rows(path, csv.reader([carry]), layout, line)
-        yield from _row_blocks(rows, index, blocks)
-
-
-def _rest(carry: str, handle: TextIO) -> Iterator[str]:
-    first = carry + handle.readline()
-    if first:
-        yield first
-    yield from handle
-
-
-def _chunk_blocks(
-    path: Path,
-    body: str,
-    layout: _EventsLayout,
-    index: int,
-    line: int,
-    blocks: Iterator[int],
-) -> Iterator[Block | DecodeError]:
-    """Whole lines, numbered after ``line``, as blocks: the fast way when the chunk allows it.
-
-    An empty cell (``,,``) or brackets (which would change how the counters parse as JSON)
-    anywhere in the chunk send it the row-by-row way, as does anything the fast way refuses.
-    """
-    lines = body.split("\n")
-    if ",," not in body and "[" not in body and "]" not in body and not not_utf8(body):
-        try:
-            parsed = _plain_blocks(lines, layout)
-        except (ValueError, IndexError, msgspec.DecodeError):
-            parsed = None
-        if parsed is not None:
-            for millis, entries in parsed:
-                yield millis, index, next(blocks), entries
-            return
-    yield from _row_blocks(_hwpc_rows(path, csv.reader(lines), layout, line), index, blocks)
-
-
-def _plain_blocks(
-    lines: list[str], layout: _EventsLayout
-) -> list[tuple[int, dict[tuple[str, str], Sockets]]] | None:
-    """Plain rows as blocks, or ``None`` when a row is not plain.
-
-    Raises:
-        ValueError, IndexError, msgspec.DecodeError: as soon as a row is not plain (a missing
-            or extra cell, a counter that is not a JSON number, a timestamp that is not an
-            integer); the caller then reads the chunk row by row.
-    """
-    rows = [text.split(",", 5) for text in lines]
-    text = "[[" + "],[".join([row[5] for row in rows]) + "]]"
-    try:
-        counters = cast(list[list[int | float]], _decode_integer_rows(text))
-    except msgspec.ValidationError:
-        counters = _decode_counter_rows(text)
-    if len(counters) != len(rows):
-        return None
-    if not _numbers_below({row[3] for row in rows}, SOCKET_LIMIT) or not _numbers_below(
-        {row[4] for row in rows}, CPU_LIMIT
-    ):
-        return None  # the row-by-row way names each row that carries one
-    parsed: list[tuple[int, dict[tuple[str, str], Sockets]]] = []
-    entries: dict[tuple[str, str], Sockets] = {}
-    sockets: Sockets = {}
-    cpus: dict[str, Counters] = {}
-    last_text = last_sensor = last_target = last_socket = None
-    millis = None
-    for (text, sensor, target, socket, cpu, _), events in zip(
-        rows, layout.make_events(counters), strict=True
-    ):
-        if text != last_text:
-            last_text = text
-            stamp = int(text)
-            if stamp != millis:
-                if not FIRST_MILLIS <= stamp <= LAST_MILLIS:
-                    return None
-                millis = stamp
-                entries = {}
-                parsed.append((stamp, entries))
-                last_sensor = None
-        if sensor != last_sensor or target != last_target:
-            last_sensor, last_target, last_socket = sensor, target, None
-            key = (sensor, target)
-            found = entries.get(key)
-            if found is None:
-                found = entries[key] = {}
-            sockets = found
-        if socket != last_socket:
-            last_socket = socket
-            known = sockets.get(socket)
-            if known is None:
-                known = sockets[socket] = {}
-            cpus = known
-        same = cpus.get(cpu)
-        if same is None:
-            cpus[cpu] = events
-        else:
-            same.update(events)
-    return parsed
+    rows = _hwpc_rows(path, reader, _EventsLayout(header), offset)
+    yield from _row_blocks(rows, index, itertools.count())
 
 
 def _hwpc_rows(

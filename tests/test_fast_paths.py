@@ -24,8 +24,9 @@ from wattflow.actors.pullers.files import split_lines
 from wattflow.actors.pullers.socket import SocketPuller, SocketPullerConfig
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.formats import powerapi
+from wattflow.formats.csv_frames import read_hwpc_csv_frames
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import Column, PowerFrame
+from wattflow.formats.frames import Column, Frame, PowerFrame
 from wattflow.formats.report_table import encode_json_lines, float_texts
 from wattflow.formats.reports import (
     FormulaReport,
@@ -174,21 +175,20 @@ def test_lines_end_as_in_text_files(data: bytes, lines: list[bytes], rest: bytes
 HEADER = "timestamp,sensor,target,socket,cpu,A,B"
 
 
-def reference_csv(paths: list[Path], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """What the row-by-row reader makes of the files: every chunk refused by the fast way."""
-    with monkeypatch.context() as patch:
-        patch.setattr(powerapi, "_plain_blocks", lambda lines, layout: None)
-        return comparable(powerapi.read_hwpc_csv(paths))
-
-
-def comparable(items: Any) -> list[Any]:
-    out: list[Any] = []
+def comparable(items: Any) -> tuple[list[Any], list[str]]:
+    """Reports in order (frames as the reports they stand for: their documents, the type of
+    every counter and the groups' order) and dead letters in order. A dead letter from a row of
+    a tick that came as a frame comes after that tick's reports, not between them."""
+    reports: list[Any] = []
+    errors: list[str] = []
     for item in items:
         if isinstance(item, DecodeError):
-            out.append(str(item))
-        else:
-            out.append((item.model_dump(), leaves(item), list(item.groups)))
-    return out
+            errors.append(str(item))
+            continue
+        for report in item.reports() if isinstance(item, Frame) else [item]:
+            assert isinstance(report, HWPCReport)
+            reports.append((report.model_dump(), leaves(report), list(report.groups)))
+    return reports, errors
 
 
 def write(path: Path, text: str, newline: str = "\n") -> Path:
@@ -219,16 +219,12 @@ CSV_CASES = {
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
 @pytest.mark.parametrize("case", sorted(CSV_CASES))
-def test_csv_fast_way_reads_as_the_row_by_row_way(
-    case: str, newline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_csv_fast_way_reads_as_the_row_by_row_way(case: str, newline: str, tmp_path: Path) -> None:
     path = write(tmp_path / "core.csv", CSV_CASES[case], newline)
-    expected = reference_csv([path], monkeypatch)
-    assert comparable(powerapi.read_hwpc_csv([path])) == expected
+    expected = comparable(powerapi.read_hwpc_csv([path]))
     # Chunks that cut ticks, rows and \r\n pairs in two.
-    for size in (7, 40, 64):
-        monkeypatch.setattr(powerapi, "_CSV_CHUNK_CHARS", size)
-        assert comparable(powerapi.read_hwpc_csv([path])) == expected, size
+    for size in (7, 40, 64, 1 << 21):
+        assert comparable(read_hwpc_csv_frames([path], size)) == expected, size
 
 
 def test_csv_errors_keep_their_line_numbers(tmp_path: Path) -> None:
@@ -256,16 +252,16 @@ def generated_files(directory: Path) -> list[Path]:
     return paths
 
 
-def test_csv_groups_merge_as_row_by_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_csv_groups_merge_as_row_by_row(tmp_path: Path) -> None:
     paths = generated_files(tmp_path)
     (tmp_path / "again").mkdir()
     again = write(tmp_path / "again" / "core.csv", (tmp_path / "core.csv").read_text())
     for files in (paths, paths[::-1], [*paths, again]):
-        expected = reference_csv(files, monkeypatch)
-        assert len(expected) == 40 * (2 + 2 * 2)
+        expected = comparable(powerapi.read_hwpc_csv(files))
+        assert len(expected[0]) == 40 * (2 + 2 * 2)
+        assert not expected[1]
         for size in (1 << 20, 333, 4096):
-            monkeypatch.setattr(powerapi, "_CSV_CHUNK_CHARS", size)
-            assert comparable(powerapi.read_hwpc_csv(files)) == expected
+            assert comparable(read_hwpc_csv_frames(files, size)) == expected, size
 
 
 def test_csv_reports_of_a_tick_share_one_timestamp(tmp_path: Path) -> None:
