@@ -651,17 +651,6 @@ def read_power_csv(path: Path) -> Iterator[PowerReport | DecodeError]:
                 yield DecodeError(str(path), line, describe_validation_error(error))
 
 
-def hwpc_csv_rows(report: HWPCReport) -> Iterator[tuple[str, list[str], list[str]]]:
-    """A report in PowerAPI's CSV input layout: ``(group, header, row)`` per socket and cpu."""
-    millis = str(to_millis(report.timestamp))
-    for group, sockets in report.groups.items():
-        for socket, cpus in sockets.items():
-            for cpu, events in cpus.items():
-                header = [*CSV_HWPC, *events]
-                row = [millis, report.sensor, report.target, socket, cpu]
-                yield group, header, row + [str(value) for value in events.values()]
-
-
 # --- CSV output -------------------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import asyncio
 import csv
 import json
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ import pytest
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report, to_utc
+from wattflow.formats.reports import (
+    FormulaReport,
+    HWPCReport,
+    PowerReport,
+    Report,
+    to_millis,
+    to_utc,
+)
 
 JSON_FIXTURES = ["hwpc.json", "hwpc_rapl_2_socket.json"]
 GOOD_CSV = [
@@ -80,6 +88,17 @@ def read_csv_table(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def hwpc_csv_rows(report: HWPCReport) -> Iterator[tuple[str, list[str], list[str]]]:
+    """A report in PowerAPI's CSV input layout: ``(group, header, row)`` per socket and cpu."""
+    millis = str(to_millis(report.timestamp))
+    for group, sockets in report.groups.items():
+        for socket, cpus in sockets.items():
+            for cpu, events in cpus.items():
+                header = [*powerapi.CSV_HWPC, *events]
+                row = [millis, report.sensor, report.target, socket, cpu]
+                yield group, header, row + [str(value) for value in events.values()]
+
+
 @pytest.mark.parametrize("name", GOOD_CSV)
 def test_csv_fixture_round_trips(fixtures: Path, name: str, tmp_path: Path) -> None:
     source = fixtures / "csv" / name
@@ -93,7 +112,7 @@ def test_csv_fixture_round_trips(fixtures: Path, name: str, tmp_path: Path) -> N
         header_written = False
         for report in reports:
             assert isinstance(report, HWPCReport)
-            for row_group, header, row in powerapi.hwpc_csv_rows(report):
+            for row_group, header, row in hwpc_csv_rows(report):
                 assert row_group == group
                 if not header_written:
                     writer.writerow(header)
