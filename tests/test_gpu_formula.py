@@ -178,6 +178,34 @@ def test_learned_idle_is_not_pulled_high_by_a_burst_s_energy_late_in_the_counter
     assert min(idle_w) == pytest.approx(60.0, rel=1e-9)
 
 
+def test_before_a_whole_resting_span_idle_comes_from_the_resting_ticks_readings() -> None:
+    """Bursts of 2.1 s at 260 W every 4 s: no 2 s counter span ever rests whole, so idle comes
+    from the resting ticks alone. The counter is read one step late, so the span holding each
+    burst's last tick and then 19 resting ones holds two busy ticks' energy, and its resting
+    ticks read 68.6 W (what idle was when learned from their share of the counter); their
+    own readings say 60 W, and idle is their median, 60 W, on every busy tick."""
+    busy = [(7, 50.0, None)]
+    power_w = [260.0 if 1 <= index % 40 <= 21 else 60.0 for index in range(401)]
+    reports: list[Report] = []
+    for index, watts in enumerate(power_w):
+        energy = sum(power_w[:index]) * 0.1 if index % 20 == 0 else None  # a tick late
+        working = watts > 60.0
+        reports.append(tick(index * 0.1, energy_j=energy, power_w=watts, util=50 if working else 0,
+                            processes=busy if working else ()))  # fmt: skip
+    formula = GpuFormula(GpuConfig(), "node-1")
+    out = Output()
+    formula.process(reports, out)
+    assert not formula.devices["0"].idle_spans, "a span rested whole: the case tests nothing"
+    resting_w = [powers_at(out, index * 0.1)["gpu0"] for index in range(41, 400)
+                 if power_w[index] == 60.0]  # fmt: skip
+    assert max(resting_w) > 65.0, "no resting tick took a burst's energy: nothing is tested"
+    idle_w = [powers_at(out, index * 0.1)["gpu0"] for index in range(41, 400)
+              if power_w[index] > 60.0]  # fmt: skip
+    assert len(idle_w) > 150
+    assert min(idle_w) == pytest.approx(60.0, rel=1e-9)
+    assert max(idle_w) == pytest.approx(60.0, rel=1e-9)
+
+
 def test_power_comes_from_samples_when_there_is_no_counter() -> None:
     out = run([tick(0, samples_w=[100.0, 110.0, 120.0], power_w=500.0)], gpu_idle_power=10.0)
     assert powers_at(out, 0)["gpu0"] == pytest.approx(110.0)

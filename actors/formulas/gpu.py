@@ -19,8 +19,11 @@ For each device and sampling tick (τ0, τ1]:
    those holding the last ``--gpu-idle-window`` resting ticks (their mean while they last
    less): a mean over three spans, not one, because the counter steps every ~100 ms, so a
    2 s span can read up to 5 % low (the next one as much high). Without a counter each tick
-   is a span of its own. Until the first such span, idle is the median of the resting ticks
-   so far; until the device has rested once, 0 W: all of its power is active.
+   is a span of its own. Until the first such span, idle is the median of the resting ticks'
+   own power readings so far (the driver's power samples in each tick: a resting tick's share
+   of a span that also held a burst depends on the counter's steps and lag, and on how late
+   a loaded machine read the tick); until the device has rested once, 0 W: all of its power
+   is active.
 3. **Active energy** = (device power − idle) × the tick's length, never below zero.
 4. **Per process.** The driver records every ~200 ms which ONE process holds the engine, and
    NVML averages those samples per process over the window since the previous call (a sample
@@ -400,7 +403,9 @@ class GpuFormula(Formula[GpuConfig]):
             state.idle_readings.clear()  # no longer needed: spans teach idle from now on
             state.idle_w = None
         elif resting and quiet and not state.idle_spans:
-            state.idle_readings.append(tick.power_w)
+            # The tick's own reading: its share of a counter span that also held a burst
+            # depends on the counter's steps and lag, and on when a late tick was read.
+            state.idle_readings.append(tick.power_w if tick.reading_w is None else tick.reading_w)
             while len(state.idle_readings) > window:
                 state.idle_readings.popleft()
             state.idle_w = None
@@ -691,9 +696,8 @@ def _bound_spans(spans: deque[tuple[float, float, int]], idle_window: int) -> No
 def _learned_idle_w(state: _DeviceState) -> float:
     """Idle from the whole resting spans: the lowest mean power over :data:`IDLE_MEAN_S` of
     consecutive ones, their mean while they hold less. Before the first one, the median of
-    the resting ticks so far (the resting ticks of a span that also held a burst can take some
-    of its energy through the counter's lag; the median leaves out a few of them); 0 W
-    without any."""
+    the resting ticks' readings so far (the median leaves out the few read while a burst's
+    edge was in the driver's samples); 0 W without any."""
     if state.idle_spans:
         return _lowest_mean_w(state.idle_spans)
     if state.idle_readings:
