@@ -49,9 +49,12 @@ def tick(
     }
     if window is not None:
         readings["process_window"] = tuple(_us(second) for second in window)
-    if samples_w:
+    if samples_w:  # the driver's samples, 20 ms apart, the last at the tick
+        last = len(samples_w) - 1
         readings["samples"] = {
-            "TOTAL_POWER": [(int(second * 1e6) + i, w * 1000) for i, w in enumerate(samples_w)]
+            "TOTAL_POWER": [
+                (_us(second) - (last - i) * 20_000, w * 1000) for i, w in enumerate(samples_w)
+            ]
         }
     return GPUReport(
         timestamp=START + timedelta(seconds=second),
@@ -209,6 +212,22 @@ def test_before_a_whole_resting_span_idle_comes_from_the_resting_ticks_readings(
 def test_power_comes_from_samples_when_there_is_no_counter() -> None:
     out = run([tick(0, samples_w=[100.0, 110.0, 120.0], power_w=500.0)], gpu_idle_power=10.0)
     assert powers_at(out, 0)["gpu0"] == pytest.approx(110.0)
+
+
+def test_the_samples_a_window_brings_count_for_the_ticks_they_were_taken_in() -> None:
+    """The NVML input reads the driver's power samples once a second: the first tick after a
+    1 s burst at 260 W brings 50 samples, 45 of them from the burst. Its own power is 60 W (its
+    own 5 samples and its reading say so), and the counter's increase over the span is shared
+    by what each tick's own samples say: the burst's energy stays with the burst's ticks."""
+    power_w = [260.0 if index < 10 else 60.0 for index in range(41)]
+    reports = []
+    for index, watts in enumerate(power_w):
+        energy = sum(power_w[1 : index + 1]) * 0.1 if index % 20 == 0 else None
+        samples = [260.0] * 45 + [60.0] * 5 if index == 10 else None
+        reports.append(tick(index * 0.1, energy_j=energy, power_w=watts, samples_w=samples))
+    out = run(reports, gpu_idle_power=60.0)
+    assert powers_at(out, 1.0)["gpu0"] == pytest.approx(60.0)
+    assert powers_at(out, 0.5)["gpu0"] == pytest.approx(260.0)
 
 
 def test_without_per_process_readings_everything_stays_with_the_device() -> None:

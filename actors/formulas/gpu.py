@@ -5,10 +5,10 @@ For each device and sampling tick (τ0, τ1]:
 1. **Device power** comes from the energy counter (Volta and newer): the NVML input reads it
    every ``--energy-ms`` (2 s) and power every tick, so the ticks between two
    counter readings take the counter's increase over that span, shared in proportion to their
-   power readings (the mean of the driver's power samples in the tick, else the power
-   reading); a tick waits for the counter reading that ends its span, within
-   ``--gpu-hold-ms``. Without a counter, a tick's power is its reading. The first tick of a
-   device with only an energy counter starts its interval.
+   power readings (the mean of the driver's power samples stamped in the tick, whichever tick
+   brought them, else the power reading); a tick waits for the counter reading that ends its
+   span, within ``--gpu-hold-ms``. Without a counter, a tick's power is its reading. The first
+   tick of a device with only an energy counter starts its interval.
 2. **Idle power** is ``--gpu-idle-power-w`` watts when given. Otherwise it is learned from
    the whole counter spans (the ticks between two counter readings) in which every tick
    rested: no process used the SMs (per the process windows below) and device utilisation
@@ -309,7 +309,7 @@ class GpuFormula(Formula[GpuConfig]):
         _interval_s(state.timestamp, report.timestamp)  # rejects a tick not after the last
         start_us = end_us - 1 if state.timestamp is None else _micros(state.timestamp)
         state.timestamp = report.timestamp
-        reading_w = _reading_power_w(device)
+        reading_w = _reading_power_w(state, device, 0 if first else start_us, end_us)
         waits = device.processes is not None or device.instances is not None
         if device.processes is not None:
             self._add_window(device, state, start_us, end_us)
@@ -728,18 +728,46 @@ def _unsettled_w(tick: _Tick, state: _DeviceState) -> float:
     return state.counter_w if state.counter_w is not None else 0.0
 
 
-def _reading_power_w(device: GPUDevice) -> float | None:
-    """Power in W from the driver's samples in the interval, else from its power reading;
-    ``None`` for a device with only an energy counter, whose first reading starts the
-    interval."""
+def _reading_power_w(
+    state: _DeviceState, device: GPUDevice, start_us: int, end_us: int
+) -> float | None:
+    """Power in W from the driver's samples stamped in the tick (``start_us``, ``end_us``],
+    else from its power reading, else from all the samples the tick brought; ``None`` for a
+    device with only an energy counter, whose first reading starts the interval.
+
+    The NVML input reads the samples once a window (a second), so most of those a tick brings
+    are the earlier ticks': they go to the held ticks they were stamped in
+    (:func:`_refine_held_readings`), and their mean is not this tick's power."""
     samples = (device.samples or {}).get("TOTAL_POWER", [])
     if samples:
-        return sum(value for _, value in samples) / len(samples) / 1000.0
+        _refine_held_readings(state, samples)
+    own = _mean_mw(samples, start_us, end_us)
+    if own is not None:
+        return own / 1000.0
     if device.power is not None:
         return device.power / 1000.0
+    if samples:
+        return sum(value for _, value in samples) / len(samples) / 1000.0
     if device.total_energy is not None:
         return None  # the first reading of a counter only starts the interval
     raise _NoReading("no power reading (no energy counter, samples or power)")
+
+
+def _refine_held_readings(state: _DeviceState, samples: list[tuple[int, float]]) -> None:
+    """Give each held tick that the counter has not settled yet the mean of the samples
+    stamped in it: the counter's increase is shared by these readings, and the driver's
+    samples (every ~20 ms) tell a tick's power better than the one reading taken at its end."""
+    for tick in state.held:
+        if not tick.settled and tick.reading_w is not None:
+            own = _mean_mw(samples, tick.start_us, tick.end_us)
+            if own is not None:
+                tick.reading_w = own / 1000.0
+
+
+def _mean_mw(samples: list[tuple[int, float]], start_us: int, end_us: int) -> float | None:
+    """The mean of the samples stamped in (``start_us``, ``end_us``], or ``None``."""
+    own = [value for stamp, value in samples if start_us < stamp <= end_us]
+    return sum(own) / len(own) if own else None
 
 
 class _NoReading(Exception):
