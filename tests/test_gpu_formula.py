@@ -154,15 +154,10 @@ def test_learned_idle_is_not_pulled_low_by_the_counter_s_100_ms_steps() -> None:
     assert state.idle_w == pytest.approx(60.0, rel=0.02)
 
 
-def test_learned_idle_is_not_pulled_high_by_a_burst_s_energy_late_in_the_counter() -> None:
-    """A GPU resting at 60 W, busy at 260 W for 2.1 s every 6 s, its counter read every 20
-    ticks of 100 ms and one step (100 ms) late: the reading that ends a burst's first span
-    misses the burst's last tick, so the next span, one busy tick then 19 resting ones, holds
-    26 J more than its ticks' readings say, and its resting ticks read 68.6 W. The span after
-    it rests whole and reads 60 W: idle is learned from it alone, and every busy tick from
-    there on leaves exactly 60 W to the device's target."""
+def _late_counter_bursts(power_w: list[float]) -> tuple[GpuFormula, Output]:
+    """The formula (idle learned) over 100 ms ticks of these powers, a process busy on every
+    tick above 60 W, and a counter read every 20 ticks and one step (a tick) late."""
     busy = [(7, 50.0, None)]
-    power_w = [260.0 if index == 0 or (index - 1) % 60 <= 20 else 60.0 for index in range(601)]
     reports: list[Report] = []
     for index, watts in enumerate(power_w):
         energy = sum(power_w[:index]) * 0.1 if index % 20 == 0 else None  # a tick late
@@ -172,6 +167,18 @@ def test_learned_idle_is_not_pulled_high_by_a_burst_s_energy_late_in_the_counter
     formula = GpuFormula(GpuConfig(), "node-1")
     out = Output()
     formula.process(reports, out)
+    return formula, out
+
+
+def test_learned_idle_is_not_pulled_high_by_a_burst_s_energy_late_in_the_counter() -> None:
+    """A GPU resting at 60 W, busy at 260 W for 2.1 s every 6 s, its counter read every 20
+    ticks of 100 ms and one step (100 ms) late: the reading that ends a burst's first span
+    misses the burst's last tick, so the next span, one busy tick then 19 resting ones, holds
+    26 J more than its ticks' readings say, and its resting ticks read 68.6 W. The span after
+    it rests whole and reads 60 W: idle is learned from it alone, and every busy tick from
+    there on leaves exactly 60 W to the device's target."""
+    power_w = [260.0 if index == 0 or (index - 1) % 60 <= 20 else 60.0 for index in range(601)]
+    _, out = _late_counter_bursts(power_w)
     assert powers_at(out, 2.5)["gpu0"] == pytest.approx(60.0 * 160 / 140), "a span reads high"
     # The first span in which every tick rested ends at 6 s; each busy tick after it.
     idle_w = [powers_at(out, index * 0.1)["gpu0"] for index in range(61, 601)
@@ -187,17 +194,8 @@ def test_before_a_whole_resting_span_idle_comes_from_the_resting_ticks_readings(
     burst's last tick and then 19 resting ones holds two busy ticks' energy, and its resting
     ticks read 68.6 W (what idle was when learned from their share of the counter); their
     own readings say 60 W, and idle is their median, 60 W, on every busy tick."""
-    busy = [(7, 50.0, None)]
     power_w = [260.0 if 1 <= index % 40 <= 21 else 60.0 for index in range(401)]
-    reports: list[Report] = []
-    for index, watts in enumerate(power_w):
-        energy = sum(power_w[:index]) * 0.1 if index % 20 == 0 else None  # a tick late
-        working = watts > 60.0
-        reports.append(tick(index * 0.1, energy_j=energy, power_w=watts, util=50 if working else 0,
-                            processes=busy if working else ()))  # fmt: skip
-    formula = GpuFormula(GpuConfig(), "node-1")
-    out = Output()
-    formula.process(reports, out)
+    formula, out = _late_counter_bursts(power_w)
     assert not formula.devices["0"].idle_spans, "a span rested whole: the case tests nothing"
     resting_w = [powers_at(out, index * 0.1)["gpu0"] for index in range(41, 400)
                  if power_w[index] == 60.0]  # fmt: skip
