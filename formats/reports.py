@@ -27,7 +27,7 @@ def to_utc(value: Any) -> datetime:
         ValueError: when the value is none of these forms.
     """
     if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return _utc(value)
     if isinstance(value, bool):
         raise ValueError("a timestamp cannot be a boolean")
     if isinstance(value, int | float):
@@ -42,8 +42,20 @@ def to_utc(value: Any) -> datetime:
             raise ValueError(
                 f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601"
             ) from None
-        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        return _utc(parsed)
     raise ValueError(f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601")
+
+
+def _utc(moment: datetime) -> datetime:
+    """A datetime in UTC, naive ones taken as UTC; one whose zone moves it past the first or
+    the last day Python holds (``0001-01-01T00:00:00+01:00``) is refused with a ValueError,
+    as any other timestamp that cannot be read (pydantic turns only those into errors)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"timestamp {moment.isoformat()} is out of range in UTC") from None
 
 
 def _from_millis(millis: float) -> datetime:
