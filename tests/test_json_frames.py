@@ -245,10 +245,11 @@ def test_any_mutated_batch_becomes_reports_and_dead_letters_never_an_error(
     tmp_path: Path,
 ) -> None:
     """A sweep of 300 batches of two sensors' lines, each with one to three lines mutated or
-    moved: decoding never raises, and every line that is not blank is a report (in a frame or
-    alone) or a dead letter naming its line and holding it (a timestamp that its zone moves
-    past year 9999 or before year 1 raised OverflowError out of the decoder, which stopped the
-    input, before)."""
+    moved: decoding never raises, and every line that is not blank is a report (given back by
+    its frame, or alone) or a dead letter naming its line and holding it. Before, a timestamp
+    that its zone moves past year 9999 or before year 1 raised OverflowError out of the
+    decoder, which stopped the input; and a frame counted a report whose only group was empty
+    but never gave it back."""
     lines = stream(tmp_path, ticks=6, containers=3, sensors=("node-1", "node-2"))
     rng = random.Random(3)
     off_calendar = 0
@@ -265,15 +266,29 @@ def test_any_mutated_batch_becomes_reports_and_dead_letters_never_an_error(
             except (ValueError, LookupError, TypeError, AttributeError, StopIteration):
                 pass  # a mutation that needs what an earlier one broke (JSON, an event)
         decoded, errors = json_frames.decode_json_batch(HWPCReport, batch, "test", 1, {})
-        reports = sum(len(item) if isinstance(item, HWPCFrame) else 1 for item in decoded)
+        reports = expand(decoded)
         filled = [line for line in batch if line.strip()]
-        assert reports + len(errors) == len(filled)
+        assert len(reports) + len(errors) == len(filled)
         for error, raw in errors:
             assert error.source == "test"
             assert error.line is not None
             assert raw is batch[error.line - 1]
         off_calendar += any("out of range in UTC" in str(error) for error, _ in errors)
     assert off_calendar >= 3, "the sweep moves timestamps off the calendar"
+
+
+def test_a_report_with_an_empty_group_is_given_back_as_it_came(tmp_path: Path) -> None:
+    """A container's report whose group holds no socket (``"core": {}``), after reports that
+    named the group: no frame row could stand for it, so the batch goes line by line and the
+    report comes back, its empty group with it (a frame counted it and lost it before)."""
+    lines = stream(tmp_path)
+    document = json.loads(lines[8])
+    assert document["target"] != "all"
+    lines[8] = json.dumps(document | {"groups": {"core": {}}}).encode()
+    decoded, errors = json_frames.decode_json_batch(HWPCReport, lines, "test", 1, {})
+    assert errors == []
+    assert expand(decoded) == one_by_one(lines)
+    assert expand(decoded)[8].groups == {"core": {}}  # type: ignore[attr-defined]
 
 
 def renumbered(line: bytes, socket: str | None = None, cpu: str | None = None) -> bytes:
