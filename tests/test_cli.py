@@ -356,6 +356,34 @@ def test_a_timestamp_its_zone_moves_off_the_calendar_is_a_dead_letter(tmp_path: 
     )
 
 
+def test_values_no_output_could_write_do_not_take_their_batch_down(tmp_path: Path) -> None:
+    """A recording with a counter beyond 64 bits and a report whose metadata holds one: the
+    counter is read as the double it is nearest, the metadata's report is a dead letter naming
+    its line, and every other report is recorded (exit 0). Before, both passed the input and
+    the output refused its whole batch: no report was written, exit 1."""
+    lines = [json.loads(rapl_line(index)) for index in range(4)]
+    lines[1]["groups"]["rapl"]["0"]["0"]["RAPL_ENERGY_PKG"] = 2**64 + 1
+    lines[2]["metadata"] = {"run": 2**64}
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out, letters = tmp_path / "recorded.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--disable-rapl-formula", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
+        "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 3
+    assert written[1]["groups"]["rapl"]["0"]["0"]["RAPL_ENERGY_PKG"] == float(2**64)
+    [letter] = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert letter["reason"] == (
+        f"{source}:3: HWPCReport: field 'metadata': Value error, "
+        f"metadata.run: the integer {2**64} is beyond 64 bits"
+    )
+
+
 def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
     source = tmp_path / "hwpc.jsonl"
     source.write_text(rapl_line(0) + "\n")

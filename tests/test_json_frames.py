@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import bson
 import numpy as np
 import orjson
 import pytest
@@ -228,7 +229,11 @@ SHAPES = {
         lambda document, rng: _first_counters(document).update(E=rng.choice([*WRONG, 1e308]))
     ),
     "metadata of another shape": _changed(
-        lambda document, rng: document.update(metadata=rng.choice([*WRONG, {"a": {"b": [1]}}]))
+        lambda document, rng: document.update(
+            metadata=rng.choice(
+                [*WRONG, {"a": [1]}, {"run": 2**64}, {"a\0b": 1}, {"a": [[[[[[1]]]]]] * 9}]
+            )
+        )
     ),
     "a field missing": _changed(
         lambda document, rng: document.pop(rng.choice(["timestamp", "sensor", "target", "groups"]))
@@ -248,8 +253,9 @@ def test_any_mutated_batch_becomes_reports_and_dead_letters_never_an_error(
     moved: decoding never raises, and every line that is not blank is a report (given back by
     its frame, or alone) or a dead letter naming its line and holding it. Before, a timestamp
     that its zone moves past year 9999 or before year 1 raised OverflowError out of the
-    decoder, which stopped the input; and a frame counted a report whose only group was empty
-    but never gave it back."""
+    decoder, which stopped the input; a frame counted a report whose only group was empty but
+    never gave it back; and every report can be written as JSON and as BSON (a counter or a
+    metadata integer beyond 64 bits passed, then failed the outputs with their whole batch)."""
     lines = stream(tmp_path, ticks=6, containers=3, sensors=("node-1", "node-2"))
     rng = random.Random(3)
     off_calendar = 0
@@ -269,6 +275,9 @@ def test_any_mutated_batch_becomes_reports_and_dead_letters_never_an_error(
         reports = expand(decoded)
         filled = [line for line in batch if line.strip()]
         assert len(reports) + len(errors) == len(filled)
+        for report in reports:
+            assert powerapi.encode_json(report)
+            assert bson.encode(powerapi.to_mongodb(report))
         for error, raw in errors:
             assert error.source == "test"
             assert error.line is not None
