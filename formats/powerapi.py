@@ -357,8 +357,22 @@ def _rows(
     path: Path, handle: TextIO, index: int, required: tuple[str, ...]
 ) -> Iterator[tuple[int, int, int, dict[str, str]] | DecodeError]:
     reader = csv.DictReader(handle)
-    check_csv_header(path, list(reader.fieldnames or []), required)
-    for row in reader:
+    try:
+        header = list(reader.fieldnames or [])
+    except csv.Error as error:  # a field beyond the csv module's limit (128 KiB)
+        problem = f"the CSV header is unreadable: {error}"
+        raise DecodeError(str(path), reader.reader.line_num, problem) from None
+    check_csv_header(path, header, required)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            # A field beyond the limit: the rest of its line is left unread, and the reader goes
+            # on at the next line.
+            yield DecodeError(str(path), reader.reader.line_num, f"not a CSV row: {error}")
+            continue
         line = reader.line_num
         if not_utf8("".join(v for v in row.values() if isinstance(v, str))):
             yield DecodeError(str(path), line, NOT_UTF8)
