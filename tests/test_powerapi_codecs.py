@@ -293,6 +293,54 @@ def test_power_report_csv_reads_back(tmp_path: Path) -> None:
     assert report.timestamp == to_utc(1000)
 
 
+def _reports_document(*sensors: bytes) -> bytes:
+    entries = [
+        b'{"timestamp": %d, "sensor": "%s", "target": "t", "power": 1.5}' % (at, sensor)
+        for at, sensor in enumerate(sensors, start=1)
+    ]
+    return b'{"reports": [' + b", ".join(entries) + b"]}"
+
+
+def test_a_reports_document_entry_with_bytes_not_utf8_is_a_dead_letter(tmp_path: Path) -> None:
+    """In a ``{"reports": [...]}`` recording, an entry holding a byte that is not UTF-8 is a dead
+    letter naming its place, and the other entries are read (the whole file stopped the input
+    with Python's UnicodeDecodeError, naming no file, before)."""
+    source = tmp_path / "recording.json"
+    source.write_bytes(_reports_document(b"node-1", b"node-\xff", b"node-1"))
+    out, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == 2
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert reasons == [f"{source} reports[1]: not valid UTF-8"]
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        (b'{"reports": [\xff]}', "not valid JSON: Expecting value"),
+        (b'{"reports": ' + b"[" * 5000 + b"]" * 5000 + b"}", "maximum recursion depth"),
+        (b'{"reports": [' + b"9" * 5000 + b"]}", "Exceeds the limit (4300 digits)"),
+    ],
+    ids=["a byte not UTF-8 outside the entries", "deep nesting", "an integer of 5,000 digits"],
+)
+def test_a_reports_document_that_is_not_json_is_refused_naming_the_file(
+    tmp_path: Path, document: bytes, problem: str
+) -> None:
+    """A recording that is not JSON at all stops the input, as documented; the error names the
+    file and says it is not valid JSON, whatever Python's parser raised."""
+    source = tmp_path / "recording.json"
+    source.write_bytes(document)
+    with pytest.raises(DecodeError) as refused:
+        list(jsonl.read_reports_document(PowerReport, source))
+    assert str(refused.value).startswith(f"{source}")
+    assert "not valid JSON" in str(refused.value)
+    assert problem in str(refused.value)
+
+
 POWER_CSV_MUTATIONS = (b",", b'"', b"\r", b"\n", b"-", b".", b"0", b"9", b"x", b" ", b"\0",
                        b"\xff", b"", b"nan", b"1e999", b"9999-12-31T23:59:59-01:00", b"9" * 5000,
                        b"99999999999999999999999", b"x" * 140_000)  # fmt: skip
