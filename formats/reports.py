@@ -86,14 +86,14 @@ Timestamp = Annotated[datetime, BeforeValidator(to_utc)]
 """A timestamp held as a timezone-aware UTC datetime, whatever form it arrived in."""
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-"""An integer every output can write: MongoDB holds 64-bit signed integers, JSON writers hold no
-more. A report with a larger one is refused at the input (a dead letter), rather than made and
-then refused by an output with the whole batch it came in."""
+"""An integer every output can write: MongoDB holds signed 64-bit integers, and the JSON writers
+no larger ones than 64 bits. A report with one beyond is refused at the input (a dead letter),
+rather than made and then refused by an output with the whole batch it came in."""
 
 Counter = Int64 | float
 """A hardware counter value: hwpc-sensor writes integers, its MongoDB backend doubles. An
-integer beyond 64 bits (no real counter reaches 2⁶³) is read as the double it is nearest, as
-readers of JSON that hold numbers as doubles read it."""
+integer beyond a signed 64-bit one (no real counter reaches 2⁶³) is read as the double it is
+nearest, as readers of JSON that hold numbers as doubles read it."""
 
 METADATA_DEPTH = 32
 """How deep metadata may nest: far beyond what any sensor or formula writes, and well inside
