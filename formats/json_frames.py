@@ -18,12 +18,13 @@ earlier than the line before, names a (timestamp, sensor, target) no other line 
 names, holds only integer counters that fit 64 bits, writes sockets and cpus as plain numbers
 (``"0"``, not ``"00"`` or ``"-1"``) within bounds (sockets below 65,536, cpus below
 1,048,576: :data:`~wattflow.formats.reports.SOCKET_LIMIT`,
-:data:`~wattflow.formats.reports.CPU_LIMIT`), gives every cpu of a group the same events (one
-or more), and comes in the order the frame gives its reports back. Anything else (hostile input
-included) leaves the batch to the line-by-line way, which decodes, and dead-letters, exactly as
-it always did. A frame gives each cpu's events back in its group's order, which is
-hwpc-sensor's order; a sensor that wrote them in another order on some cpus gets the same
-counters back in the group's order.
+:data:`~wattflow.formats.reports.CPU_LIMIT`), gives every group at least one socket (a
+report whose group is empty has no row to stand for it) and every cpu of a group the same
+events (one or more), and comes in the order the frame gives its reports back. Anything else
+(hostile input included) leaves the batch to the line-by-line way, which decodes, and
+dead-letters, exactly as it always did. A frame gives each cpu's events back in its group's
+order, which is hwpc-sensor's order; a sensor that wrote them in another order on some cpus
+gets the same counters back in the group's order.
 
 So placed, a frame's rows are canonical (:attr:`~wattflow.formats.frames.HWPCFrame.canonical`:
 ticks in order, each report's rows of a socket together, each cpu once among them), and the
@@ -118,6 +119,10 @@ class _GroupRows:
 
     def add(self, sockets: dict[str, dict[str, dict[str, Any]]]) -> None:
         """One line's rows of this group: each socket's cpus and their counters."""
+        if not sockets:
+            # No row would stand for it: the frame would count the report and never give it
+            # back (nor its empty group, when it has others).
+            raise _NotPlain("a group without sockets")
         width = self.width
         rows = 0
         for socket_text, cpus in sockets.items():

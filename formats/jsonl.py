@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.powerapi import decode_document
+from wattflow.formats.powerapi import CSV_ERRORS, NOT_UTF8, decode_document, not_utf8
 from wattflow.formats.reports import Report
 
 
@@ -35,17 +35,25 @@ def read_reports_document(kind: type[Report], path: Path) -> Iterator[Report | D
     Raises:
         DecodeError: when the file is not such a document.
     """
+    # Bytes that are not UTF-8 are kept as lone surrogates: the entry that holds them is a dead
+    # letter, as a JSON line holding them is; anywhere else, the document is not JSON.
+    text = path.read_text(encoding="utf-8", errors=CSV_ERRORS)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise DecodeError(str(path), error.lineno, f"not valid JSON: {error.msg}") from None
+    except (ValueError, RecursionError) as error:  # an integer of 4,300 digits, deep nesting
+        raise DecodeError(str(path), None, f"not valid JSON: {error}") from None
     entries = document.get("reports") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise DecodeError(str(path), 1, "missing field 'reports' (a list of reports)")
     decoded: list[Report] = []
     for position, entry in enumerate(entries):
+        where = f"{path} reports[{position}]"
         try:
-            decoded.append(decode_document(kind, entry, f"{path} reports[{position}]", None))
+            if not_utf8(json.dumps(entry, ensure_ascii=False)):
+                raise DecodeError(where, None, NOT_UTF8)
+            decoded.append(decode_document(kind, entry, where, None))
         except DecodeError as error:
             yield error
     decoded.sort(key=lambda report: report.timestamp)

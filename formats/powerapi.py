@@ -40,6 +40,7 @@ from wattflow.formats.reports import (
     PowerReport,
     Report,
     bad_number_key,
+    check_metadata,
     number_below,
     to_millis,
     to_utc,
@@ -100,6 +101,11 @@ def encode_json(report: Report) -> str:
     return orjson.dumps(to_json_dict(report), option=_JSON_OPTIONS).decode()
 
 
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""A counter as :data:`~wattflow.formats.reports.Counter` takes an integer: one beyond 64 bits
+is left to pydantic, which reads it as a double."""
+
+
 class HwpcDocument(msgspec.Struct, gc=False):
     """hwpc-sensor's JSON report, as far as it must be checked before it is trusted.
 
@@ -111,7 +117,7 @@ class HwpcDocument(msgspec.Struct, gc=False):
     timestamp: int | float | str
     sensor: Annotated[str, msgspec.Meta(min_length=1)]
     target: Annotated[str, msgspec.Meta(min_length=1)]
-    groups: dict[str, dict[str, dict[str, dict[str, int | float]]]] = {}
+    groups: dict[str, dict[str, dict[str, dict[str, _Int64 | float]]]] = {}
     metadata: dict[str, Any] = {}
 
 
@@ -183,7 +189,7 @@ def decode_json_lines(
                 timestamp = utc_or_none(raw)
                 if timestamp is not None:
                     stamps[raw] = timestamp
-            if bad_number_key(document.groups) is not None:
+            if bad_number_key(document.groups) is not None or not plain_metadata(document):
                 timestamp = None  # pydantic's validation refuses it, naming the key
         if timestamp is None:
             if line.strip():
@@ -217,7 +223,11 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
     except (msgspec.DecodeError, UnicodeDecodeError):  # bytes not UTF-8 in a string
         return None
     timestamp = utc_or_none(document.timestamp)
-    if timestamp is None or bad_number_key(document.groups) is not None:
+    if (
+        timestamp is None
+        or bad_number_key(document.groups) is not None
+        or not plain_metadata(document)
+    ):
         return None
     return HWPCReport.trusted(
         timestamp=timestamp,
@@ -226,6 +236,19 @@ def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
         metadata=document.metadata,
         groups=document.groups,
     )
+
+
+def plain_metadata(document: HwpcDocument) -> bool:
+    """Whether a document's metadata is as every output writes it (:func:`check_metadata`); a
+    report whose metadata is not goes to pydantic's validation, which refuses it, naming the
+    value. hwpc-sensor writes none: the check costs nothing on its reports."""
+    if not document.metadata:
+        return True
+    try:
+        check_metadata(document.metadata)
+    except ValueError:
+        return False
+    return True
 
 
 def utc_or_none(value: int | float | str) -> datetime | None:
@@ -288,8 +311,7 @@ def from_mongodb(kind: type[Report], document: dict[str, Any], source: str = "mo
     Raises:
         DecodeError: naming the document's ``_id`` and the missing or invalid field.
     """
-    identifier = document.get("_id")
-    where = f"{source} _id={identifier}" if identifier is not None else source
+    where = f"{source} _id={document['_id']}" if "_id" in document else source
     return decode_document(kind, document, where, None)
 
 
@@ -335,8 +357,22 @@ def _rows(
     path: Path, handle: TextIO, index: int, required: tuple[str, ...]
 ) -> Iterator[tuple[int, int, int, dict[str, str]] | DecodeError]:
     reader = csv.DictReader(handle)
-    check_csv_header(path, list(reader.fieldnames or []), required)
-    for row in reader:
+    try:
+        header = list(reader.fieldnames or [])
+    except csv.Error as error:  # a field beyond the csv module's limit (128 KiB)
+        problem = f"the CSV header is unreadable: {error}"
+        raise DecodeError(str(path), reader.reader.line_num, problem) from None
+    check_csv_header(path, header, required)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            # A field beyond the limit: the rest of its line is left unread, and the reader goes
+            # on at the next line.
+            yield DecodeError(str(path), reader.reader.line_num, f"not a CSV row: {error}")
+            continue
         line = reader.line_num
         if not_utf8("".join(v for v in row.values() if isinstance(v, str))):
             yield DecodeError(str(path), line, NOT_UTF8)

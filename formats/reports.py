@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -27,7 +27,7 @@ def to_utc(value: Any) -> datetime:
         ValueError: when the value is none of these forms.
     """
     if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return _utc(value)
     if isinstance(value, bool):
         raise ValueError("a timestamp cannot be a boolean")
     if isinstance(value, int | float):
@@ -42,8 +42,20 @@ def to_utc(value: Any) -> datetime:
             raise ValueError(
                 f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601"
             ) from None
-        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        return _utc(parsed)
     raise ValueError(f"timestamp {value!r} is neither Unix milliseconds nor ISO 8601")
+
+
+def _utc(moment: datetime) -> datetime:
+    """A datetime in UTC, naive ones taken as UTC; one whose zone moves it past the first or
+    the last day Python holds (``0001-01-01T00:00:00+01:00``) is refused with a ValueError,
+    as any other timestamp that cannot be read (pydantic turns only those into errors)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"timestamp {moment.isoformat()} is out of range in UTC") from None
 
 
 def _from_millis(millis: float) -> datetime:
@@ -73,8 +85,52 @@ def from_micros(micros: int) -> datetime:
 Timestamp = Annotated[datetime, BeforeValidator(to_utc)]
 """A timestamp held as a timezone-aware UTC datetime, whatever form it arrived in."""
 
-Counter = int | float
-"""A hardware counter value: hwpc-sensor writes integers, its MongoDB backend doubles."""
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+"""An integer every output can write: MongoDB holds signed 64-bit integers, and the JSON writers
+no larger ones than 64 bits. A report with one beyond is refused at the input (a dead letter),
+rather than made and then refused by an output with the whole batch it came in."""
+
+Counter = Int64 | float
+"""A hardware counter value: hwpc-sensor writes integers, its MongoDB backend doubles. An
+integer beyond a signed 64-bit one (no real counter reaches 2⁶³) is read as the double it is
+nearest, as readers of JSON that hold numbers as doubles read it."""
+
+METADATA_DEPTH = 32
+"""How deep metadata may nest: far beyond what any sensor or formula writes, and well inside
+what every output holds (MongoDB's documents nest up to 100 levels)."""
+
+_JSON_SCALARS = (str, float, bool, type(None), datetime)
+
+
+def check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Refuse metadata that some output could not write, naming the first such value: anything
+    but JSON's kinds of data and dates (a MongoDB document's ObjectId, Decimal128 or binary),
+    an integer beyond 64 bits, a key with a NUL character (BSON's keys end at one), or nesting
+    deeper than :data:`METADATA_DEPTH`.
+
+    Raises:
+        ValueError: naming the key of the value and what is wrong with it.
+    """
+    pending: list[tuple[str, Any, int]] = [("metadata", metadata, 0)]
+    while pending:
+        where, value, depth = pending.pop()
+        if isinstance(value, _JSON_SCALARS):
+            continue
+        if isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                raise ValueError(f"{where}: the integer {value} is beyond 64 bits")
+        elif depth >= METADATA_DEPTH:
+            raise ValueError(f"{where}: nested deeper than {METADATA_DEPTH} levels")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str) or "\0" in key:
+                    raise ValueError(f"{where}: the key {key!r} is not a name MongoDB holds")
+                pending.append((f"{where}.{key}", item, depth + 1))
+        elif isinstance(value, list):
+            pending.extend((f"{where}[{at}]", item, depth + 1) for at, item in enumerate(value))
+        else:
+            raise ValueError(f"{where}: {type(value).__name__} is not JSON data")
+    return metadata
 
 
 class Report(BaseModel):
@@ -91,7 +147,7 @@ class Report(BaseModel):
     timestamp: Timestamp = Field(description="Time the measurement refers to, in UTC.")
     sensor: str = Field(min_length=1, description="Name that groups reports for one formula.")
     target: str = Field(min_length=1, description="Subject of the measurement.")
-    metadata: dict[str, Any] = Field(
+    metadata: Annotated[dict[str, Any], AfterValidator(check_metadata)] = Field(
         default_factory=dict, description="Free key-value pairs carried along."
     )
 
@@ -206,7 +262,7 @@ class GPUProcess(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    pid: int
+    pid: Int64
     sm_util: float = Field(ge=0, le=100, description="Share of SM time used, in %.")
     mem_util: float | None = Field(default=None, ge=0, le=100, description="In %.")
     cgroup: str | None = Field(default=None, description="cgroup the process belongs to.")
@@ -218,14 +274,14 @@ class GPUInstanceActivity(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: int = Field(description="The GPU instance id (nvidia-smi's GI ID).")
+    id: Int64 = Field(description="The GPU instance id (nvidia-smi's GI ID).")
     graphics_util: float = Field(
         ge=0, le=100, description="Share of the window any engine of the instance was busy, in %."
     )
     sm_util: float | None = Field(
         default=None, ge=0, le=100, description="Share of the instance's SMs busy, in %."
     )
-    pids: list[int] = Field(
+    pids: list[Int64] = Field(
         default_factory=list, description="Processes with a context on the instance."
     )
     cgroups: list[str | None] = Field(
@@ -253,18 +309,18 @@ class GPUDevice(BaseModel):
     app_clock_gpu: float | None = Field(default=None, description="In MHz.")
     app_clock_mem: float | None = Field(default=None, description="In MHz.")
     enforced_power_limit: float | None = Field(default=None, description="In mW.")
-    power_state: int | None = None
+    power_state: Int64 | None = None
     temperature: float | None = Field(default=None, description="In °C.")
     pci_tx: float | None = Field(default=None, description="In KB/s.")
     pci_rx: float | None = Field(default=None, description="In KB/s.")
-    samples: dict[GPUSampleKind, list[tuple[int, float]]] | None = Field(
+    samples: dict[GPUSampleKind, list[tuple[Int64, float]]] | None = Field(
         default=None, description="Driver sample buffers: [t_us, value] pairs."
     )
     processes: list[GPUProcess] | None = Field(
         default=None,
         description="Per-process utilisation; absent where the device cannot tell (MIG).",
     )
-    process_window: tuple[int, int] | None = Field(
+    process_window: tuple[Int64, Int64] | None = Field(
         default=None,
         description="[start_us, end_us]: the driver samples `processes` averages, those after "
         "start up to end; start = end when the driver had nothing new. Absent in recordings "
@@ -275,7 +331,7 @@ class GPUDevice(BaseModel):
         description="Under MIG with GPM: each GPU instance's activity over `instance_window`; "
         "absent where the GPU cannot tell (no MIG, or no GPM before Hopper).",
     )
-    instance_window: tuple[int, int] | None = Field(
+    instance_window: tuple[Int64, Int64] | None = Field(
         default=None,
         description="[start_us, end_us]: the two GPM samples `instances` lies between; start = "
         "end between samples.",
@@ -333,7 +389,7 @@ def _event_data(value: Any) -> Any:
     return value
 
 
-EventData = Annotated[int | str | None, BeforeValidator(_event_data)]
+EventData = Annotated[Int64 | str | None, BeforeValidator(_event_data)]
 """An event's data: the index of the event (an epoch or batch number) as the GPU measurement
 directory's spec has it, or text, as earlier recordings wrote it; ``None`` when unused."""
 

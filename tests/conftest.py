@@ -62,6 +62,26 @@ def wait_until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise AssertionError(f"{what} not ready after {timeout_s} s")
 
 
+class Collector:
+    """The pipeline as a puller run on its own sees it: keeps what the puller emits and the
+    dead letters it rejects, so a test can drive an input's decoding without a pipeline."""
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.items: list[Any] = []
+        self.rejected: list[tuple[Any, str]] = []
+        self.skipped = 0
+
+    async def emit(self, batch: Any) -> None:
+        self.items.extend(batch)
+
+    def reject(self, payload: Any, reason: str) -> None:
+        self.rejected.append((payload, reason))
+
+    def skip(self, count: int) -> None:
+        self.skipped += count
+
+
 def complete_lines(path: Path) -> int:
     """How many whole lines (ended by a newline) a file being written holds so far."""
     try:

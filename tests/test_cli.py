@@ -330,6 +330,60 @@ def test_socket_input_skips_overlong_and_malformed_lines(tmp_path: Path) -> None
     assert "not valid JSON" in reasons[1]
 
 
+def test_a_timestamp_its_zone_moves_off_the_calendar_is_a_dead_letter(tmp_path: Path) -> None:
+    """A sensor's line whose timestamp is in year 9999 an hour behind UTC (so after the last day
+    Python holds, in UTC): that line is a dead letter naming its line, and the input goes on
+    (the error stopped the whole input before)."""
+    port = free_port()
+    out = tmp_path / "power.jsonl"
+    letters = tmp_path / "dead.jsonl"
+    service = start_service(
+        tmp_path, "--input", "socket", "--port", str(port),
+        "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
+    )  # fmt: skip
+    late = json.loads(rapl_line(1)) | {"timestamp": "9999-12-31T23:30:00-01:00"}
+    with service, connect(port, service) as sensor:
+        payload = [rapl_line(0), json.dumps(late), rapl_line(1), rapl_line(2)]
+        sensor.sendall(("\n".join(payload) + "\n").encode())
+        service.stop_once_written(out, 2)
+    assert len(out.read_text().splitlines()) == 2
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert len(reasons) == 1
+    assert reasons[0].startswith("socket:127.0.0.1:")
+    assert reasons[0].endswith(
+        ":2: HWPCReport: field 'timestamp': Value error, "
+        "timestamp 9999-12-31T23:30:00-01:00 is out of range in UTC"
+    )
+
+
+def test_values_no_output_could_write_do_not_take_their_batch_down(tmp_path: Path) -> None:
+    """A recording with a counter beyond 64 bits and a report whose metadata holds one: the
+    counter is read as the double it is nearest, the metadata's report is a dead letter naming
+    its line, and every other report is recorded (exit 0). Before, both passed the input and
+    the output refused its whole batch: no report was written, exit 1."""
+    lines = [json.loads(rapl_line(index)) for index in range(4)]
+    lines[1]["groups"]["rapl"]["0"]["0"]["RAPL_ENERGY_PKG"] = 2**64 + 1
+    lines[2]["metadata"] = {"run": 2**64}
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out, letters = tmp_path / "recorded.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--disable-rapl-formula", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
+        "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 3
+    assert written[1]["groups"]["rapl"]["0"]["0"]["RAPL_ENERGY_PKG"] == float(2**64)
+    [letter] = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert letter["reason"] == (
+        f"{source}:3: HWPCReport: field 'metadata': Value error, "
+        f"metadata.run: the integer {2**64} is beyond 64 bits"
+    )
+
+
 def test_stream_mode_follows_a_growing_jsonl_file(tmp_path: Path) -> None:
     source = tmp_path / "hwpc.jsonl"
     source.write_text(rapl_line(0) + "\n")

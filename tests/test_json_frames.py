@@ -10,10 +10,12 @@ a frame cannot stand for.
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
 
+import bson
 import numpy as np
 import orjson
 import pytest
@@ -25,6 +27,8 @@ from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, canonical_row
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import HWPCReport, Report
+
+from .test_hwpc_lines import BATCH_CHANGES, MUTATIONS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from generate_hwpc import record
@@ -176,6 +180,124 @@ def test_a_line_not_utf8_is_a_dead_letter_and_the_others_reports(tmp_path: Path)
     assert [(error.line, raw) for error, raw in errors] == [(4, lines[3])]
     assert "not valid JSON" in str(errors[0][0])
     assert decoded == one_by_one([*lines[:3], *lines[4:]])
+
+
+def _changed(change: Any) -> Any:
+    """A mutation of a line's document, as the C parser's tests write them."""
+
+    def mutate(line: bytes, rng: random.Random) -> bytes:
+        document = json.loads(line)
+        change(document, rng)
+        return json.dumps(document).encode()
+
+    return mutate
+
+
+def _first_counters(document: dict[str, Any]) -> dict[str, Any]:
+    sockets = next(iter(document["groups"].values()))
+    counters: dict[str, Any] = next(iter(next(iter(sockets.values())).values()))
+    return counters
+
+
+WRONG: tuple[Any, ...] = ([], {}, None, True, 1, 1.5, "x", "", [1], {"0": []}, {"0": {"0": 1}})
+"""Values of every JSON kind, and nested shapes, for a field that expects another."""
+
+SHAPES = {
+    **MUTATIONS,
+    "a timestamp a zone moves off the calendar": _changed(
+        lambda document, rng: document.update(
+            timestamp=rng.choice(["9999-12-31T23:59:59.999-01:00", "0001-01-01T00:00:00+01:00"])
+        )
+    ),
+    "a timestamp of any form": _changed(
+        lambda document, rng: document.update(
+            timestamp=rng.choice([1e308, -1e308, 2**63, "1" * 400, "nan", "-", *WRONG])
+        )
+    ),
+    "a sensor or target of another kind": _changed(
+        lambda document, rng: document.update({rng.choice(["sensor", "target"]): rng.choice(WRONG)})
+    ),
+    "groups of another shape": _changed(
+        lambda document, rng: document.update(groups=rng.choice(WRONG))
+    ),
+    "a socket of another shape": _changed(
+        lambda document, rng: next(iter(document["groups"].values())).update(
+            {"0": rng.choice(WRONG)}
+        )
+    ),
+    "counters of another shape": _changed(
+        lambda document, rng: _first_counters(document).update(E=rng.choice([*WRONG, 1e308]))
+    ),
+    "metadata of another shape": _changed(
+        lambda document, rng: document.update(
+            metadata=rng.choice(
+                [*WRONG, {"a": [1]}, {"run": 2**64}, {"a\0b": 1}, {"a": [[[[[[1]]]]]] * 9}]
+            )
+        )
+    ),
+    "a field missing": _changed(
+        lambda document, rng: document.pop(rng.choice(["timestamp", "sensor", "target", "groups"]))
+    ),
+    "a document of another kind": lambda line, rng: json.dumps(rng.choice(WRONG)).encode(),
+    "deep nesting": lambda line, rng: b"[" * rng.choice([100, 300, 10_000]),
+}
+"""What a line may become in the mutation sweep: the C parser's tests' mutations (every way a
+line can differ from hwpc-sensor's form, random bytes and bytes that are not UTF-8 included),
+and every field of another kind or shape."""
+
+
+def test_any_mutated_batch_becomes_reports_and_dead_letters_never_an_error(
+    tmp_path: Path,
+) -> None:
+    """A sweep of 300 batches of two sensors' lines, each with one to three lines mutated or
+    moved: decoding never raises, and every line that is not blank is a report (given back by
+    its frame, or alone) or a dead letter naming its line and holding it. Before, a timestamp
+    that its zone moves past year 9999 or before year 1 raised OverflowError out of the
+    decoder, which stopped the input; a frame counted a report whose only group was empty but
+    never gave it back; and every report can be written as JSON and as BSON (a counter or a
+    metadata integer beyond 64 bits passed, then failed the outputs with their whole batch)."""
+    lines = stream(tmp_path, ticks=6, containers=3, sensors=("node-1", "node-2"))
+    rng = random.Random(3)
+    off_calendar = 0
+    for _ in range(300):
+        start = rng.randrange(len(lines))
+        batch: list[Any] = list(lines[start : start + rng.randint(1, 20)])
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(batch))
+            try:
+                if rng.random() < 0.85:
+                    batch[at] = rng.choice(list(SHAPES.values()))(batch[at], rng)
+                else:
+                    batch = rng.choice(list(BATCH_CHANGES.values()))(batch, at, rng) or batch
+            except (ValueError, LookupError, TypeError, AttributeError, StopIteration):
+                pass  # a mutation that needs what an earlier one broke (JSON, an event)
+        decoded, errors = json_frames.decode_json_batch(HWPCReport, batch, "test", 1, {})
+        reports = expand(decoded)
+        filled = [line for line in batch if line.strip()]
+        assert len(reports) + len(errors) == len(filled)
+        for report in reports:
+            assert powerapi.encode_json(report)
+            assert bson.encode(powerapi.to_mongodb(report))
+        for error, raw in errors:
+            assert error.source == "test"
+            assert error.line is not None
+            assert raw is batch[error.line - 1]
+        off_calendar += any("out of range in UTC" in str(error) for error, _ in errors)
+    assert off_calendar >= 3, "the sweep moves timestamps off the calendar"
+
+
+def test_a_report_with_an_empty_group_is_given_back_as_it_came(tmp_path: Path) -> None:
+    """A container's report whose group holds no socket (``"core": {}``), after reports that
+    named the group: no frame row could stand for it, so the batch goes line by line and the
+    report comes back, its empty group with it (a frame counted it and lost it before)."""
+    lines = stream(tmp_path)
+    document = json.loads(lines[8])
+    assert document["target"] != "all"
+    lines[8] = json.dumps(document | {"groups": {"core": {}}}).encode()
+    decoded, errors = json_frames.decode_json_batch(HWPCReport, lines, "test", 1, {})
+    assert errors == []
+    assert expand(decoded) == one_by_one(lines)
+    assert expand(decoded)[8].groups == {"core": {}}  # type: ignore[attr-defined]
 
 
 def renumbered(line: bytes, socket: str | None = None, cpu: str | None = None) -> bytes:

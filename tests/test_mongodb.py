@@ -228,6 +228,53 @@ def test_a_bad_document_is_a_dead_letter_and_the_rest_goes_through(
     assert json.loads(letter["payload"])["_id"] == {"$oid": str(documents[1]["_id"])}
 
 
+def test_a_document_with_an_empty_group_is_recorded_as_it_came(
+    fixtures: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """A document whose group holds no socket (``"rapl": {}``), among documents that name the
+    group: its batch is read document by document and every document is recorded, that one
+    with its empty group (the frame of its batch counted it and lost it before: one report
+    fewer written than read, and no dead letter)."""
+    documents = fixture_documents(fixtures)
+    documents[10]["groups"] = {"rapl": {}}
+    client_of(mongodb_server)["powerapi"]["hwpc"].insert_many(documents)
+    out = tmp_path / "out.jsonl"
+    done = wattflow(
+        "run", "--input", "mongodb", "-u", mongodb_uri(mongodb_server), "-d", "powerapi",
+        "-c", "hwpc", "--disable-smartwatts-formula", "--disable-rapl-formula",
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == len(documents)
+    assert [w["groups"] for w in written if w["groups"] == {"rapl": {}}] == [{"rapl": {}}]
+
+
+def test_a_document_whose_metadata_no_output_can_write_is_a_dead_letter_alone(
+    fixtures: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """A document whose metadata holds an ObjectId (JSON has no such thing) is a dead letter
+    naming its ``_id`` and the value; the other documents of its batch are recorded and the
+    service exits 0. Before, the input passed it on, and the JSON Lines output failed on it with
+    its whole batch: every report read was a dead letter, exit 1."""
+    documents = fixture_documents(fixtures)
+    documents[1]["metadata"] = {"run": ObjectId()}
+    client_of(mongodb_server)["powerapi"]["hwpc"].insert_many(documents)
+    out, letters = tmp_path / "out.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--input", "mongodb", "-u", mongodb_uri(mongodb_server), "-d", "powerapi",
+        "-c", "hwpc", "--disable-smartwatts-formula", "--disable-rapl-formula",
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(out),
+        "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == len(documents) - 1
+    [letter] = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert letter["actor"] == "puller:puller_mongodb"
+    assert str(documents[1]["_id"]) in letter["reason"]
+    assert letter["reason"].endswith("metadata.run: ObjectId is not JSON data")
+
+
 def insert_slowly(server: ServerProcess, documents: list[dict[str, Any]], per_batch: int) -> None:
     collection = client_of(server)["powerapi"]["hwpc"]
     for start in range(0, len(documents), per_batch):

@@ -10,6 +10,7 @@ from its BSON bytes, and the input itself is checked against a real MongoDB-wire
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,13 +19,13 @@ from typing import Any
 
 import bson
 import pytest
-from bson import Decimal128, Int64, ObjectId
+from bson import Binary, Decimal128, Int64, MaxKey, ObjectId, Regex, Timestamp, json_util
 from bson.codec_options import CodecOptions
 from pymongo import MongoClient
 
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
-from wattflow.actors.pullers.mongodb import MongoDBPuller, MongoDBPullerConfig
+from wattflow.actors.pullers.mongodb import MongoDBPuller, MongoDBPullerConfig, printable
 from wattflow.formats import powerapi
 from wattflow.formats.frames import Frame, HWPCFrame, expand
 from wattflow.formats.json_frames import (
@@ -34,7 +35,7 @@ from wattflow.formats.json_frames import (
     decode_hwpc_frames,
 )
 from wattflow.formats.report_table import encode_json_lines
-from wattflow.formats.reports import HWPCReport, PowerReport, Report
+from wattflow.formats.reports import REPORT_KINDS, HWPCReport, PowerReport, Report
 
 from .conftest import run_async
 from .servers import ServerProcess, mongodb_uri
@@ -245,6 +246,84 @@ def test_documents_of_other_kinds_are_decoded_one_by_one() -> None:
 
 
 # --- the input, against a real server ----------------------------------------------------------
+
+
+BSON_VALUES: tuple[Any, ...] = (
+    ObjectId("5f57a7649750d76f8a581efe"), Decimal128("1.5"), Decimal128("NaN"), Int64(2**63 - 1),
+    Int64(-(2**63)), Regex("x"), Timestamp(1, 2), MaxKey(), Binary(b"\xff"), float("nan"),
+    float("inf"), 1e308, 2.0**53 + 1, None, True, "", "x", [], {}, [1, {"a": 2}],
+    {"$x": {"a.b": [None]}}, datetime(9999, 12, 31, 23, 59, 59, 999999), datetime(1, 1, 1),
+    "9999-12-31T23:59:59.999-01:00", "0001-01-01T00:00:00+01:00", 2**63 - 1, -(2**63),
+)  # fmt: skip
+"""What BSON holds and a field may be, whatever it expects: BSON's own kinds, numbers at the
+ends of their ranges, text, nesting, and dates at both ends of the calendar."""
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"a": 1}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _mutated(document: Document, rng: random.Random) -> None:
+    """One field of the document, or a value deep in its groups, made something else."""
+    where = rng.randrange(4)
+    if where == 0:
+        key = rng.choice(["timestamp", "sensor", "target", "groups", "metadata", "power", "_id"])
+        document[key] = rng.choice([*BSON_VALUES, _nested(rng.choice([10, 90]))])
+    elif where == 1:
+        document.pop(rng.choice(["timestamp", "sensor", "target", "groups", "power"]), None)
+    elif where == 2:
+        document["metadata"] = {"k": rng.choice(BSON_VALUES)}
+    else:
+        level: Any = document.get("groups")
+        while isinstance(level, dict) and level:  # a group, a socket, a cpu or a counter
+            key = rng.choice(list(level))
+            if not isinstance(level[key], dict) or rng.random() < 0.25:
+                level[key] = rng.choice(BSON_VALUES)
+                break
+            level = level[key]
+
+
+def test_any_mutated_document_becomes_a_report_or_a_dead_letter_never_an_error(
+    tmp_path: Path,
+) -> None:
+    """A sweep of 300 batches of stored documents (hwpc-sensor's and PowerReports), each with
+    one to three values made any BSON value, stored and read back through BSON: decoded as
+    every kind, as frames or one by one, nothing raises; each document is a report or a dead
+    letter naming its ``_id``; and every report can be written as JSON and as BSON (an ObjectId
+    or a Decimal128 in metadata passed before, and the JSON outputs failed on it)."""
+    rng = random.Random(13)
+    hwpc = documents_of(stream(tmp_path, ticks=3, containers=2, sensors=("node-1", "node-2")))
+    power = [
+        as_stored(powerapi.to_mongodb(PowerReport(timestamp=at, sensor="n", target="t", power=9.5)))
+        for at in range(1, 6)
+    ]
+    refused = 0
+    for _ in range(300):
+        base = hwpc if rng.random() < 0.7 else power
+        start = rng.randrange(len(base))
+        batch = [bson.decode(bson.encode(document)) for document in base[start : start + 8]]
+        for _ in range(rng.randint(1, 3)):
+            _mutated(rng.choice(batch), rng)
+        stored = [as_stored(document) for document in batch]
+        for kind in REPORT_KINDS.values():
+            frames = decode_hwpc_document_frames(stored, {}) if kind is HWPCReport else None
+            if frames is not None:
+                reports = [report for frame in frames for report in frame.reports()]
+                errors: list[Any] = []
+            else:
+                reports, errors = decode_document_reports(kind, stored, "mongodb")
+            assert len(reports) + len(errors) == len(stored)
+            for error, document in errors:
+                assert str(error).startswith(f"mongodb _id={document['_id']}: "), error
+                assert json_util.loads(printable(document)).keys() == document.keys()
+            for report in reports:
+                assert powerapi.encode_json(report)
+                assert bson.encode(powerapi.to_mongodb(report))
+            refused += any("is not JSON data" in str(error) for error, _ in errors)
+    assert refused >= 20, "the sweep puts BSON's own values in metadata"
 
 
 class Recorder:

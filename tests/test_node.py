@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,13 +15,14 @@ import pytest
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.formulas.node import NodeConfig
+from wattflow.actors.pullers.meter import MeterPuller, MeterPullerConfig
 from wattflow.actors.runtime import DeadLetters, Ledger, QueueConfig
 from wattflow.formats import powerapi
 from wattflow.formats.frames import Frame
 from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport, Report
 from wattflow.service.cli import load_run_config
 
-from .conftest import Service, wait_until, wattflow
+from .conftest import Collector, Service, run_async, wait_until, wattflow
 from .servers import free_port, port_open
 
 START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -181,6 +184,115 @@ def test_a_meter_on_a_tcp_socket_and_its_bad_lines(tmp_path: Path) -> None:
     assert "'lots' is not a reading in mW" in reasons[0]
     assert "CSV row before the header" in reasons[1]
     assert reasons[0].startswith("meter:127.0.0.1:")
+
+
+METER_BYTES = (b",", b"\r", b"\n", b"-", b".", b"0", b"9", b"x", b" ", b"\0", b"\xff", b"",
+               b"{", b"}", b'"', b":")  # fmt: skip
+"""What a byte of a meter log may become in the mutation sweep: cell and line breaks, digits,
+text, NUL, a byte that is not UTF-8, JSON's punctuation, nothing."""
+METER_CELLS = (b"", b"x", b"nan", b"-inf", b"1e999", b"null", b"[]", b"{}", b'"d0c0"',
+               b"9999-12-31T23:59:59", b"-62135596800000", b"253402300799999")  # fmt: skip
+"""What a whole cell, key or value may become: nothing, text, numbers that are no readings,
+JSON of the wrong kind, and timestamps at either end of the calendar, off it once
+--clock-offset-ms moves them."""
+
+
+def _mutated_meter_log(rng: random.Random) -> bytes:
+    rows = [b"timestamp,d0c0,d0c1"]
+    for quarter in range(4):
+        rows.append(b"%d,%.1f,18000" % (millis(quarter / 4), 61250.5 + quarter))
+        reading = {"timestamp": millis(quarter / 4 + 0.1), "channels": {"d0c0": 1234.5}}
+        rows.append(json.dumps(reading).encode())
+    data = bytearray(b"\n".join(rows) + b"\n")
+    for _ in range(rng.randint(1, 2)):
+        if rng.random() < 0.4:  # a byte or two anywhere
+            at = rng.randrange(len(data))
+            data[at : at + rng.randint(0, 2)] = rng.choice(METER_BYTES)
+        else:  # a whole cell, key or value
+            starts = [0, *(m + 1 for m in range(len(data) - 1) if data[m] == ord("\n"))]
+            line = rng.randrange(len(starts))
+            end = data.find(b"\n", starts[line]) % (len(data) + 1)  # -1: the end of the data
+            ends = [m for m in range(starts[line], end) if data[m] in b", "]
+            cells = [starts[line], *(m + 1 for m in ends)]
+            which = rng.randrange(len(cells))
+            stop = ends[which] if which < len(ends) else end
+            data[cells[which] : stop] = rng.choice(METER_CELLS)
+    return bytes(data)
+
+
+def test_any_mutated_meter_log_becomes_readings_and_dead_letters_never_an_error(
+    tmp_path: Path,
+) -> None:
+    """A sweep of 300 meter logs (CSV rows and JSON lines) with bytes or cells replaced, removed
+    or added, read with the clock offset 0, +1.5 s and −1.5 s: no line stops the input. Every
+    line is a reading, a header or a dead letter naming the file and the line and holding it,
+    and every reading is finite (a timestamp the offset moves off the calendar stopped the whole
+    input before; ``nan`` or ``inf`` mW in a row passed as a reading)."""
+    rng = random.Random(7)
+    path = tmp_path / "meter.log"
+    out_of_range = not_finite = 0
+    for case in range(300):
+        data = _mutated_meter_log(rng)
+        path.write_bytes(data)
+        offset_ms = (0, 1500, -1500)[case % 3]
+        config = MeterPullerConfig(files=[path], sensor="node-1", clock_offset_ms=offset_ms)
+        collector = Collector()
+        run_async(MeterPuller(config).pull(collector))
+        lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        texts = [line.decode("utf-8", "replace") for line in lines]
+        rejected = {}
+        for payload, reason in collector.rejected:
+            where, _, problem = reason.partition(": ")
+            number = int(where.removeprefix(f"{path}:"))
+            assert payload == texts[number - 1], reason
+            rejected[number] = problem
+        headers = [
+            number
+            for number, text in enumerate(texts, start=1)
+            if text.strip().split(",")[0].strip() == "timestamp" and number not in rejected
+        ]
+        filled = sum(1 for text in texts if text.strip())
+        assert len(collector.items) == filled - len(rejected) - len(headers), data
+        assert all(
+            math.isfinite(mw) for report in collector.items for mw in report.channels.values()
+        )
+        out_of_range += any("--clock-offset-ms" in problem for problem in rejected.values())
+        not_finite += any("is not a reading in mW" in problem for problem in rejected.values())
+    assert out_of_range >= 5, "the sweep moves timestamps off the calendar"
+    assert not_finite >= 5, "the sweep puts numbers that are no readings in rows"
+
+
+def test_a_timestamp_off_the_calendar_or_nan_mw_is_a_dead_letter_and_the_log_goes_on(
+    tmp_path: Path,
+) -> None:
+    """End to end: a meter log with a row the clock offset moves before year 1, a row of ``nan``
+    mW and a JSON reading whose sensor is a list: each is a dead letter naming its line, the
+    other readings are written and the service exits 0."""
+    meter = tmp_path / "meter.csv"
+    meter.write_text(
+        "timestamp,d0c0\n"
+        f"{millis(0)},5000\n"
+        "-62135596800000,7000\n"
+        f"{millis(1)},nan\n"
+        f"{millis(2)},6000\n"
+        f'{{"timestamp": {millis(3)}, "d0c0": 8000, "sensor": ["node-1"]}}\n'
+    )
+    out, letters = tmp_path / "meter.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--input", "meter", "--files", str(meter), "--sensor", "node-1",
+        "--clock-offset-ms", "-1500",
+        "--output", "jsonl", "--model", "MeterReport", "--file", str(out),
+        "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = [json.loads(line)["channels"]["d0c0"] for line in out.read_text().splitlines()]
+    assert written == [5000.0, 6000.0]
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert reasons == [
+        f"{meter}:3: timestamp '-62135596800000' with --clock-offset-ms -1500 is out of range",
+        f"{meter}:4: 'nan' is not a reading in mW",
+        f"{meter}:6: sensor ['node-1'] is not a name",
+    ]
 
 
 def test_a_paused_meter_stream_has_its_held_intervals_reported_without_new_input(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import random
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import bson
 import pytest
 
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
@@ -24,6 +26,8 @@ from wattflow.formats.reports import (
     to_millis,
     to_utc,
 )
+
+from .conftest import wattflow
 
 JSON_FIXTURES = ["hwpc.json", "hwpc_rapl_2_socket.json"]
 GOOD_CSV = [
@@ -306,6 +310,121 @@ def test_power_report_csv_reads_back(tmp_path: Path) -> None:
     assert report.power == 2.5
     assert report.metadata == {"socket": "0", "scope": "cpu"}
     assert report.timestamp == to_utc(1000)
+
+
+def _reports_document(*sensors: bytes) -> bytes:
+    entries = [
+        b'{"timestamp": %d, "sensor": "%s", "target": "t", "power": 1.5}' % (at, sensor)
+        for at, sensor in enumerate(sensors, start=1)
+    ]
+    return b'{"reports": [' + b", ".join(entries) + b"]}"
+
+
+def test_a_reports_document_entry_with_bytes_not_utf8_is_a_dead_letter(tmp_path: Path) -> None:
+    """In a ``{"reports": [...]}`` recording, an entry holding a byte that is not UTF-8 is a dead
+    letter naming its place, and the other entries are read (the whole file stopped the input
+    with Python's UnicodeDecodeError, naming no file, before)."""
+    source = tmp_path / "recording.json"
+    source.write_bytes(_reports_document(b"node-1", b"node-\xff", b"node-1"))
+    out, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == 2
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert reasons == [f"{source} reports[1]: not valid UTF-8"]
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        (b'{"reports": [\xff]}', "not valid JSON: Expecting value"),
+        (b'{"reports": ' + b"[" * 5000 + b"]" * 5000 + b"}", "maximum recursion depth"),
+        (b'{"reports": [' + b"9" * 5000 + b"]}", "Exceeds the limit (4300 digits)"),
+    ],
+    ids=["a byte not UTF-8 outside the entries", "deep nesting", "an integer of 5,000 digits"],
+)
+def test_a_reports_document_that_is_not_json_is_refused_naming_the_file(
+    tmp_path: Path, document: bytes, problem: str
+) -> None:
+    """A recording that is not JSON at all stops the input, as documented; the error names the
+    file and says it is not valid JSON, whatever Python's parser raised."""
+    source = tmp_path / "recording.json"
+    source.write_bytes(document)
+    with pytest.raises(DecodeError) as refused:
+        list(jsonl.read_reports_document(PowerReport, source))
+    assert str(refused.value).startswith(f"{source}")
+    assert "not valid JSON" in str(refused.value)
+    assert problem in str(refused.value)
+
+
+POWER_CSV_MUTATIONS = (b",", b'"', b"\r", b"\n", b"-", b".", b"0", b"9", b"x", b" ", b"\0",
+                       b"\xff", b"", b"nan", b"1e999", b"9999-12-31T23:59:59-01:00", b"9" * 5000,
+                       b"99999999999999999999999", b"x" * 140_000)  # fmt: skip
+"""What bytes of a PowerReport.csv may become in the mutation sweep: cell and line breaks,
+quoting, digits, text, NUL, a byte that is not UTF-8, numbers that are no power, timestamps off
+the calendar, and a field longer than the csv module reads (128 KiB)."""
+
+
+def test_any_mutated_power_csv_becomes_reports_and_dead_letters_never_an_error(
+    tmp_path: Path,
+) -> None:
+    """A sweep of 300 PowerReport.csv files with one to three places anywhere (the header
+    included) replaced, removed or added: reading never raises but to refuse a header (exit 2),
+    every dead letter names the file and a line of it, and every report can be written as JSON
+    and as BSON. Before, a field longer than 128 KiB raised csv.Error, which stopped the input."""
+    rng = random.Random(17)
+    path = tmp_path / "PowerReport.csv"
+    rows = [b"timestamp,sensor,target,power,socket,scope"]
+    rows += [b"%d,node-1,web,%d.5,0,cpu" % (1_767_603_600_000 + 1000 * i, i) for i in range(10)]
+    original = b"\n".join(rows) + b"\n"
+    too_long = 0
+    refused: list[int | None] = []
+    for _ in range(300):
+        data = bytearray(original)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(data))
+            data[at : at + rng.randint(0, 3)] = rng.choice(POWER_CSV_MUTATIONS)
+        path.write_bytes(bytes(data))
+        lines = bytes(data).count(b"\n") + 1
+        try:
+            items = list(powerapi.read_power_csv(path))
+        except DecodeError as header:
+            refused.append(header.line)
+            continue
+        for item in items:
+            if isinstance(item, DecodeError):
+                assert item.source == str(path)
+                assert item.line is not None
+                assert 1 < item.line <= lines
+                too_long += "field larger than field limit" in item.problem
+            else:
+                assert powerapi.encode_json(item)
+                assert bson.encode(powerapi.to_mongodb(item))
+    assert set(refused) == {1}, "only headers are refused, and some are"
+    assert too_long >= 10, "the sweep puts fields beyond the limit in rows"
+
+
+def test_a_power_csv_row_beyond_the_field_limit_is_a_dead_letter(tmp_path: Path) -> None:
+    """End to end: a PowerReport.csv row with a 200 KiB cell is a dead letter naming its line,
+    the rows after it are read and the service exits 0 (the csv module's error stopped the
+    input before)."""
+    source = tmp_path / "PowerReport.csv"
+    rows = ["timestamp,sensor,target,power,socket,scope"]
+    rows += [f"{1_767_603_600_000 + 1000 * i},node-1,web,{i}.5,0,cpu" for i in range(4)]
+    rows[2] = rows[2].replace("web", "w" * 200_000)
+    source.write_text("\n".join(rows) + "\n")
+    out, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
+    done = wattflow(
+        "run", "--input", "csv", "--model", "PowerReport", "--files", str(source),
+        "--output", "jsonl", "--file", str(out), "--dead-letters", str(letters),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["power"] for line in out.read_text().splitlines()] == [0.5, 2.5, 3.5]
+    reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+    assert reasons == [f"{source}:3: not a CSV row: field larger than field limit (131072)"]
 
 
 @pytest.mark.parametrize(

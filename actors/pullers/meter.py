@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import socket
 from datetime import datetime, timedelta
@@ -127,7 +128,7 @@ class LineDecoder:
         if len(cells) != len(self.header):
             raise ValueError(f"{len(cells)} cells where the header has {len(self.header)}")
         channels = {
-            name: float(value) for name, value in zip(self.header[1:], cells[1:], strict=True)
+            name: _mw(value) for name, value in zip(self.header[1:], cells[1:], strict=True)
         }
         return self._report(cells[0], channels, self.config.sensor)
 
@@ -142,17 +143,34 @@ class LineDecoder:
         if channels is None:
             channels = {k: v for k, v in document.items() if CHANNEL.match(k)}
         _check_channels(channels)
-        sensor = str(document.get("sensor") or self.config.sensor)
+        sensor = document.get("sensor") or self.config.sensor
+        if not isinstance(sensor, str):
+            raise ValueError(f"sensor {sensor!r} is not a name")
         return self._report(document["timestamp"], channels, sensor)
 
     def _report(self, timestamp: Any, channels: dict[str, Any], sensor: str) -> MeterReport:
-        moment: datetime = to_utc(timestamp) + self.offset
+        try:
+            moment: datetime = to_utc(timestamp) + self.offset
+        except OverflowError:
+            raise ValueError(
+                f"timestamp {timestamp!r} with --clock-offset-ms {self.config.clock_offset_ms}"
+                " is out of range"
+            ) from None
         return MeterReport(
             timestamp=moment,
             sensor=sensor,
             target="all",
             channels={name: float(value) for name, value in channels.items()},
         )
+
+
+def _mw(cell: str) -> float:
+    """A CSV cell's reading in mW: a finite number (``nan`` and ``inf`` are no readings, as
+    JSON, which has no such numbers, cannot give them either)."""
+    value = float(cell)
+    if not math.isfinite(value):
+        raise ValueError(f"{cell!r} is not a reading in mW")
+    return value
 
 
 def _text(line: bytes) -> str:
