@@ -808,7 +808,7 @@ static PyObject *parse(PyObject *module, PyObject *argument) {
 /* --- PowerAPI's CSV rows ---------------------------------------------------------------------- */
 
 #define CSV_FIXED_CELLS 5   /* timestamp, sensor, target, socket, cpu */
-#define CSV_LONGEST_NAME 1023 /* wattflow.formats.csv_frames.LONGEST_NAMES - 1 */
+#define CSV_LONGEST_NAME 1023 /* longer sensor or target names go the row-by-row way */
 
 /* A cell of text: not empty, no quote, NUL or carriage return, shorter than CSV_LONGEST_NAME,
  * valid UTF-8; its id among the interned names. */

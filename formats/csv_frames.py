@@ -47,12 +47,6 @@ is 8,000 rows) reads larger ones, so that per-frame and per-sensor costs stay sh
 LARGEST_CHUNK = 1 << 26
 """The most bytes read from one file at once, whatever its ticks."""
 
-LONGEST_NAMES = 1024
-"""Sensor and target names this long (in bytes) or longer go the row-by-row way, as the C
-parser's ``CSV_LONGEST_NAME`` says."""
-
-_LAST_MILLIS = 253_402_300_799_999  # 9999-12-31T23:59:59.999
-
 
 @dataclass(slots=True, eq=False)
 class _File:
@@ -250,7 +244,7 @@ def _parse(data: bytes, f: _File, names: _Names) -> EventsTable:
 
     The parser reads only what the row-by-row way would read the same: no quoting, no empty or
     padded cells, numbers written as integers without leading zeros (sockets and cpus exactly as
-    ``str`` writes them, within their bounds), names shorter than :data:`LONGEST_NAMES` bytes.
+    ``str`` writes them, within their bounds), names shorter than 1,024 bytes.
 
     Raises:
         _NotPlain: at anything that is not plain, or where wattflow was built without its C
@@ -262,7 +256,7 @@ def _parse(data: bytes, f: _File, names: _Names) -> EventsTable:
     texts, millis, sensors, targets, sockets, cpus, counters = parsed
     codes = np.array([names.code(text) for text in texts], dtype=np.int64)
     millis_column = np.frombuffer(millis, dtype=np.int64)
-    if int(millis_column.max()) > _LAST_MILLIS:
+    if int(millis_column.max()) > powerapi.LAST_MILLIS:
         raise _NotPlain
     return EventsTable(
         f.group,
