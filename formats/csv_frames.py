@@ -103,9 +103,8 @@ def read_hwpc_csv_frames(
         for path in paths:
             handle = path.open("rb")
             first = handle.readline()
-            header = next(csv.reader([first.decode("utf-8", powerapi.CSV_ERRORS)]), None)
-            powerapi.check_csv_header(path, header, powerapi.CSV_HWPC)
-            assert header is not None
+            text = first.decode("utf-8", powerapi.CSV_ERRORS)
+            header = powerapi.read_csv_header(path, csv.reader([text]), powerapi.CSV_HWPC)
             group = powerapi.csv_group_name(path)
             files.append(_File(path, handle, header, group, (), 1, len(first)))
         plain = all(_prepare(f) for f in files)

@@ -338,6 +338,23 @@ def not_utf8(text: str) -> bool:
     return _NOT_UTF8.search(text) is not None
 
 
+def read_csv_header(path: Path, reader: Iterator[list[str]], required: Iterable[str]) -> list[str]:
+    """The next row of ``reader`` (a ``csv.reader`` at the start of ``path``), checked by
+    :func:`check_csv_header`.
+
+    Raises:
+        DecodeError: as :func:`check_csv_header` does, and for a header the csv module cannot
+            read (a cell beyond its 128 KiB).
+    """
+    try:
+        header = next(reader, None)
+    except csv.Error as error:
+        raise DecodeError(str(path), 1, f"the CSV header is unreadable: {error}") from None
+    check_csv_header(path, header, required)
+    assert header is not None
+    return header
+
+
 def check_csv_header(path: Path, header: list[str] | None, required: Iterable[str]) -> None:
     """Raise a :class:`DecodeError` naming the first required column the header lacks."""
     if not header:
@@ -439,12 +456,9 @@ def _hwpc_blocks(
     """
     reader = csv.reader(handle)
     if resume is None:
-        header = next(reader, None)
-        check_csv_header(path, header, CSV_HWPC)
-        offset = 0
+        header, offset = read_csv_header(path, reader, CSV_HWPC), 0
     else:
         header, offset = resume
-    assert header is not None
     rows = _hwpc_rows(path, reader, _EventsLayout(header), offset)
     yield from _row_blocks(rows, index, itertools.count())
 

@@ -240,7 +240,11 @@ class PowerReport(Report):
     """A power estimate for one target, in W."""
 
     kind: ClassVar[str] = "PowerReport"
-    power: float = Field(description="Power in W.")
+    power: float = Field(
+        description="Power in W: a finite number, as every output can write (JSON has no NaN, "
+        "InfluxDB and Prometheus take no infinity).",
+        allow_inf_nan=False,
+    )
 
 
 class FormulaReport(Report):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import math
 import random
 import re
 from collections.abc import Iterator
@@ -401,10 +402,64 @@ def test_any_mutated_power_csv_becomes_reports_and_dead_letters_never_an_error(
                 assert 1 < item.line <= lines
                 too_long += "field larger than field limit" in item.problem
             else:
+                assert math.isfinite(item.power), "nan, inf and 1e999 are dead letters"
                 assert powerapi.encode_json(item)
                 assert bson.encode(powerapi.to_mongodb(item))
     assert set(refused) == {1}, "only headers are refused, and some are"
     assert too_long >= 10, "the sweep puts fields beyond the limit in rows"
+
+
+def test_a_power_that_is_not_finite_is_a_dead_letter_not_a_null(tmp_path: Path) -> None:
+    """End to end: PowerReport rows with nan, inf or 1e999 watts (a CSV cell, a JSON number
+    beyond a double) are dead letters naming their line. Before, the CSV input passed them and
+    the JSON Lines output wrote ``"power": null``, which no input reads back."""
+    source = tmp_path / "PowerReport.csv"
+    rows = ["timestamp,sensor,target,power"]
+    rows += [f"{1_767_603_600_000 + 1000 * i},node-1,web,{p}" for i, p in enumerate(
+        ["0.5", "nan", "inf", "-inf", "1e999", "2.5"])]  # fmt: skip
+    source.write_text("\n".join(rows) + "\n")
+    recording = tmp_path / "power-in.jsonl"
+    recording.write_text(
+        '{"timestamp":1767603600000,"sensor":"n","target":"t","power":1e999}\n'
+        '{"timestamp":1767603601000,"sensor":"n","target":"t","power":1.5}\n'
+    )
+    for flags, kept, refused_lines in (
+        (["--input", "csv", "--model", "PowerReport", "--files", str(source)], [0.5, 2.5],
+         [3, 4, 5, 6]),
+        (["--input", "jsonl", "--model", "PowerReport", "--files", str(recording)], [1.5], [1]),
+    ):  # fmt: skip
+        out, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
+        out.unlink(missing_ok=True)
+        letters.unlink(missing_ok=True)
+        done = wattflow(
+            "run", *flags, "--output", "jsonl", "--model", "PowerReport", "--file", str(out),
+            "--dead-letters", str(letters),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["power"] for line in out.read_text().splitlines()] == kept
+        reasons = [json.loads(line)["reason"] for line in letters.read_text().splitlines()]
+        assert [int(reason.split(":")[1]) for reason in reasons] == refused_lines
+        assert all("finite number" in reason for reason in reasons)
+
+
+@pytest.mark.parametrize("model", ["HWPCReport", "PowerReport"])
+def test_a_csv_header_beyond_the_field_limit_is_refused_with_its_file(
+    tmp_path: Path, model: str
+) -> None:
+    """A header cell over 128 KiB (the most the csv module reads) is refused with exit 2 and
+    an error naming the file. Before, the input's start-up check raised csv.Error, a
+    traceback."""
+    source = tmp_path / "core.csv"
+    source.write_text("timestamp,sensor,target,socket,cpu,power," + "x" * 140_000 + "\n")
+    done = wattflow(
+        "run", "--input", "csv", "--model", model, "--files", str(source),
+        "--output", "jsonl", "--file", str(tmp_path / "out.jsonl"),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{source}:1: the CSV header is unreadable: field larger than field limit" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
 
 
 def test_a_power_csv_row_beyond_the_field_limit_is_a_dead_letter(tmp_path: Path) -> None:

@@ -49,8 +49,7 @@ class CsvPuller(Puller[CsvPullerConfig]):
         )
         for path in self.config.files:
             with path.open(newline="", encoding="utf-8", errors=powerapi.CSV_ERRORS) as handle:
-                header = next(csv.reader(handle), None)
-            powerapi.check_csv_header(path, header, required)
+                powerapi.read_csv_header(path, csv.reader(handle), required)
 
     async def pull(self, emitter: Emitter) -> None:
         batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
