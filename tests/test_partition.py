@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,86 @@ def test_two_partitions_following_one_mongodb_write_what_one_instance_writes(
     assert whole.returncode == 0, whole.stderr[-3000:]
     per_sensor = reports_per_sensor(recording)
     check_partitions_make_the_whole(tmp_path, ["part0", "part1"], "whole", per_sensor, logs)
+
+
+def test_changing_the_number_of_partitions_reads_again_only_what_was_not_committed(
+    recording: Path, mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """One instance follows a collection and stops; more documents come; then two partitions
+    start. With no checkpoint of their own, they start where the last partitioning (here: none)
+    had committed, not at the collection's start: each reads only the documents inserted
+    since, and writes power only for their ticks. A stale checkpoint of an older partitioning
+    (5 instances, saved long ago, having handed on nothing) is not the one followed."""
+    documents = [
+        hwpc_sensor_document(powerapi.decode_json(HWPCReport, line, "recording", None))  # type: ignore[arg-type]
+        for line in recording.read_bytes().splitlines()
+    ]
+    first_ticks = sorted({d["timestamp"] for d in documents})[: TICKS * 3 // 5]
+    before = [d for d in documents if d["timestamp"] in first_ticks]
+    after = [d for d in documents if d["timestamp"] not in first_ticks]
+    database = client_of(mongodb_server)["powerapi"]
+    database["wattflow_checkpoints"].insert_one(
+        {
+            "_id": "puller_mongodb:powerapi.hwpc:partition-0/5",
+            "collection": "hwpc",
+            "last_id": None,
+            "saved": datetime(2020, 1, 1, tzinfo=UTC),
+        }
+    )
+    database["hwpc"].insert_many(before)
+    uri = mongodb_uri(mongodb_server)
+    source = ["--input", "mongodb", "-u", uri, "-d", "powerapi", "-c", "hwpc"]
+
+    def read_by(services: list[Service], ports: list[int]) -> list[float]:
+        """How many documents each instance has read: taken or skipped."""
+        names = ("wattflow_actor_reports_out_total", "wattflow_actor_reports_skipped_total")
+        counts = []
+        for service, port in zip(services, ports, strict=True):
+            service.alive()
+            found = samples(get(f"http://127.0.0.1:{port}/metrics")[1])
+            counts.append(sum(value(found, n, actor="puller:puller_mongodb") or 0 for n in names))
+        return counts
+
+    def follow(names: list[str], partitions: list[list[str]], count: int) -> list[str]:
+        """Run one instance per name until each has read ``count`` documents (and no more)."""
+        ports = [free_port() for _ in names]
+        services = [
+            Service(
+                tmp_path / f"{name}.log",
+                *("run", "-s", *partition, "--http-port", str(port), *source),
+                *("--checkpoint-interval-s", "0.2", *output_flags(tmp_path, name)),
+            )
+            for name, partition, port in zip(names, partitions, ports, strict=True)
+        ]
+        try:
+            for service in services:
+                service.wait_for_log("health, readiness and metrics on")
+            wait_until(
+                lambda: min(read_by(services, ports)) >= count, 60, f"{count} documents read"
+            )
+            assert read_by(services, ports) == [count] * len(names)
+            return [service.stop() for service in services]
+        finally:
+            for service in services:
+                service.kill()
+
+    follow(["single"], [[]], len(before))
+    database["hwpc"].insert_many(after)
+    logs = follow(["part0", "part1"], [["--partition", "0/2"], ["--partition", "1/2"]], len(after))
+
+    for index, log in enumerate(logs):
+        assert "no checkpoint puller_mongodb:powerapi.hwpc:partition-" in log
+        assert "but puller_mongodb:powerapi.hwpc: starting from the earliest document" in log
+        written_ticks = {key[0] for key in written(tmp_path / f"part{index}.jsonl")}
+        assert written_ticks, f"partition {index} estimated the new ticks"
+        assert min(written_ticks) > powerapi.format_timestamp(max(first_ticks))
+        assert read_jsonl(tmp_path / f"part{index}-dead.jsonl") == []
+    checkpoints = {d["_id"]: d for d in database["wattflow_checkpoints"].find()}
+    for index in range(2):
+        assert (
+            checkpoints[f"puller_mongodb:powerapi.hwpc:partition-{index}/2"]["last_id"]
+            == (after[-1]["_id"])
+        )
 
 
 @pytest.mark.parametrize(

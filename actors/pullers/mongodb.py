@@ -51,6 +51,7 @@ from pymongo.uri_parser import parse_uri
 from wattflow.actors.checkpoints import StateStore
 from wattflow.actors.connections import describe_driver_error, read_secret, redact_uri
 from wattflow.actors.errors import PullError
+from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.runtime import Backoff
@@ -462,12 +463,53 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     # --- checkpoints ---------------------------------------------------------------------------
 
     @property
+    def _checkpoint_base(self) -> str:
+        """The input and its collection: the key of its checkpoint without ``--partition``."""
+        return f"{self.config.name}:{self.config.db}.{self.config.collection}"
+
+    @property
     def _checkpoint_id(self) -> str:
         """The checkpoint's key: the input and its collection, and the partition when there
         is one, so that N instances following one collection (``--partition i/N``) each keep
         their own position rather than overwrite each other's."""
-        key = f"{self.config.name}:{self.config.db}.{self.config.collection}"
+        key = self._checkpoint_base
         return key if self.partition is None else f"{key}:partition-{self.partition}"
+
+    async def _start_of_new_partitioning(
+        self, checkpoints: AsyncCollection[Document]
+    ) -> Document | None:
+        """Where an instance with no checkpoint of its own starts when the same input has
+        checkpoints under another partitioning (N changed, ``--partition`` given or dropped):
+        the earliest ``_id`` handed on by the instances of the partitioning saved last, so that
+        only what one of them had not committed is read again, not the whole collection.
+
+        Sensors move between instances when N changes, so each new instance reads from the
+        old instances' earliest position. Documents of sensors whose old instance was further
+        ahead are read again (written twice, by the outputs that append). ``None`` (the
+        collection from its start) when there is no other partitioning or one of its
+        instances had handed on nothing.
+        """
+        own = "" if self.partition is None else str(self.partition.count)
+        groups: dict[str, list[Document]] = {}
+        async for saved in checkpoints.find({"collection": self.config.collection}):
+            partitioning = _partitioning(str(saved["_id"]), self._checkpoint_base)
+            if partitioning is not None and partitioning != own:
+                groups.setdefault(partitioning, []).append(saved)
+        if not groups:
+            return None
+        latest = max(groups.values(), key=lambda group: max(d.get("saved", _EPOCH) for d in group))
+        names = ", ".join(sorted(str(d["_id"]) for d in latest))
+        earliest = _earliest([d.get("last_id") for d in latest])
+        logger.warning(
+            "%s: no checkpoint %s, but %s: starting from the earliest document they had all "
+            "handed on (%s); documents after it that some of them had handed on are read "
+            "again, and sensors that moved to this instance start without learned state",
+            self.source,
+            self._checkpoint_id,
+            names,
+            earliest if earliest is not None else "the first document",
+        )
+        return {"last_id": earliest}
 
     async def _load_checkpoint(
         self, checkpoints: AsyncCollection[Document], emitter: Emitter
@@ -488,6 +530,8 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                     state = saved.get("state")
                     if state is not None and hasattr(emitter, "restore"):
                         emitter.restore(bytes(state))
+                else:
+                    saved = await self._start_of_new_partitioning(checkpoints)
                 return _Position(saved)
         return None
 
@@ -504,7 +548,13 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
             "collection": self.config.collection,
             "saved": datetime.now(UTC),
         }
-        await checkpoints.update_one({"_id": self._checkpoint_id}, {"$set": fields}, upsert=True)
+        # A new checkpoint starts at the position the input starts from (another
+        # partitioning's, see _start_of_new_partitioning), not at the collection's start.
+        await checkpoints.update_one(
+            {"_id": self._checkpoint_id},
+            {"$set": fields, "$setOnInsert": {"last_id": position.last_id}},
+            upsert=True,
+        )
 
     async def _save(
         self,
@@ -594,6 +644,34 @@ class _CheckpointStore(StateStore):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""The ``saved`` time of a checkpoint that has none."""
+
+
+def _partitioning(checkpoint_id: str, base: str) -> str | None:
+    """How the instance that saved a checkpoint of input ``base`` was partitioned: ``""``
+    without ``--partition``, else its N as text; ``None`` for another input's checkpoint."""
+    if checkpoint_id == base:
+        return ""
+    prefix = f"{base}:partition-"
+    if not checkpoint_id.startswith(prefix):
+        return None
+    try:
+        return str(Partition.parse(checkpoint_id[len(prefix) :]).count)
+    except ValueError:
+        return None
+
+
+def _earliest(last_ids: list[Any]) -> Any:
+    """The least of the ids (``None`` if one is missing: that instance handed on nothing)."""
+    if None in last_ids:
+        return None
+    try:
+        return min(last_ids)
+    except TypeError:  # ids of several BSON types, which Python does not order
+        return None
 
 
 def _hashable(identifier: Any) -> Any:
