@@ -485,8 +485,8 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
 
         Sensors move between instances when N changes, so each new instance reads from the
         old instances' earliest position. Documents of sensors whose old instance was further
-        ahead are read again (written twice, by the outputs that append). ``None`` (the
-        collection from its start) when there is no other partitioning or one of its
+        ahead are read again (written twice, by the outputs that append). The collection is
+        read from its start when there is no other partitioning (``None``), or when one of its
         instances had handed on nothing.
         """
         own = "" if self.partition is None else str(self.partition.count)
@@ -497,7 +497,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 groups.setdefault(partitioning, []).append(saved)
         if not groups:
             return None
-        latest = max(groups.values(), key=lambda group: max(d.get("saved", _EPOCH) for d in group))
+        latest = max(groups.values(), key=lambda group: max(map(_saved_at, group)))
         names = ", ".join(sorted(str(d["_id"]) for d in latest))
         earliest = _earliest([d.get("last_id") for d in latest])
         logger.warning(
@@ -517,6 +517,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
         while not emitter.stopping.is_set():
             try:
                 saved = await checkpoints.find_one({"_id": self._checkpoint_id})
+                start = None if saved else await self._start_of_new_partitioning(checkpoints)
             except OperationFailure as error:
                 if error.code in _AUTHENTICATION_FAILED:
                     raise PullError(f"{self.source}: {redact_uri(str(error))}") from None
@@ -530,9 +531,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                     state = saved.get("state")
                     if state is not None and hasattr(emitter, "restore"):
                         emitter.restore(bytes(state))
-                else:
-                    saved = await self._start_of_new_partitioning(checkpoints)
-                return _Position(saved)
+                return _Position(saved or start)
         return None
 
     async def _save_stream_start(
@@ -646,8 +645,12 @@ class _CheckpointStore(StateStore):
             self._client = None
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-"""The ``saved`` time of a checkpoint that has none."""
+def _saved_at(checkpoint: Document) -> datetime:
+    """When a checkpoint was saved (the epoch for one that does not say)."""
+    saved = checkpoint.get("saved")
+    if isinstance(saved, datetime) and saved.tzinfo is not None:
+        return saved
+    return datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _partitioning(checkpoint_id: str, base: str) -> str | None:
