@@ -10,7 +10,6 @@ sensor, with ZeroMQ's prefix subscriptions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -99,8 +98,3 @@ def attach(socket: zmq.asyncio.Socket, uris: list[str], bind: bool) -> None:
         except zmq.ZMQError as error:
             verb = "bind" if bind else "connect"
             raise ZmqSetupError(f"cannot {verb} {uri}: {error}") from None
-
-
-def socket_option(socket: zmq.asyncio.Socket, option: int) -> Any:
-    """A socket option's value (for tests and logs)."""
-    return socket.getsockopt(option)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from collections.abc import Set as AbstractSet
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -341,11 +340,6 @@ class HWPCFrame(Frame):
         if all(bool((t.sensors == code).all()) for t in self.tables):
             return self
         return self._part([t.where(t.sensors == code) for t in self.tables])
-
-    def of_targets(self, targets: AbstractSet[str]) -> HWPCFrame:
-        """The frame's rows of the named targets."""
-        codes = [code for code, name in enumerate(self.names) if name in targets]
-        return self._part([t.where(np.isin(t.targets, codes)) for t in self.tables])
 
     def of_ticks(self, millis: IntArray, *, invert: bool = False) -> HWPCFrame:
         """The frame's rows of the ticks at ``millis`` (or of every other tick)."""

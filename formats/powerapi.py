@@ -521,10 +521,6 @@ def _hwpc_rows(
         )
 
 
-def _numbers_below(texts: set[str], limit: int) -> bool:
-    return all(number_below(text, limit) for text in texts)
-
-
 def _bad_row_number(socket: str, cpu: str) -> str | None:
     """Why a CSV row's socket or cpu cannot be taken (see
     :func:`~wattflow.formats.reports.bad_number_key`), or ``None``."""
