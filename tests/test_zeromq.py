@@ -570,3 +570,25 @@ def test_a_zeromq_setting_that_cannot_work_is_one_line_and_exit_2(
     assert "Traceback" not in done.stderr
     assert named in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--uri", "tcp://127.0.0.1"], "cannot bind tcp://127.0.0.1: Invalid argument"),
+        (["--uri", "tcp://nowhere", "--connect"], "cannot connect tcp://nowhere"),
+        (["--uri", "ipc:///nonexistent-dir/out"], "cannot bind ipc:///nonexistent-dir/out"),
+    ],
+)
+def test_an_output_address_zeromq_refuses_is_one_line_and_exit_2(
+    fixtures: Path, flags: list[str], named: str
+) -> None:
+    """Found before anything runs, not by restarting the output until the supervisor gives up."""
+    done = wattflow(
+        "run", "--input", "csv", "--files", str(fixtures / "csv" / "rapl2.csv"),
+        "--output", "zeromq", *flags,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"wattflow: error: output 'pusher_zeromq': {named}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, TextIO
+from typing import Annotated, BinaryIO, Literal
 
 import numpy as np
 from pydantic import BeforeValidator, Field, PositiveInt, field_validator
@@ -15,8 +16,16 @@ from pydantic import BeforeValidator, Field, PositiveInt, field_validator
 from wattflow.actors.backend import split_commas
 from wattflow.actors.errors import PushError
 from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.appending import (
+    WRONG_PATH,
+    append,
+    file_error,
+    start_on_a_new_line,
+    take_back,
+)
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi
+from wattflow.formats.errors import DecodeError
 from wattflow.formats.frames import Column, IntArray
 from wattflow.formats.report_table import (
     ReportTable,
@@ -71,6 +80,10 @@ class CsvPusherConfig(PusherConfig):
     )
 
 
+HEADER_MAX_BYTES = 1 << 20
+"""The longest first line read as an existing file's header: a file whose first line is longer
+(a file that is not CSV) is not read into memory whole."""
+
 FileKey = tuple[str, str, str]
 """A file's sensor, target and name (:func:`~wattflow.formats.powerapi.csv_output_name`)."""
 
@@ -103,33 +116,44 @@ class CsvPusher(Pusher[CsvPusherConfig]):
 
     def __init__(self, config: CsvPusherConfig) -> None:
         super().__init__(config)
-        self._files: OrderedDict[FileKey, tuple[TextIO, list[str]]] = OrderedDict()
+        self._files: OrderedDict[FileKey, tuple[BinaryIO, list[str]]] = OrderedDict()
         """Each open file and its header, the most recently used last."""
 
     async def check(self) -> None:
         directory = self.config.directory
-        if directory.exists() and not directory.is_dir():
-            raise PushError(f"output '{self.config.name}': {directory} is not a directory")
+        found = next((path for path in (directory, *directory.parents) if path.exists()), None)
+        if found is not None and not found.is_dir():
+            raise PushError(f"output '{self.config.name}': {found} is not a directory")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         """Files are opened and written on a thread (file systems block: a full disk, a hung
         NFS mount); the text is formatted on the event loop, where it is pure computation (on
-        a thread it would trade the interpreter lock with the loop every few milliseconds)."""
+        a thread it would trade the interpreter lock with the loop every few milliseconds).
+
+        A batch is written whole or not at all: when a write fails, every file it wrote to is
+        cut back to its size before the batch (:mod:`~wattflow.actors.pushers.appending`)."""
         table = ReportTable.of(batch)
         refused: dict[int, str] = {}
         files = self._files_of(table, refused)
-        await asyncio.to_thread(self._open_all, files)
-        layouts: dict[tuple[str, tuple[str, ...]], list[_Rows]] = {}
-        for file in files:
-            assert file.header is not None
-            self._refuse_misfits(table, file, refused)
-            if len(file.rows):
-                layouts.setdefault((file.kind, tuple(file.header)), []).append(file)
-        for (kind, header), alike in layouts.items():
-            chosen = np.concatenate([file.rows for file in alike])
-            cuts = [len(file.rows) for file in alike]
-            texts = csv_texts(table.take(chosen), kind, header, cuts)
-            await asyncio.to_thread(self._append, alike, texts)
+        sizes: dict[Path, int] = {}
+        """The size of each file the batch writes to, before it did."""
+        try:
+            await asyncio.to_thread(self._open_all, files, sizes, refused)
+            layouts: dict[tuple[str, tuple[str, ...]], list[_Rows]] = {}
+            for file in files:
+                if file.header is None:  # refused whole: the file cannot be written
+                    continue
+                self._refuse_misfits(table, file, refused)
+                if len(file.rows):
+                    layouts.setdefault((file.kind, tuple(file.header)), []).append(file)
+            for (kind, header), alike in layouts.items():
+                chosen = np.concatenate([file.rows for file in alike])
+                cuts = [len(file.rows) for file in alike]
+                texts = csv_texts(table.take(chosen), kind, header, cuts)
+                await asyncio.to_thread(self._append, alike, texts, sizes)
+        except OSError as error:
+            await asyncio.to_thread(self._take_back, sizes)
+            raise file_error(self.config.name, error) from error
         rows = sorted(refused)
         return list(zip(table.reports_at(rows), [refused[row] for row in rows], strict=True))
 
@@ -199,48 +223,80 @@ class CsvPusher(Pusher[CsvPusherConfig]):
             refused[row] = f"{path}: metadata {extra} has no column in the file's header"
         file.rows = file.rows[~np.isin(file.rows, list(misfits))]
 
-    def _open_all(self, files: list[_Rows]) -> None:
-        """Open each file, and learn its header."""
-        try:
-            for file in files:
-                _, file.header = self._file(file.key, file.new_header)
-        except OSError as error:
-            raise PushError(f"output '{self.config.name}': {error}") from error
+    def _open_all(
+        self, files: list[_Rows], sizes: dict[Path, int], refused: dict[int, str]
+    ) -> None:
+        """Open each file, and learn its header. A file whose path cannot hold it (a file
+        where its directory should be) or whose existing header is not PowerAPI's has its rows
+        refused; any other error is raised, for the batch to be retried."""
+        for file in files:
+            try:
+                _, file.header = self._file(file.key, file.new_header, sizes)
+            except (OSError, DecodeError) as error:
+                if isinstance(error, OSError) and error.errno not in WRONG_PATH:
+                    raise
+                reason = str(error)
+                if isinstance(error, OSError):
+                    reason = str(file_error(self.config.name, error))
+                for row in file.rows:
+                    refused[int(row)] = reason
+                file.header = None
 
-    def _file(self, key: FileKey, new_header: list[str]) -> tuple[TextIO, list[str]]:
+    def _file(
+        self, key: FileKey, new_header: list[str], sizes: dict[Path, int]
+    ) -> tuple[BinaryIO, list[str]]:
         """The open file of ``key``, opened (the least recently used closed if too many are
-        open), its header read or, for a new file, written."""
+        open), its header read or, for a new file, written; its size before the batch goes to
+        ``sizes``."""
+        path = powerapi.csv_output_path(self.config.directory, *key)
         found = self._files.get(key)
         if found is not None:
             self._files.move_to_end(key)
+            sizes.setdefault(path, os.fstat(found[0].fileno()).st_size)
             return found
-        path = powerapi.csv_output_path(self.config.directory, *key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        header: list[str] | None = None
-        if path.exists() and path.stat().st_size > 0:
-            with path.open(newline="", encoding="utf-8") as existing:
-                header = next(csv.reader(existing), None)
-        handle = path.open("a", newline="", encoding="utf-8")
-        if header is None:
-            header = new_header
-            handle.write(powerapi.csv_line(header))
+        # Read and append, unbuffered: what a write did not take stays in no buffer.
+        handle = path.open("a+b", buffering=0)
+        try:
+            fd = handle.fileno()
+            size = sizes.setdefault(path, os.fstat(fd).st_size)
+            header = _read_header(path, fd) if size else None
+            if header is None:
+                header = new_header
+                append(fd, powerapi.csv_line(header).encode())
+            else:
+                start_on_a_new_line(fd, path)
+        except BaseException:
+            handle.close()
+            raise
         opened = self._files[key] = (handle, header)
         while len(self._files) > self.config.max_open_files:
             _, (oldest, _) = self._files.popitem(last=False)
             oldest.close()
         return opened
 
-    def _append(self, files: list[_Rows], texts: list[str]) -> None:
+    def _append(self, files: list[_Rows], texts: list[str], sizes: dict[Path, int]) -> None:
         """Append each file's text; a file closed meanwhile (more files in a batch than
         ``--max-open-files`` keeps open) is opened again."""
-        try:
-            for file, text in zip(files, texts, strict=True):
-                assert file.header is not None
-                handle, _ = self._file(file.key, file.header)
-                handle.write(text)
-                handle.flush()
-        except OSError as error:
-            raise PushError(f"output '{self.config.name}': {error}") from error
+        for file, text in zip(files, texts, strict=True):
+            assert file.header is not None
+            handle, _ = self._file(file.key, file.header, sizes)
+            try:
+                append(handle.fileno(), text.encode())
+            except OSError as error:
+                error.filename = str(self._path(file.key))  # a write's error names no file
+                raise
+
+    def _take_back(self, sizes: dict[Path, int]) -> None:
+        """Cut the files of a failed batch back, and close them: the next batch opens them
+        again and reads, or writes, their header."""
+        take_back(sizes)
+        for key in [key for key in self._files if self._path(key) in sizes]:
+            handle, _ = self._files.pop(key)
+            handle.close()
+
+    def _path(self, key: FileKey) -> Path:
+        return powerapi.csv_output_path(self.config.directory, *key)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close)
@@ -263,3 +319,20 @@ def _missing_tags(table: ReportTable, tags: list[str]) -> dict[int, str]:
         if tag is not None:
             missing[row] = tag
     return missing
+
+
+def _read_header(path: Path, fd: int) -> list[str]:
+    """The header of an existing file: its first line, read from ``fd`` and bounded by
+    :data:`HEADER_MAX_BYTES`.
+
+    Raises:
+        DecodeError: naming the file, when the first line is no header of PowerAPI's CSV
+            output (no ``timestamp``, ``sensor`` or ``target`` column, too long, not UTF-8).
+    """
+    first = os.pread(fd, HEADER_MAX_BYTES + 1, 0).split(b"\n", 1)[0]
+    if len(first) > HEADER_MAX_BYTES:
+        problem = f"the first line is longer than {HEADER_MAX_BYTES} bytes: not a CSV header"
+        raise DecodeError(str(path), 1, problem)
+    text = first.decode("utf-8", powerapi.CSV_ERRORS)
+    reader = csv.reader([text])
+    return powerapi.read_csv_header(path, reader, powerapi.CSV_COMMON)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -10,6 +11,7 @@ from pydantic import Field
 
 from wattflow.actors.errors import PushError
 from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.appending import append, file_error, start_on_a_new_line, take_back
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
@@ -32,10 +34,13 @@ class JsonlPusherConfig(PusherConfig):
 
 @pushers.register("jsonl")
 class JsonlPusher(Pusher[JsonlPusherConfig]):
-    """Appends each batch and flushes it, so a reader following the file sees whole batches.
+    """Appends each batch whole or not at all, so a reader following the file sees whole batches.
 
     A batch, a frame or reports, is encoded as one table, a column at a time
-    (:func:`~wattflow.formats.report_table.encode_json_lines`).
+    (:func:`~wattflow.formats.report_table.encode_json_lines`), and written with unbuffered
+    writes; a batch that fails part-way is cut off the file again and retried for
+    ``--retry-for-s`` (:mod:`~wattflow.actors.pushers.appending`). The file is opened on the
+    first write, so that an error opening it is a failed batch like any other.
     """
 
     config_model = JsonlPusherConfig
@@ -44,36 +49,51 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
     def __init__(self, config: JsonlPusherConfig) -> None:
         super().__init__(config)
         self._handle: BinaryIO | None = None
+        self._regular = True
+        """Whether the file is a regular file (not a FIFO or a device), which can be cut back."""
 
     async def check(self) -> None:
-        if self.config.file.is_dir():
-            raise PushError(f"output '{self.config.name}': {self.config.file} is a directory")
-
-    async def open(self) -> None:
-        # File systems block (a full disk, a hung NFS mount, a FIFO): never on the event loop.
-        self._handle = await asyncio.to_thread(self._open)
-
-    def _open(self) -> BinaryIO:
-        self.config.file.parent.mkdir(parents=True, exist_ok=True)
-        # Bytes: orjson writes UTF-8, which a text file would only decode and encode again.
-        return self.config.file.open("ab")
+        file = self.config.file
+        if file.is_dir():
+            raise PushError(f"output '{self.config.name}': {file} is a directory")
+        found = next((path for path in file.parents if path.exists()), None)
+        if found is not None and not found.is_dir():
+            raise PushError(f"output '{self.config.name}': {found} is not a directory")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        handle = self._handle
-        assert handle is not None, "open() first"
         data = encode_json_lines(batch)
-        try:
-            await asyncio.to_thread(_write_and_flush, handle, data)
-        except OSError as error:
-            raise PushError(f"output '{self.config.name}': {error}") from error
+        # File systems block (a full disk, a hung NFS mount, a FIFO): never on the event loop.
+        await asyncio.to_thread(self._write, data)
         return []
+
+    def _write(self, data: bytes) -> None:
+        path = self.config.file
+        try:
+            if self._handle is None:
+                self._handle = self._open()
+            fd = self._handle.fileno()
+            size = os.fstat(fd).st_size
+        except OSError as error:
+            raise file_error(self.config.name, error, path) from error
+        try:
+            append(fd, data)
+        except OSError as error:
+            if self._regular:
+                take_back({path: size})
+            raise file_error(self.config.name, error, path) from error
+
+    def _open(self) -> BinaryIO:
+        path = self.config.file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._regular = not path.exists() or path.is_file()
+        if not self._regular:  # a FIFO or a device: written to as it is, nothing to cut back
+            return path.open("ab", buffering=0)
+        # Read and append: the last byte is read to see whether a line was left cut short.
+        handle = path.open("a+b", buffering=0)
+        start_on_a_new_line(handle.fileno(), path)
+        return handle
 
     async def close(self) -> None:
         if self._handle is not None:
             await asyncio.to_thread(self._handle.close)
             self._handle = None
-
-
-def _write_and_flush(handle: BinaryIO, data: bytes) -> None:
-    handle.write(data)
-    handle.flush()

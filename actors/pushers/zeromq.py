@@ -134,8 +134,18 @@ class ZeroMQPusher(Pusher[ZeroMQPusherConfig]):
             server_key=self.config.curve_server_key,
             authorized_keys=self.config.curve_authorized_keys,
         )
+        # Bind or connect now: an address ZeroMQ refuses (``tcp://host`` without a port, a port
+        # in use) stops the service before it starts, rather than failing the output each time
+        # the supervisor restarts it.
+        try:
+            await self.open()
+        except ZmqSetupError as error:
+            await self.close()
+            raise ZmqSetupError(f"output '{self.config.name}': {error}") from None
 
     async def open(self) -> None:
+        if self.socket is not None:
+            return
         context = self.context = zmq.asyncio.Context()
         kind = zmq.PUB if self.config.socket_type == "PUB" else zmq.PUSH
         socket = context.socket(kind)

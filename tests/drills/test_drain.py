@@ -144,8 +144,9 @@ def test_a_server_killed_mid_run_leaves_every_report_written_or_dead_lettered(
 
 
 def test_an_output_stuck_opening_does_not_hold_the_service(tmp_path: Path) -> None:
-    """The JSON Lines output opening a FIFO nobody reads blocks in a thread forever: the
-    deadline gives up on it, and the service exits without waiting for that thread."""
+    """The JSON Lines output opening a FIFO nobody reads (on its first batch) blocks in a
+    thread forever: the deadline gives up on it, and the service exits without waiting for
+    that thread."""
     fifo = tmp_path / "never-read.jsonl"
     os.mkfifo(fifo)
     source = tmp_path / "power.jsonl"
@@ -158,7 +159,7 @@ def test_an_output_stuck_opening_does_not_hold_the_service(tmp_path: Path) -> No
         "--poll-interval-s", "0.05",
         "--output", "jsonl", "--file", str(fifo),
     )  # fmt: skip
-    queued = 'wattflow_mailbox_reports{actor="pusher:pusher_jsonl"} 10.0'
+    queued = 'wattflow_actor_reports_in_total{actor="pusher:pusher_jsonl"} 10.0'
     with service:
         append(source, power_reports(10))
         wait_until(lambda: service.alive() and queued in metrics(port), 30, "10 reports queued")
