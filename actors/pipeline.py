@@ -117,7 +117,7 @@ class _Emitter:
     def restore(self, data: bytes | None) -> None:
         """Hand the formulas the state saved with this input's position (read by the input
         from its own store, before it hands anything on)."""
-        self._pipeline.checkpoints.restore(data)
+        self._pipeline.restore_state(data)
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         partition = self._pipeline.partition
@@ -269,6 +269,16 @@ class Pipeline:
         for pusher in self.pushers:
             pusher.checkpoints = checkpoints
         return checkpoints
+
+    def restore_state(self, data: bytes | None) -> None:
+        """Take the formulas' state from a saved checkpoint, and create at once every instance
+        of this pipeline's sensors that it holds a state for: what an instance held then is
+        reported (when its deadline passes, or at the end) and saved again, even if its sensor
+        sends nothing more."""
+        self.checkpoints.restore(data)
+        owns = None if self.partition is None else self.partition.owns
+        for actor in self.formulas:
+            actor.adopt_restored(owns)
 
     async def checkpoint_if_due(self) -> None:
         """Start a checkpoint when one is due (see :meth:`Checkpoints.due`)."""
@@ -471,7 +481,7 @@ class Pipeline:
         """
         checkpoints = self.checkpoints
         if checkpoints.store is not None:
-            checkpoints.restore(await checkpoints.store.load())
+            self.restore_state(await checkpoints.store.load())
             for actor in self.pullers:
                 if actor.puller.resumable and checkpoints.store.hands_back_positions:
                     actor.puller.resume_from(checkpoints.positions.get(actor.emitter.name))

@@ -10,16 +10,25 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from wattflow.actors.checkpoints import decode_checkpoint
 from wattflow.actors.formulas import formulas
-from wattflow.actors.formulas.base import FormulaActor
-from wattflow.actors.formulas.node import NodeConfig
+from wattflow.actors.formulas.base import FormulaActor, Output
+from wattflow.actors.formulas.node import NodeConfig, NodeFormula
 from wattflow.actors.pullers.meter import MeterPuller, MeterPullerConfig
 from wattflow.actors.runtime import DeadLetters, Ledger, QueueConfig
 from wattflow.formats import powerapi
 from wattflow.formats.frames import Frame
-from wattflow.formats.reports import GPUDevice, GPUReport, HWPCReport, PowerReport, Report
+from wattflow.formats.reports import (
+    GPUDevice,
+    GPUReport,
+    HWPCReport,
+    MeterReport,
+    PowerReport,
+    Report,
+)
 from wattflow.service.cli import load_run_config
 
 from .conftest import Collector, Service, run_async, wait_until, wattflow
@@ -446,3 +455,123 @@ def test_meter_channels_from_a_flag_or_the_environment_are_comma_separated() -> 
         node = config.formulas["node"]
         assert isinstance(node, NodeConfig)
         assert node.node_channels == expected
+
+
+def node_stream(seconds: int) -> list[Report]:
+    """A node's readings in time order: RAPL every second, the GPU every half second, the
+    meter every quarter second, and SmartWatts-like estimates of two targets every second
+    (varied, so that a reading taken twice or lost changes the figures)."""
+    timed: list[tuple[float, int, Report]] = []
+    for second in range(seconds + 1):
+        timed.append((second, 0, rapl(second)))
+        for name, watts in (("web", 10.0 + second), ("db", 30.0 - second)):
+            estimate = PowerReport(
+                timestamp=START + timedelta(seconds=second),
+                sensor="node-1",
+                target=name,
+                power=watts,
+                metadata={"scope": "cpu", "socket": "0"},
+            )
+            timed.append((second, 1, estimate))
+    for half in range(2 * seconds + 1):
+        timed.append((half / 2, 2, gpu(half)))
+    for quarter in range(4 * seconds + 1):
+        reading = MeterReport(
+            timestamp=START + timedelta(seconds=quarter / 4),
+            sensor="node-1",
+            target="all",
+            channels={"d0c0": (METER_W + quarter % 3) * 1000},
+        )
+        timed.append((quarter / 4, 3, reading))
+    return [report for _, _, report in sorted(timed, key=lambda item: item[:2])]
+
+
+def node_outputs(parts: list[list[Report]], config: NodeConfig, *, restart: bool) -> list[Any]:
+    """What the node formula reports from a stream given in ``parts``, then flushed; with
+    ``restart``, each part goes to a new instance restored from the last one's state, as a
+    checkpoint saves and restores it (through JSON)."""
+    formula = NodeFormula(config, "node-1")
+    produced: list[Report | Frame] = []
+    for at, part in enumerate(parts):
+        if at and restart:
+            saved = orjson.loads(orjson.dumps(formula.state()))
+            formula = NodeFormula(config, "node-1")
+            formula.restore(saved)
+        out = Output()
+        formula.process(part, out)
+        assert not out.rejected
+        produced.extend(out.items())
+    out = Output()
+    formula.flush(out)
+    produced.extend(out.items())
+    return [
+        (r.timestamp, r.target, round(r.power, 9), r.metadata)
+        for r in produced
+        if isinstance(r, PowerReport)
+    ]
+
+
+@pytest.mark.parametrize("lateness_ms", [0, 600_000])
+def test_the_node_formula_restored_from_its_state_goes_on_as_if_never_stopped(
+    lateness_ms: int,
+) -> None:
+    """Wherever a stream is cut, an instance restored from the state of the one before goes on
+    exactly as that one would have: the same intervals with the same figures, none lost (the
+    intervals held for late sources at the cut included) and none twice."""
+    config = NodeConfig(node_lateness_ms=lateness_ms, node_shares=True)
+    stream = node_stream(4)
+    whole = node_outputs([stream], config, restart=False)
+    assert {target for _, target, _, _ in whole} == {"node", "rest", "web", "db"}
+    assert len(whole) == 4 * 4
+    for cut in range(1, len(stream)):
+        parts = [stream[:cut], stream[cut:]]
+        continued = node_outputs(parts, config, restart=False)
+        assert node_outputs(parts, config, restart=True) == continued, f"cut at {cut}"
+        if lateness_ms:  # nothing reported before the end: the same as one batch
+            assert continued == whole
+
+
+def test_intervals_held_at_a_crash_are_reported_after_the_restart(tmp_path: Path) -> None:
+    """The node formula holds each interval ``--node-lateness-ms`` for late sources. Killed
+    while it holds them, after a checkpoint, and started again on the same ``--state-file``
+    with nothing more to read, it reports them at its stop: exactly a clean run's reports."""
+    seconds = 8
+    meter = meter_csv(tmp_path / "meter.csv", seconds)
+    clean_out = tmp_path / "clean.jsonl"
+    clean = wattflow(
+        "run", "--input", "meter", "--files", str(meter), "--sensor", "node-1",
+        "--output", "jsonl", "--file", str(clean_out),
+    )  # fmt: skip
+    assert clean.returncode == 0, clean.stderr
+    expected = node_reports(clean_out)
+    assert len(expected["node"]) == 4 * seconds
+    state, out = tmp_path / "state", tmp_path / "power.jsonl"
+    args = (
+        "run", "-s", "--state-file", str(state), "--state-interval-s", "0.2",
+        "--node-lateness-ms", "600000",
+        "--input", "meter", "--files", str(meter), "--poll-interval-s", "0.05",
+        "--sensor", "node-1", "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+
+    def held_intervals() -> int:
+        if not state.exists():
+            return 0
+        checkpoint = decode_checkpoint(state.read_bytes())
+        assert checkpoint is not None
+        node = checkpoint["formulas"].get("node", {}).get("node-1")
+        return 0 if node is None else len(node["anchor_ends"]) - 1
+
+    with Service(tmp_path / "first.log", *args) as first:
+        wait_until(
+            lambda: first.alive() and held_intervals() == 4 * seconds,
+            60,
+            "a checkpoint holding every interval",
+        )
+        first.process.kill()
+        first.process.wait()
+    assert not out.exists() or not node_reports(out), "the lateness held every interval"
+    with Service(tmp_path / "second.log", *args) as second:
+        second.wait_for_log("restored the state of 1 formula instances")
+        log = second.stop()
+    assert "Traceback" not in log
+    assert node_reports(out) == expected

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from wattflow.actors.checkpoints import STATE_VERSION, decode_checkpoint
+from wattflow.actors.partition import partition_of
 from wattflow.formats import powerapi
 
 from .conftest import wattflow
@@ -84,3 +85,46 @@ def test_without_a_state_file_the_second_run_relearns(tmp_path: Path) -> None:
     run(second, tmp_path / "second.jsonl")
     targets = {key[0] for key in powers(tmp_path / "second.jsonl") if key[1] == "web"}
     assert len(targets) < TICKS // 2 - 5, "relearning leaves the first ticks unestimated"
+
+
+def saved_states(state: Path) -> dict[str, dict[str, Any]]:
+    """Each formula's instance states, by sensor, in the checkpoint saved to ``state``."""
+    saved = decode_checkpoint(state.read_bytes())
+    assert saved is not None
+    return dict(saved["formulas"])
+
+
+def saved_sensors(state: Path) -> dict[str, set[str]]:
+    """The sensors each formula has a state for in the checkpoint saved to ``state``."""
+    return {formula: set(states) for formula, states in saved_states(state).items()}
+
+
+def test_a_sensor_that_sends_nothing_after_a_restart_keeps_its_learned_state(
+    tmp_path: Path,
+) -> None:
+    """A run restores what the state file holds for every sensor it takes, whether or not the
+    sensor sends anything (its node may be down for a while): the checkpoints it saves hold
+    that state again, so a later run still has it. A sensor another partition takes is not
+    this instance's: it is not restored here."""
+    lines = [powerapi.encode_json(report) + "\n" for report in reports_of(workload(TICKS))]
+    recording, silent = tmp_path / "all.jsonl", tmp_path / "silent.jsonl"
+    recording.write_text("".join(lines))
+    silent.write_text("")
+    state = tmp_path / "wattflow.state"
+    run(recording, tmp_path / "first.jsonl", "--state-file", str(state))
+    learned = saved_sensors(state)
+    assert learned == {"smartwatts": {"node"}, "rapl": {"node"}}
+    models = saved_states(state)["smartwatts"]["node"]
+
+    log = run(silent, tmp_path / "second.jsonl", "--state-file", str(state))
+    assert "restored the state of 2 formula instances" in log
+    assert saved_sensors(state) == learned
+    assert saved_states(state)["smartwatts"]["node"] == models, "the silent sensor's models changed"
+
+    owner = partition_of("node", 2)
+    run(silent, tmp_path / "third.jsonl", "--state-file", str(state), "--partition", f"{owner}/2")
+    assert saved_sensors(state) == learned
+    other = f"{1 - owner}/2"
+    run(silent, tmp_path / "fourth.jsonl", "--state-file", str(state), "--partition", other)
+    assert saved_sensors(state) == {"smartwatts": set(), "rapl": set()}
+    assert not (tmp_path / "fourth.jsonl").exists() or not (tmp_path / "fourth.jsonl").read_text()

@@ -275,6 +275,17 @@ class FormulaActor(Actor):
                 self._restore(found, self.checkpoints.restored_state(self.formula.name, key))
         return found
 
+    def adopt_restored(self, owns: Callable[[str], bool] | None) -> None:
+        """Create now the instance of every key the restored checkpoint holds a state for
+        (its sensor, of those ``owns`` says this pipeline takes), rather than on its first
+        report: a sensor that sends nothing more still has what its instance held reported and
+        saved again in the next checkpoint."""
+        if self.checkpoints is None:
+            return
+        for key in list(self.checkpoints.restored.get(self.formula.name, ())):
+            if owns is None or owns(key):
+                self.instance(key)
+
     def _restore(self, instance: Formula[Any], state: Any) -> None:
         if state is None:
             return

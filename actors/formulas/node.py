@@ -19,7 +19,9 @@ when RAPL readings come in, else the GPU sampler's, else the meter's. An interva
 ``--node-lateness-ms`` of real time after its end is known (or at shutdown), with the sources
 that cover it by then, by the actor's timer (:meth:`NodeFormula.deadline`) when no input
 follows; a meter whose clock is off is set right with the meter input's clock
-offset.
+offset. What the formula holds (each source's recent power and last reading, the intervals not
+yet reported, the targets' estimates waiting for them) is checkpointed with the other formulas'
+state, so the intervals held at a crash are reported after the restart.
 
 cpu and dram come from the RAPL counters (all sockets), gpu from the NVML energy counter or
 power (all devices): the same measurements the other formulas share among their targets.
@@ -33,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -204,6 +206,46 @@ class NodeFormula(Formula[NodeConfig]):
 
     def flush(self, out: Output) -> None:
         self._report_ready(out, flushing=True)
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Each source's power since the oldest interval held, each source's last reading, the
+        node's intervals not yet reported and the targets' estimates waiting for them: bounded
+        by ``--node-lateness-ms`` of intervals."""
+        return {
+            "series": {
+                source: [series.first_start, list(series.ends), list(series.watts)]
+                for source, series in self.series.items()
+            },
+            "previous": {
+                name: [end, dict(values)] for name, (end, values) in self.previous.items()
+            },
+            "anchor_source": self.anchor_source,
+            "anchor_ends": list(self.anchor_ends),
+            "targets": {str(end): dict(powers) for end, powers in self.targets.items()},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` gave. The intervals held wait ``--node-lateness-ms``
+        again from now, as the sources after a restart can be late too."""
+        for source, (first_start, ends, watts) in state["series"].items():
+            if source not in self.series:
+                raise ValueError(f"no source {source!r} in the node formula")
+            self.series[source] = _Series(
+                list(map(int, ends)), list(map(float, watts)), first_start
+            )
+        self.previous = {
+            name: (int(end), {key: float(value) for key, value in values.items()})
+            for name, (end, values) in state["previous"].items()
+        }
+        self.anchor_source = state["anchor_source"]
+        self.anchor_ends = list(map(int, state["anchor_ends"]))
+        self.anchor_seen = [time.monotonic()] * len(self.anchor_ends)
+        self.targets.update(
+            (int(end), {target: float(power) for target, power in powers.items()})
+            for end, powers in state["targets"].items()
+        )
 
     def deadline(self) -> float | None:
         """When the oldest interval held has waited ``--node-lateness-ms``: the actor wakes the
