@@ -126,6 +126,10 @@ class StateStore(ABC):
     store its input reads itself (the MongoDB checkpoint document) gives back the formulas'
     state only, and inputs that keep no position of their own start from the beginning."""
 
+    restored_by: str | None = None
+    """The input that reads this store back itself and hands the pipeline the state (the
+    MongoDB input, its checkpoint document); ``None`` where the pipeline loads it at start."""
+
     @abstractmethod
     async def save(self, data: bytes, positions: dict[str, Any]) -> None:
         """Keep a checkpoint (``data``, :func:`encode_checkpoint`'s) and the inputs' positions

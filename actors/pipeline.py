@@ -116,8 +116,15 @@ class _Emitter:
 
     def restore(self, data: bytes | None) -> None:
         """Hand the formulas the state saved with this input's position (read by the input
-        from its own store, before it hands anything on)."""
-        self._pipeline.restore_state(data)
+        from its own store, before it hands anything on; ``None`` when it holds none). Only
+        the input whose store is the pipeline's restores: until it has, the other inputs hand
+        nothing on (:meth:`Pipeline.wait_for_state`)."""
+        pipeline = self._pipeline
+        store = pipeline.checkpoints.store
+        if store is None or store.restored_by != self.name or pipeline.state_ready.is_set():
+            return
+        pipeline.restore_state(data)
+        pipeline.state_ready.set()
 
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         partition = self._pipeline.partition
@@ -138,6 +145,8 @@ class _Emitter:
         if batch:
             self.at_boundary = False
             self.pending = batch
+            if not self._pipeline.state_ready.is_set():
+                await self._pipeline.wait_for_state()
             if self._pipeline.passed_through:
                 await self._pipeline.pass_through(expand(batch))
             await self._pipeline.router.mailbox.put(batch)
@@ -220,6 +229,9 @@ class Pipeline:
         self.ledger = Ledger()
         self.dead_letters = dead_letters or DeadLetters()
         self.stopping = asyncio.Event()
+        self.state_ready = asyncio.Event()
+        """Set once the formulas' saved state is restored, or known to be none: the inputs hand
+        nothing on before (:meth:`wait_for_state`)."""
         self.supervisor = Supervisor(restart_policy)
         self.supervisor.on_give_up = self._on_give_up
         self.pushers = [
@@ -269,6 +281,24 @@ class Pipeline:
         for pusher in self.pushers:
             pusher.checkpoints = checkpoints
         return checkpoints
+
+    async def wait_for_state(self) -> None:
+        """Wait until the formulas' saved state is restored (:attr:`state_ready`), or the
+        pipeline stops (the drain then hands on what waited, to formulas without it).
+
+        An input whose store its input reads itself (the MongoDB input's checkpoint) restores
+        the state only once it has reached its server; another input (the GPU samples over
+        ZeroMQ, a meter) that handed on its reports before would have their formula instances
+        start afresh, and the state saved for them would be ignored."""
+        waits = [
+            asyncio.ensure_future(self.state_ready.wait()),
+            asyncio.ensure_future(self.stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def restore_state(self, data: bytes | None) -> None:
         """Take the formulas' state from a saved checkpoint, and create at once every instance
@@ -480,11 +510,14 @@ class Pipeline:
         that runs the pipeline: ``wattflow run`` tunes the collector for itself.
         """
         checkpoints = self.checkpoints
-        if checkpoints.store is not None:
-            self.restore_state(await checkpoints.store.load())
+        store = checkpoints.store
+        if store is not None and store.restored_by is None:
+            self.restore_state(await store.load())
             for actor in self.pullers:
-                if actor.puller.resumable and checkpoints.store.hands_back_positions:
+                if actor.puller.resumable and store.hands_back_positions:
                     actor.puller.resume_from(checkpoints.positions.get(actor.emitter.name))
+        if store is None or store.restored_by is None:
+            self.state_ready.set()
         self._start_actors()
         timer = asyncio.ensure_future(self._checkpoint_timer())
         drained = asyncio.ensure_future(self._drain(timer))

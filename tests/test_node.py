@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 import random
+import signal
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pymongo import MongoClient
 
 from wattflow.actors.checkpoints import decode_checkpoint
 from wattflow.actors.formulas import formulas
@@ -30,9 +34,10 @@ from wattflow.formats.reports import (
     Report,
 )
 from wattflow.service.cli import load_run_config
+from wattflow.service.pipeline import assemble
 
 from .conftest import Collector, Service, run_async, wait_until, wattflow
-from .servers import free_port, port_open
+from .servers import ServerProcess, free_port, mongodb_uri, port_open
 
 START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 CPU_W_PER_SOCKET, DRAM_W, GPU_W, METER_W = 20.0, 5.0, 100.0, 200.0
@@ -575,3 +580,80 @@ def test_intervals_held_at_a_crash_are_reported_after_the_restart(tmp_path: Path
         log = second.stop()
     assert "Traceback" not in log
     assert node_reports(out) == expected
+
+
+def test_other_inputs_wait_for_the_state_the_mongodb_input_restores(
+    tmp_path: Path, mongodb_server: ServerProcess
+) -> None:
+    """With the MongoDB input in stream mode, the formulas' state lives in its checkpoint
+    document, which it reads once it has reached its server. Another input (a meter here; the
+    GPU samples over ZeroMQ in the compose stack) must not hand on its reports before: the
+    node formula's instance would start afresh and the state saved for it be ignored. With the
+    server paused while the service starts, the meter's readings wait for the restore, and the
+    first of them continues the interval from the last reading before the restart."""
+    uri = mongodb_uri(mongodb_server)
+    client: MongoClient[dict[str, Any]] = MongoClient(uri)
+    # Something for the MongoDB input to hand on (its checkpoint needs a position): containers'
+    # reports, which no enabled formula takes.
+    containers = [
+        HWPCReport(
+            timestamp=START + timedelta(seconds=s),
+            sensor="node-1",
+            target="web",
+            groups={"core": {"0": {"0": {"CPU_CLK_THREAD_UNHALTED:REF_P": 1000}}}},
+        )
+        for s in range(3)
+    ]
+    client["powerapi"]["hwpc"].insert_many([powerapi.to_mongodb(r) for r in containers])
+    common = (
+        "run", "-s", "--disable-smartwatts-formula", "--disable-rapl-formula",
+        "--state-interval-s", "0.2",
+        "--input", "mongodb", "-u", uri, "-d", "powerapi", "-c", "hwpc",
+        "--input", "meter", "--sensor", "node-1", "--poll-interval-s", "0.05",
+    )  # fmt: skip
+    first_out = tmp_path / "first.jsonl"
+    meter = meter_csv(tmp_path / "meter.csv", 2)  # readings 0 to 2 s
+    with Service(
+        tmp_path / "first.log", *common, "--files", str(meter),
+        "--output", "jsonl", "--file", str(first_out),
+    ) as first:  # fmt: skip
+        first.wait_for_lines(first_out, 2 * 8)  # node and rest of 8 intervals
+        first.stop()
+
+    later = tmp_path / "later.csv"  # readings after 2 s: 2.25 s to 4 s
+    rows = [f"{millis(2 + q / 4)},{METER_W * 1000},0" for q in range(1, 9)]
+    later.write_text("timestamp,d0c0,d0c1\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "second.jsonl"
+    config = load_run_config(
+        [*common[1:], "--files", str(later), "--output", "jsonl", "--file", str(out)]
+    )
+
+    async def second_run() -> None:
+        pipeline = assemble(config)
+        meter_input = next(a.emitter for a in pipeline.pullers if a.puller.config.type == "meter")
+        assert mongodb_server.process is not None
+        os.killpg(mongodb_server.process.pid, signal.SIGSTOP)
+        try:
+            running = asyncio.ensure_future(pipeline.run())
+            async with asyncio.timeout(60):
+                while not (meter_input.pending or meter_input.emitted):
+                    await asyncio.sleep(0.01)
+        finally:
+            os.killpg(mongodb_server.process.pid, signal.SIGCONT)
+        async with asyncio.timeout(60):
+            while meter_input.emitted < len(rows):
+                assert not running.done(), running.result()
+                await asyncio.sleep(0.01)
+        pipeline.stop()  # the drain reports what the node formula holds
+        result = await running
+        assert result.ok, result.failures
+
+    try:
+        run_async(second_run())
+    finally:
+        client.close()
+    reports = node_reports(out)
+    ends = [datetime.fromisoformat(r["timestamp"]).replace(tzinfo=UTC) for r in reports["node"]]
+    assert ends == [START + timedelta(seconds=2 + q / 4) for q in range(1, 9)], (
+        "the first reading after the restart continues the last one before it"
+    )

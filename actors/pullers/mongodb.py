@@ -528,9 +528,9 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 self._back_up()
                 if saved is not None:
                     logger.info("%s: resuming from checkpoint %s", self.source, self._checkpoint_id)
-                    state = saved.get("state")
-                    if state is not None and hasattr(emitter, "restore"):
-                        emitter.restore(bytes(state))
+                state = None if saved is None else saved.get("state")
+                if hasattr(emitter, "restore"):  # with no state too: the other inputs wait
+                    emitter.restore(None if state is None else bytes(state))
                 return _Position(saved or start)
         return None
 
@@ -623,6 +623,7 @@ class _CheckpointStore(StateStore):
 
     def __init__(self, puller: MongoDBPuller) -> None:
         self.puller = puller
+        self.restored_by = puller.config.name
         self._client: AsyncMongoClient[Document] | None = None
 
     def describe(self) -> str:
