@@ -17,7 +17,7 @@ mailboxes bound and the ledger counts.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -131,62 +131,35 @@ class EventsTable:
     def __len__(self) -> int:
         return len(self.millis)
 
+    def _each(self, pick: Callable[[str], Any]) -> EventsTable:
+        """A table of the same group whose every column is ``pick`` of its name: the same
+        rows of each (:data:`ROW_COLUMNS`)."""
+        return EventsTable(self.group, self.events, *map(pick, ROW_COLUMNS))
+
     def rows(self, start: int, stop: int) -> EventsTable:
         """Rows ``start`` to ``stop`` (views, no copy)."""
-        return EventsTable(
-            self.group,
-            self.events,
-            self.millis[start:stop],
-            self.sensors[start:stop],
-            self.targets[start:stop],
-            self.sockets[start:stop],
-            self.cpus[start:stop],
-            self.values[start:stop],
-        )
+        return self._each(lambda name: getattr(self, name)[start:stop])
 
     def own_rows(self, start: int) -> EventsTable:
         """Rows ``start`` to the end, as arrays of their own: a part that is kept while the
         rest is let go (a view would keep every row of the table alive with it)."""
         if not start:
             return self
-        return EventsTable(
-            self.group,
-            self.events,
-            self.millis[start:].copy(),
-            self.sensors[start:].copy(),
-            self.targets[start:].copy(),
-            self.sockets[start:].copy(),
-            self.cpus[start:].copy(),
-            self.values[start:].copy(),
-        )
+        return self._each(lambda name: getattr(self, name)[start:].copy())
 
     def then(self, later: EventsTable) -> EventsTable:
         """These rows followed by ``later``'s (same group and events, same name codes)."""
-        return EventsTable(
-            self.group,
-            self.events,
-            np.concatenate((self.millis, later.millis)),
-            np.concatenate((self.sensors, later.sensors)),
-            np.concatenate((self.targets, later.targets)),
-            np.concatenate((self.sockets, later.sockets)),
-            np.concatenate((self.cpus, later.cpus)),
-            np.concatenate((self.values, later.values)),
-        )
+        return self._each(lambda name: np.concatenate((getattr(self, name), getattr(later, name))))
 
     def where(self, mask: npt.NDArray[np.bool_]) -> EventsTable:
         """The rows ``mask`` selects, in order."""
         if bool(mask.all()):
             return self
-        return EventsTable(
-            self.group,
-            self.events,
-            self.millis[mask],
-            self.sensors[mask],
-            self.targets[mask],
-            self.sockets[mask],
-            self.cpus[mask],
-            self.values[mask],
-        )
+        return self._each(lambda name: getattr(self, name)[mask])
+
+
+ROW_COLUMNS = ("millis", "sensors", "targets", "sockets", "cpus", "values")
+"""An :class:`EventsTable`'s columns with one entry per row, in the order it takes them."""
 
 
 def canonical_rows(tables: Sequence[EventsTable]) -> bool:

@@ -535,18 +535,11 @@ class FrequencyLayers:
         ratio = min(max(package_frequency // self.base_clock, 1), 100)
         return ratio * self.base_clock
 
-    def features_each(
-        self, rows: FloatArray, package_frequency: npt.NDArray[np.int64]
-    ) -> FloatArray:
-        """:meth:`features` of rows each at its own package frequency."""
-        if not self.frequency_terms:
-            return rows
-        return frequency_features(rows, package_frequency, self.base_mhz)
-
-    def features(self, rows: FloatArray, package_frequency: int) -> FloatArray:
-        """The features the models take from a socket's rows of counters: with the frequency
-        terms of :func:`frequency_features` where the scope has them (the package's power, in
-        the default mode), the rows themselves otherwise."""
+    def features(self, rows: FloatArray, package_frequency: npt.NDArray[np.int64]) -> FloatArray:
+        """The features the models take from a socket's rows of counters, each row at its own
+        package frequency: with the frequency terms of :func:`frequency_features` where the
+        scope has them (the package's power, in the default mode), the rows themselves
+        otherwise."""
         if not self.frequency_terms:
             return rows
         return frequency_features(rows, package_frequency, self.base_mhz)

@@ -652,9 +652,7 @@ class Estimates:
         """One socket and scope's model steps, tick after tick; the targets' shares are left
         for :meth:`frames`."""
         layers = self.formula.layers(scope, self.ticks.sockets[socket_at])
-        features = layers.features_each(
-            self.rates[:, socket_at, :], self.ticks.frequency[:, socket_at]
-        )
+        features = layers.features(self.rates[:, socket_at, :], self.ticks.frequency[:, socket_at])
         steps = ScopeSteps(
             socket_at=socket_at,
             scope_at=scope_at,
