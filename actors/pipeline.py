@@ -286,10 +286,10 @@ class Pipeline:
         """Wait until the formulas' saved state is restored (:attr:`state_ready`), or the
         pipeline stops (the drain then hands on what waited, to formulas without it).
 
-        An input whose store its input reads itself (the MongoDB input's checkpoint) restores
-        the state only once it has reached its server; another input (the GPU samples over
-        ZeroMQ, a meter) that handed on its reports before would have their formula instances
-        start afresh, and the state saved for them would be ignored."""
+        Where the state is kept beside an input's position (the MongoDB input's checkpoint
+        document), that input restores it only once it has reached its server. Reports another
+        input (the GPU samples over ZeroMQ, a meter) handed on before would start their formula
+        instances afresh, and the state saved for them would be ignored."""
         waits = [
             asyncio.ensure_future(self.state_ready.wait()),
             asyncio.ensure_future(self.stopping.wait()),
