@@ -468,8 +468,10 @@ class FaultyNode(NodeFormula):
 
     failing: ClassVar[int | None] = None
 
-    def _emit(self, start: int, end: int, active: list[str], out: Output) -> None:
-        super()._emit(start, end, active, out)
+    def _emit(
+        self, start: int, end: int, active: list[str], targets: dict[str, float], out: Output
+    ) -> None:
+        super()._emit(start, end, active, targets, out)
         if end == self.failing:
             raise ModelFault("the meter's clock jumped")
 

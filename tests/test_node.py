@@ -657,3 +657,17 @@ def test_other_inputs_wait_for_the_state_the_mongodb_input_restores(
     assert ends == [START + timedelta(seconds=2 + q / 4) for q in range(1, 9)], (
         "the first reading after the restart continues the last one before it"
     )
+
+
+def test_estimates_of_intervals_without_a_meter_reading_are_not_kept() -> None:
+    """A meter that sends nothing (down, or not yet connected) leaves the node's intervals
+    without a figure: they pass unreported, and the targets' estimates waiting for them go
+    with them rather than pile up in memory and in every checkpoint."""
+    formula = NodeFormula(NodeConfig(node_lateness_ms=0, node_shares=True), "node-1")
+    without_meter = [r for r in node_stream(60) if not isinstance(r, MeterReport)]
+    out = Output()
+    for report in without_meter:
+        formula.process([report], out)
+    assert not out.reports
+    assert not out.rejected
+    assert len(formula.state()["targets"]) <= 1

@@ -404,10 +404,11 @@ class NodeFormula(Formula[NodeConfig]):
         while len(self.anchor_ends) >= 2 and (flushing or self.anchor_seen[1] + lateness_s <= now):
             start, end = self.anchor_ends[0], self.anchor_ends[1]
             active = [s for s in SOURCES if self.series[s].covered_until is not None]
+            targets = self._targets_until(end)  # reported with the interval, or never
             if "meter" in active:
                 mark = out.mark()
                 try:
-                    self._emit(start, end, active, out)
+                    self._emit(start, end, active, targets, out)
                 except Exception as error:  # its inputs were absorbed: no report to dead-letter
                     out.fail((), error, unit="interval", since=mark)
             self.anchor_ends.pop(0)
@@ -416,13 +417,14 @@ class NodeFormula(Formula[NodeConfig]):
             for source in SOURCES:
                 self.series[source].forget_before(self.anchor_ends[0])
 
-    def _emit(self, start: int, end: int, active: list[str], out: Output) -> None:
+    def _emit(
+        self, start: int, end: int, active: list[str], targets: dict[str, float], out: Output
+    ) -> None:
         """The node's reports of the interval from ``start`` to ``end`` (ms): the meter's power
         with the sources' means, the rest no source covers, and each target's estimate with
         ``--node-shares``."""
         means = {source: self.series[source].mean(start, end) for source in active}
         meter = means.get("meter")
-        targets = self._targets_until(end)
         if meter is None:
             return  # the meter has a gap here: there is no node figure to report
         parts = {source: means.get(source) for source in ("cpu", "dram", "gpu")}
