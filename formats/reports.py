@@ -270,6 +270,11 @@ class GPUProcess(BaseModel):
     sm_util: float = Field(ge=0, le=100, description="Share of SM time used, in %.")
     mem_util: float | None = Field(default=None, ge=0, le=100, description="In %.")
     cgroup: str | None = Field(default=None, description="cgroup the process belongs to.")
+    started: Int64 | None = Field(
+        default=None,
+        description="When the process started, in clock ticks since boot (/proc/<pid>/stat): "
+        "tells a process from an earlier one that had its pid.",
+    )
 
 
 class GPUInstanceActivity(BaseModel):

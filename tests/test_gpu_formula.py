@@ -100,7 +100,13 @@ def test_two_processes_at_60_and_20_percent_share_active_power_3_to_1() -> None:
     assert powers["gpu0"] == pytest.approx(50.0)
     assert out.absorbed == 1, "the counter's first reading only starts the interval"
     report = next(r for r in out.reports if r.target == "pid:10")
-    assert report.metadata == {"scope": "gpu", "device": "0", "formula": "gpu", "ratio": 0.75}
+    assert report.metadata == {
+        "scope": "gpu",
+        "device": "0",
+        "formula": "gpu",
+        "ratio": 0.75,
+        "split": "time",
+    }, "two windows teach nothing yet: the split is by time, and says so"
 
 
 def test_processes_of_one_container_add_up_and_targets_sum_to_the_device() -> None:
@@ -440,7 +446,7 @@ def test_the_gpu_state_is_bounded_by_the_idle_window_and_versioned() -> None:
     # Without an energy counter each tick is a span of its own, its reading its power.
     spans = narrower.devices["0"].idle_spans
     assert [energy_j / seconds for energy_j, seconds, _ in spans] == [45.0, 46.0, 47.0, 48.0, 49.0]
-    with pytest.raises(ValueError, match="version 0, not 1"):
+    with pytest.raises(ValueError, match="version 0, not 2"):
         GpuFormula(GpuConfig(), "node-1").restore({**state, "version": 0})
 
 
@@ -479,7 +485,7 @@ def test_a_gpu_state_of_another_version_is_logged_and_the_instance_starts_afresh
         instance = actor.instance("node-1")
     assert (
         "saved state of node-1 not restored (ValueError: GPU formula state of version 99, "
-        "not 1); it starts afresh" in caplog.text
+        "not 2); it starts afresh" in caplog.text
     )
     assert isinstance(instance, GpuFormula)
     assert instance.devices == {}

@@ -68,7 +68,9 @@ samples (tens of seconds), not per tick.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -81,15 +83,29 @@ from pydantic import AliasChoices, Field, PositiveInt
 from wattflow.actors.checkpoints import pack_floats, unpack_floats
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
-from wattflow.formats.reports import GPUDevice, GPUReport, PowerReport, Report
+from wattflow.actors.formulas.gpu_sharing import (
+    ProcessEnergy,
+    ProcessPowers,
+    ProcessWindow,
+)
+from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
 
 logger = logging.getLogger(__name__)
 
 FORMULA_NAME = "gpu"
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 """The layout of :meth:`GpuFormula.state`; a state of another version is refused (the
-instance starts afresh and the log says so)."""
+instance starts afresh and the log says so), but for version 1 (before processes' active power
+was learned), which is read with nothing learned yet."""
+
+ROUNDING = 1e-12
+"""What the device keeps, as a part of the tick's power, below which it is the split's
+rounding, not power: 0 W."""
+
+DRIVER_SAMPLE_US = 200_000
+"""Period of the driver's utilisation samples until the device's own buffer shows it: about
+200 ms on H100 and H200 (NVML says between 1/6 s and 1 s, by product)."""
 
 MAX_HELD_TICKS = 10_000
 """Ticks a device holds at most while waiting for process windows; past that the oldest is
@@ -146,13 +162,25 @@ class GpuConfig(FormulaConfig):
 
 @dataclass(slots=True)
 class _Window:
-    """One answer of the driver's per-process utilisation: SM % per target over (start, end]."""
+    """One answer of the driver's per-process utilisation over (start, end] (under MIG, of the
+    GPU instances' activity): each process's (instance's) share of the window."""
 
     start_us: int
     end_us: int
     shares: dict[str, float]
+    """Per process (its identity, see :func:`_process_key`) or GPU instance: the share of the
+    window's time it held the engine, 0-1."""
+    targets: dict[str, str]
+    """The target each process's power goes to."""
     busy: bool
     """Whether a process used the SMs above ``--gpu-idle-util`` in the window."""
+    process: ProcessWindow | None = None
+    """What the processes' active power is learned from and split by; ``None`` under MIG."""
+    active_j: float = 0.0
+    """Active energy of the released ticks, over the part of them the window covers."""
+    released_s: float = 0.0
+    """Seconds of the window the released ticks covered: once all of it, the window teaches
+    the processes' active power."""
 
 
 @dataclass(slots=True)
@@ -225,6 +253,10 @@ class _DeviceState:
     covered_us: int | None = None
     """End of the newest process window: the ticks up to here can be split."""
     held: deque[_Tick] = field(default_factory=deque)
+    powers: ProcessPowers = field(default_factory=ProcessPowers)
+    """What the windows taught about each process's active power."""
+    sample_us: int = DRIVER_SAMPLE_US
+    """Period of the driver's utilisation samples (from its buffer, once read)."""
     released_us: int | None = None
     """End of the last tick released: windows ending before it are no longer needed."""
     uncovered_ticks: int = 0
@@ -263,13 +295,13 @@ class GpuFormula(Formula[GpuConfig]):
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"GPU formula state of version {state.get('version')}, not {STATE_VERSION}"
-            )
+        version = state.get("version")
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"GPU formula state of version {version}, not {STATE_VERSION}")
         window = self.config.gpu_idle_window
         self.devices = {
-            str(index): _restore_device(saved, window) for index, saved in state["devices"].items()
+            str(index): _restore_device(saved, window, int(version))
+            for index, saved in state["devices"].items()
         }
 
     def process(self, reports: list[Report], out: Output) -> None:
@@ -310,6 +342,7 @@ class GpuFormula(Formula[GpuConfig]):
         start_us = end_us - 1 if state.timestamp is None else _micros(state.timestamp)
         state.timestamp = report.timestamp
         reading_w = _reading_power_w(state, device, 0 if first else start_us, end_us)
+        state.sample_us = _sample_period_us(device, state.sample_us)
         waits = device.processes is not None or device.instances is not None
         if device.processes is not None:
             self._add_window(device, state, start_us, end_us)
@@ -337,7 +370,13 @@ class GpuFormula(Formula[GpuConfig]):
             start_us, end_us = device.process_window
         idle_util = self.config.gpu_idle_util
         busy = any(p.sm_util > idle_util for p in device.processes or ())
-        _append_window(state, _Window(start_us, end_us, self._shares(device), busy))
+        shares, targets = self._shares(device)
+        seconds = (end_us - start_us) / 1e6
+        samples = (end_us - start_us) / state.sample_us
+        process = ProcessWindow(
+            seconds, shares, samples, state.powers.noise_shares(shares, samples, end_us)
+        )
+        _append_window(state, _Window(start_us, end_us, shares, targets, busy, process))
 
     def _add_instance_window(
         self, device: GPUDevice, state: _DeviceState, index: str, start_us: int, end_us: int
@@ -349,12 +388,13 @@ class GpuFormula(Formula[GpuConfig]):
             start_us, end_us = device.instance_window
         idle_util = self.config.gpu_idle_util
         shares = {
-            f"gpu{index}/gi{instance.id}": instance.graphics_util
+            f"gpu{index}/gi{instance.id}": instance.graphics_util / 100.0
             for instance in device.instances or ()
             if instance.graphics_util > 0
         }
-        busy = any(util > idle_util for util in shares.values())
-        _append_window(state, _Window(start_us, end_us, shares, busy))
+        busy = any(util * 100.0 > idle_util for util in shares.values())
+        targets = {target: target for target in shares}
+        _append_window(state, _Window(start_us, end_us, shares, targets, busy))
 
     def _release(self, tick: _Tick, state: _DeviceState, index: str, out: Output) -> int:
         """Split one tick's active energy among its windows' targets; emit one report for each
@@ -362,21 +402,25 @@ class GpuFormula(Formula[GpuConfig]):
         if not tick.settled:  # the counter did not answer in time: the tick's own reading
             tick.power_w = _unsettled_w(tick, state)
             state.spent_mj += tick.power_w * tick.seconds * 1000.0
-        fractions, covered, resting = _split(tick, state.windows)
+        overlaps, covered, resting = _overlaps(tick, state.windows)
         idle_w = min(self._idle(tick, resting, state), tick.power_w)
         active_w = tick.power_w - idle_w
         state.released_us = tick.end_us
         if tick.waits and covered < 1.0:
             self._count_uncovered(state, index)
+        shares = _target_shares(overlaps, active_w, state.powers)
+        _learn(overlaps, active_w, state)
         attributed_w = 0.0
-        for target, fraction in sorted(fractions.items()):
-            power_w = active_w * fraction
+        for target, share in sorted(shares.items()):
+            power_w = share.energy_j / tick.seconds
             attributed_w += power_w
-            out.emit(self._report(tick.report, target, index, power_w, fraction))
-        device_w = max(tick.power_w - attributed_w, 0.0)
+            out.emit(self._report(tick.report, target, index, power_w, share))
+        device_w = tick.power_w - attributed_w
+        if device_w < ROUNDING * tick.power_w:  # what the split's sums leave in rounding
+            device_w = 0.0
         device_ratio = device_w / tick.power_w if tick.power_w > 0 else 1.0
-        out.emit(self._report(tick.report, f"gpu{index}", index, device_w, device_ratio))
-        return len(fractions) + 1
+        out.emit(self._device_report(tick.report, index, device_w, device_ratio))
+        return len(shares) + 1
 
     def _count_uncovered(self, state: _DeviceState, index: str) -> None:
         state.uncovered_ticks += 1
@@ -413,26 +457,54 @@ class GpuFormula(Formula[GpuConfig]):
             state.idle_w = _learned_idle_w(state)
         return state.idle_w
 
-    def _shares(self, device: GPUDevice) -> dict[str, float]:
-        """SM utilisation per target, processes grouped as configured."""
+    def _shares(self, device: GPUDevice) -> tuple[dict[str, float], dict[str, str]]:
+        """Each process's share of the window (its SM utilisation, 0-1), by its identity, and
+        the target it goes to: its cgroup (a container) or itself, as configured."""
         shares: dict[str, float] = {}
+        targets: dict[str, str] = {}
         for process in device.processes or ():
             if process.sm_util <= 0:
                 continue
+            key = _process_key(process)
             if self.config.gpu_targets == "cgroup" and process.cgroup:
-                target = process.cgroup
+                targets[key] = process.cgroup
             else:
-                target = f"pid:{process.pid}"
-            shares[target] = shares.get(target, 0.0) + process.sm_util
-        return shares
+                targets[key] = f"pid:{process.pid}"
+            shares[key] = shares.get(key, 0.0) + process.sm_util / 100.0
+        return shares, targets
 
     def _report(
-        self, report: GPUReport, target: str, index: str, power_w: float, ratio: float
+        self, report: GPUReport, target: str, index: str, power_w: float, share: _TargetShare
     ) -> PowerReport:
+        """A process's (container's, GPU instance's) report: its power, its part of the tick's
+        active energy (``ratio``) and how it was split (see :class:`_TargetShare`)."""
+        metadata: dict[str, Any] = {
+            **report.metadata,
+            "scope": "gpu",
+            "device": index,
+            "formula": FORMULA_NAME,
+            "ratio": share.ratio,
+            "split": share.split,
+        }
+        if share.split == "power":
+            metadata["active_power_w"] = share.active_power_w
+            metadata["active_power_stderr_w"] = share.active_power_stderr_w
         return PowerReport(
             timestamp=report.timestamp,
             sensor=report.sensor,
             target=target,
+            power=power_w,
+            metadata=metadata,
+        )
+
+    def _device_report(
+        self, report: GPUReport, index: str, power_w: float, ratio: float
+    ) -> PowerReport:
+        """The device's own report: idle, and what no process took."""
+        return PowerReport(
+            timestamp=report.timestamp,
+            sensor=report.sensor,
+            target=f"gpu{index}",
             power=power_w,
             metadata={
                 **report.metadata,
@@ -455,12 +527,59 @@ def _save_device(state: _DeviceState) -> dict[str, Any]:
         "idle_w": pack_floats(list(state.idle_readings)),
         "idle_spans": pack_floats([list(span) for span in state.idle_spans]),
         "span": None if state.span is None else _save_span(state.span),
-        "windows": [[w.start_us, w.end_us, dict(w.shares), w.busy] for w in state.windows],
+        "windows": [_save_window(window) for window in state.windows],
+        "powers": state.powers.state(),
+        "sample_us": state.sample_us,
         "covered_us": state.covered_us,
         "held": [_save_tick(tick) for tick in state.held],
         "released_us": state.released_us,
         "uncovered_ticks": state.uncovered_ticks,
     }
+
+
+def _save_window(window: _Window) -> dict[str, Any]:
+    process = window.process
+    return {
+        "us": [window.start_us, window.end_us],
+        "shares": dict(window.shares),
+        "targets": dict(window.targets),
+        "busy": window.busy,
+        "process": None
+        if process is None
+        else [process.seconds, process.samples, dict(process.noise)],
+        "learning": [window.active_j, window.released_s],
+    }
+
+
+def _restore_window(saved: dict[str, Any] | list[Any], version: int) -> _Window:
+    """A window from :func:`_save_window`, or from version 1's ``[start, end, {target: SM %},
+    busy]`` (split by time share: nothing was learned then)."""
+    if isinstance(saved, list):
+        start, end, shares, busy = saved
+        fractions = {str(target): float(value) / 100.0 for target, value in shares.items()}
+        return _Window(int(start), int(end), fractions, {t: t for t in fractions}, bool(busy))
+    start, end = saved["us"]
+    shares = {str(key): float(value) for key, value in saved["shares"].items()}
+    process = None
+    if saved["process"] is not None:
+        seconds, samples, noise = saved["process"]
+        process = ProcessWindow(
+            float(seconds),
+            shares,
+            float(samples),
+            {str(key): float(value) for key, value in noise.items()},
+        )
+    active_j, released_s = saved["learning"]
+    return _Window(
+        int(start),
+        int(end),
+        shares,
+        {str(key): str(target) for key, target in saved["targets"].items()},
+        bool(saved["busy"]),
+        process,
+        float(active_j),
+        float(released_s),
+    )
 
 
 def _save_tick(tick: _Tick) -> dict[str, Any]:
@@ -486,7 +605,7 @@ def _save_span(span: _Span) -> list[Any]:
     return [span.end_us, span.ticks, span.seen, span.energy_j, span.seconds, span.rested]
 
 
-def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
+def _restore_device(saved: dict[str, Any], idle_window: int, version: int) -> _DeviceState:
     """A device's state from :func:`_save_device`, bounded as the running formula bounds it.
     A state saved before spans taught idle has only resting ticks: they teach idle until the
     first whole resting span, as for a device that has not rested a whole span yet."""
@@ -499,10 +618,8 @@ def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
         idle_spans.append((energy_j, seconds, int(ticks)))
     _bound_spans(idle_spans, idle_window)
     span = saved.get("span")
-    windows = [
-        _Window(int(start), int(end), {str(t): float(v) for t, v in shares.items()}, bool(busy))
-        for start, end, shares, busy in saved["windows"][-MAX_WINDOWS:]
-    ]
+    windows = [_restore_window(window, version) for window in saved["windows"][-MAX_WINDOWS:]]
+    powers = saved.get("powers")
     return _DeviceState(
         timestamp=None if stamp is None else datetime.fromisoformat(stamp),
         counter_mj=_float_or_none(saved["counter_mj"]),
@@ -515,6 +632,8 @@ def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
         windows=deque(windows),
         covered_us=saved["covered_us"],
         held=deque(_restore_tick(tick) for tick in saved["held"][-MAX_HELD_TICKS:]),
+        powers=ProcessPowers() if powers is None else ProcessPowers.restore(powers),
+        sample_us=int(saved.get("sample_us", DRIVER_SAMPLE_US)),
         released_us=saved["released_us"],
         uncovered_ticks=int(saved["uncovered_ticks"]),
     )
@@ -581,12 +700,14 @@ def _forget_windows(state: _DeviceState) -> None:
         state.windows.popleft()
 
 
-def _split(tick: _Tick, windows: deque[_Window]) -> tuple[dict[str, float], float, bool]:
-    """Each target's fraction of the tick's active energy, the fraction of the tick that the
-    windows cover, and whether the tick rested: no window overlapping it saw SM use, and
-    windows cover it whole (or the device gives no per-process readings at all)."""
+def _overlaps(
+    tick: _Tick, windows: deque[_Window]
+) -> tuple[list[tuple[float, _Window]], float, bool]:
+    """The windows overlapping the tick with the seconds of it each covers, the fraction of
+    the tick that they cover, and whether the tick rested: no window overlapping it saw SM
+    use, and windows cover it whole (or the device gives no per-process readings at all)."""
     duration = tick.end_us - tick.start_us
-    fractions: dict[str, float] = {}
+    found: list[tuple[float, _Window]] = []
     covered = 0
     busy = False
     for window in windows:
@@ -595,12 +716,100 @@ def _split(tick: _Tick, windows: deque[_Window]) -> tuple[dict[str, float], floa
             continue
         covered += overlap
         busy = busy or window.busy
-        total = sum(window.shares.values())
-        for target, share in window.shares.items():
-            fractions[target] = fractions.get(target, 0.0) + overlap / duration * share / total
+        found.append((overlap / 1e6, window))
     fraction_covered = min(covered / duration, 1.0)
     resting = not busy and (fraction_covered >= 1.0 or not tick.waits)
-    return fractions, fraction_covered, resting
+    return found, fraction_covered, resting
+
+
+@dataclass(slots=True)
+class _TargetShare:
+    """A target's part of a tick's active energy, and how it was split: by the learned
+    active power of each of its processes (``power``, with that power and its standard error,
+    means weighted by energy), or by their time shares (``time``: not learned yet, or
+    processes the data cannot tell apart; GPU instances)."""
+
+    energy_j: float = 0.0
+    ratio: float = 0.0
+    split: Literal["power", "time"] = "power"
+    active_power_w: float = 0.0
+    active_power_stderr_w: float = 0.0
+
+
+def _target_shares(
+    overlaps: list[tuple[float, _Window]], active_w: float, powers: ProcessPowers
+) -> dict[str, _TargetShare]:
+    """Each target's part of the tick's active energy: the processes' windows by learned
+    active power (:meth:`ProcessPowers.split`), GPU instances' by their activity; what no
+    window with SM use covers stays with the device."""
+    shares: dict[str, _TargetShare] = {}
+    energy_of_tick = 0.0
+    processes: list[tuple[float, ProcessWindow]] = []
+    targets: dict[str, str] = {}
+    processes_j = 0.0
+    for seconds, window in overlaps:
+        total = sum(window.shares.values())
+        energy_of_tick += active_w * seconds
+        if total <= 0:
+            continue
+        if window.process is not None:
+            processes.append((seconds, window.process))
+            targets.update(window.targets)
+            processes_j += active_w * seconds
+            continue
+        for key, share in window.shares.items():
+            entry = shares.setdefault(window.targets[key], _TargetShare(split="time"))
+            entry.energy_j += active_w * seconds * share / total
+    if processes:
+        for part in powers.split(processes, processes_j, targets):
+            _add(shares.setdefault(part.target, _TargetShare()), part)
+    for entry in shares.values():
+        entry.ratio = entry.energy_j / energy_of_tick if energy_of_tick > 0 else 0.0
+        if entry.split == "power" and entry.energy_j > 0:
+            entry.active_power_w /= entry.energy_j
+            entry.active_power_stderr_w /= entry.energy_j
+    return shares
+
+
+def _add(entry: _TargetShare, part: ProcessEnergy) -> None:
+    """Add a process's energy to its target's; the target is split by power only if every
+    one of its processes is (its means are weighted by energy, divided at the end)."""
+    entry.energy_j += part.energy_j
+    if part.split == "time" or part.learned is None:
+        entry.split = "time"
+        return
+    entry.active_power_w += part.learned.power_w * part.energy_j
+    entry.active_power_stderr_w += part.learned.stderr_w * part.energy_j
+
+
+def _learn(overlaps: list[tuple[float, _Window]], active_w: float, state: _DeviceState) -> None:
+    """Credit each process window with the released tick's active energy over the part of it
+    the window covers; a window covered whole teaches the processes' active power."""
+    for seconds, window in overlaps:
+        if window.process is None:
+            continue
+        window.active_j += active_w * seconds
+        window.released_s += seconds
+        if window.released_s >= window.process.seconds * (1 - 1e-9) > 0:
+            state.powers.learn(window.process, window.active_j, window.end_us, window.targets)
+            window.released_s = -math.inf  # learned once
+
+
+def _process_key(process: GPUProcess) -> str:
+    """A process's identity: its pid and start time (from /proc), so a reused pid is another
+    process; where the start time is unknown, its pid and cgroup."""
+    if process.started is not None:
+        return f"{process.pid}@{process.started}"
+    return f"{process.pid}@{process.cgroup or ''}"
+
+
+def _sample_period_us(device: GPUDevice, known_us: int) -> int:
+    """The driver's utilisation sample period, from the spacing of its samples in the buffer
+    when the tick brought some, else what was known."""
+    samples = (device.samples or {}).get("GPU_UTILIZATION", [])
+    gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(samples)]
+    gaps = [gap for gap in gaps if gap > 0]
+    return min(gaps) if gaps else known_us
 
 
 def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:

@@ -73,6 +73,27 @@
  *   with that pid's newest sample. Everything is piecewise constant on whole milliseconds of
  *   Unix time, so a test computes exact truths with the same rules.
  *
+ * Tenants: processes that come and go and draw power of their own (replaces dN.slice; all in
+ * whole ms of Unix time, so a test mirrors it exactly, see tests/nvml_fake.py `Tenants`):
+ *
+ *   dN.tenant=PID:MW:DUTY:STRETCH_MS[:FROM_MS:TO_MS]
+ *                                   a process drawing MW above idle while it holds the engine;
+ *                                   it wants the engine in DUTY % of the STRETCH_MS-long
+ *                                   stretches of time, which ones drawn by a seeded hash (DUTY
+ *                                   100: all the time), and lives from FROM_MS to TO_MS (Unix
+ *                                   ms; 0:0 or absent: always). Repeatable, up to 16; the same
+ *                                   PID in two entries with lives apart is a reused pid
+ *   dN.together=PID:WITH             PID wants the engine in exactly WITH's stretches (a pair
+ *                                   that never runs apart)
+ *   dN.timeslice_ms=1               while several tenants want the engine, each slice of this
+ *                                   length goes to one of them, drawn by the seeded hash (the
+ *                                   driver's default timeslice is about 1 ms)
+ *   seed=7                          seeds the hashes (default 0)
+ *
+ *   With tenants, power (samples and the instantaneous field) is the mean over the power sample
+ *   period before the reading, as a sensor averages: 1 ms slices of 700 W and 140 W read at an
+ *   instant would be noise no driver shows.
+ *
  *   energy_step_ms=100              the energy counter (call and field 83) moves only every
  *                                   step, as drivers' counters do (default 0: continuously)
  *
@@ -233,6 +254,11 @@ static unsigned long long call_count[C_COUNT];
 typedef struct { unsigned int pid, sm, mem; } fake_proc;
 typedef struct { unsigned int pid; unsigned long long from_ms, to_ms; } fake_life;
 typedef struct { unsigned int pid, mw; } fake_pid_power;
+/* A tenant process: its power above idle, its stretches of activity and its life. */
+typedef struct {
+    unsigned int pid, mw, duty, with_pid;
+    unsigned long long stretch_ms, from_ms, to_ms;
+} fake_tenant;
 
 /* A GPU instance under MIG, with its one compute instance: a MIG device handle points here. */
 struct fake_gi {
@@ -266,6 +292,9 @@ struct fake_device {
     int pid_powers;
     fake_pid_power pid_power[MAX_PROCS];
     unsigned int idle_mw, busy_mw;
+    int tenants;
+    fake_tenant tenant[MAX_PROCS];
+    unsigned long long timeslice_ms;
     int fail[C_COUNT];                  /* NVML error each entry point fails with; 0: none */
     int mig, gpm;
     int gis;
@@ -287,6 +316,7 @@ static unsigned long long power_sample_us = 20000, util_sample_us = 50000;
 static unsigned long long pcie_delay_us = 0;
 static unsigned long long buffer_samples = 100;
 static unsigned long long energy_step_us = 0;
+static unsigned long long seed = 0;
 
 /* Burn `us` of this thread's CPU time, as a driver spinning on its firmware's answer does. */
 static void spin(unsigned long long us) {
@@ -330,9 +360,46 @@ static int alive(const struct fake_device *d, unsigned int pid, unsigned long lo
     return !listed;
 }
 
+/* splitmix64's finaliser: the tenants' hash, mirrored by the tests. */
+static unsigned long long mix(unsigned long long x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* Whether tenant t is alive and wants the engine during millisecond `ms`. */
+static int wants(const struct fake_device *d, const fake_tenant *t, unsigned long long ms) {
+    if (t->to_ms && (ms < t->from_ms || ms >= t->to_ms)) return 0;
+    const fake_tenant *leader = t;
+    for (int i = 0; t->with_pid && i < d->tenants; i++)
+        if (d->tenant[i].pid == t->with_pid) leader = &d->tenant[i];
+    if (leader->duty >= 100) return 1;
+    unsigned long long stretch = ms / (leader->stretch_ms ? leader->stretch_ms : 1000ULL);
+    return mix(seed ^ mix((unsigned long long)leader->pid * 1000003ULL + stretch)) % 100ULL <
+           leader->duty;
+}
+
+/* The tenant holding the engine during millisecond `ms`: among those that want it, the one the
+ * seeded hash draws for this timeslice; NULL when none wants it. */
+static const fake_tenant *holder(const struct fake_device *d, unsigned long long ms) {
+    const fake_tenant *wanting[MAX_PROCS];
+    int count = 0;
+    for (int i = 0; i < d->tenants; i++)
+        if (wants(d, &d->tenant[i], ms)) wanting[count++] = &d->tenant[i];
+    if (!count) return NULL;
+    unsigned long long slice = ms / (d->timeslice_ms ? d->timeslice_ms : 1ULL);
+    return wanting[mix(seed * 31ULL + slice) % (unsigned long long)count];
+}
+
 /* The pid whose context is resident on the engine during millisecond `ms` (Unix time), 0 for
  * nobody; `busy` says whether the engine runs its work then. */
 static unsigned int resident(const struct fake_device *d, unsigned long long ms, int *busy) {
+    if (d->tenants) {
+        const fake_tenant *t = holder(d, ms);
+        *busy = t != NULL;
+        return t ? t->pid : 0;
+    }
     unsigned long long k = ms / d->slice_ms;
     unsigned long long offset = (ms % d->slice_ms + rotation(d, k)) % d->slice_ms;
     int slot = 0;
@@ -354,6 +421,10 @@ static unsigned int owner(const struct fake_device *d, unsigned long long ms) {
 }
 
 static unsigned int slice_power_mw(const struct fake_device *d, unsigned long long ms) {
+    if (d->tenants) {
+        const fake_tenant *t = holder(d, ms);
+        return d->idle_mw + (t ? t->mw : 0);
+    }
     unsigned int pid = owner(d, ms);
     if (!pid) return d->idle_mw;
     for (int i = 0; i < d->pid_powers; i++)
@@ -393,6 +464,11 @@ static unsigned long long now_us(void) {
 
 /* Power in mW at absolute time t (µs). */
 static unsigned int power_at(const struct fake_device *d, unsigned long long t) {
+    if (d->tenants) { /* the sensor's mean over the power sample period before t */
+        unsigned long long end = t / 1000ULL, period = power_sample_us / 1000ULL, sum = 0;
+        for (unsigned long long ms = end - period; ms < end; ms++) sum += slice_power_mw(d, ms);
+        return (unsigned int)(sum / period);
+    }
     if (d->slice_ms) return slice_power_mw(d, t / 1000ULL);
     unsigned long long offset = t % d->period_us;
     unsigned int mw = d->step_mw[0];
@@ -505,6 +581,21 @@ static void device_key(struct fake_device *d, const char *key, char *value) {
     else if (!strcmp(key, "slice")) parse_slice(d, value);
     else if (!strcmp(key, "slice_jitter_ms")) d->jitter_ms = v;
     else if (!strcmp(key, "idle_mw")) d->idle_mw = (unsigned)v;
+    else if (!strcmp(key, "tenant") && d->tenants < MAX_PROCS) {
+        fake_tenant *t = &d->tenant[d->tenants];
+        memset(t, 0, sizeof *t);
+        int read = sscanf(value, "%u:%u:%u:%llu:%llu:%llu", &t->pid, &t->mw, &t->duty,
+                          &t->stretch_ms, &t->from_ms, &t->to_ms);
+        if ((read == 4 || read == 6) && t->pid) {
+            d->tenants++;
+            if (!d->slice_ms) d->slice_ms = 1; /* the time-slicing driver's samples, below */
+        }
+    } else if (!strcmp(key, "together")) {
+        unsigned int pid = 0, with = 0;
+        if (sscanf(value, "%u:%u", &pid, &with) == 2)
+            for (int i = 0; i < d->tenants; i++)
+                if (d->tenant[i].pid == pid) d->tenant[i].with_pid = with;
+    } else if (!strcmp(key, "timeslice_ms")) d->timeslice_ms = v;
     else if (!strcmp(key, "busy_mw")) d->busy_mw = (unsigned)v;
     else if (!strcmp(key, "life") && d->lives < MAX_PROCS) {
         fake_life *l = &d->life[d->lives];
@@ -578,6 +669,7 @@ static void defaults(void) {
     instant_field_us = 0;
     device_count = 0;
     energy_step_us = 0;
+    seed = 0;
     power_sample_us = 20000;
     pcie_delay_us = 0;
     util_sample_us = 50000;
@@ -609,6 +701,7 @@ static nvmlReturn_t load_scenario(void) {
         else if (!strcmp(key, "buffer_samples")) buffer_samples = v ? v : 100;
         else if (!strcmp(key, "pcie_delay_ms")) pcie_delay_us = v * 1000ULL;
         else if (!strcmp(key, "energy_step_ms")) energy_step_us = v * 1000ULL;
+        else if (!strcmp(key, "seed")) seed = strtoull(value, NULL, 10);
         else if (!strcmp(key, "call_costs") && !strcmp(value, "h100")) {
             memcpy(call_cost_us, H100_COST_US, sizeof call_cost_us);
             field_cost_us = 3;
@@ -1073,7 +1166,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     called(C_RUNNING_PROCESSES);
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!device || !count) return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlProcessInfo_t found[MAX_GIS * MAX_PROCS + MAX_PROCS];
+    nvmlProcessInfo_t found[MAX_GIS * MAX_PROCS + 2 * MAX_PROCS];
     unsigned n = 0;
     struct fake_gi *gi = gi_of_handle(device);
     if (gi && !gi_alive(gi)) return NVML_ERROR_NOT_FOUND;
@@ -1087,6 +1180,12 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     } else {
         for (int p = 0; p < device->procs; p++)
             found[n++] = (nvmlProcessInfo_t){device->proc[p].pid, 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        unsigned long long ms = now_us() / 1000ULL; /* the tenants alive now */
+        for (int i = 0; i < device->tenants; i++) {
+            const fake_tenant *t = &device->tenant[i];
+            if (!t->to_ms || (ms >= t->from_ms && ms < t->to_ms))
+                found[n++] = (nvmlProcessInfo_t){t->pid, 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        }
     }
     if (*count < n || (n && !infos)) {
         *count = n;
