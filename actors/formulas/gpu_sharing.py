@@ -413,7 +413,9 @@ class ProcessPowers:
         found = nnls(scaled[:, None] * vectors.T, (vectors.T @ rhs) / scaled)[0]
         everything = power_w.copy()
         everything[free] = found
-        rss = self.energy_sq - 2 * everything @ self.cross + everything @ self.gram @ everything
+        rss = float(
+            self.energy_sq - 2 * everything @ self.cross + everything @ self.gram @ everything
+        )
         sigma2 = max(rss, 0.0) / max(self.windows - len(found), 1.0)
         return found, np.sqrt(sigma2 * (vectors**2 / values).sum(axis=1))
 
