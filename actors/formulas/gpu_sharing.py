@@ -72,6 +72,10 @@ MAX_RELATIVE_STDERR = 0.25
 """A process with less of its own variation counts as learned once its active power's standard
 error is within this part of it."""
 
+MIN_WINDOWS = 20.0
+"""Windows a fit must hold before it tells processes apart: fewer, and the draws' noise can
+pass for a difference."""
+
 MIN_INDEPENDENCE = 0.3
 """Least part of a process's engine-time variation that the others' must leave unexplained
 for it to be told apart (1 − R² of its engine time on theirs)."""
@@ -385,7 +389,8 @@ class ProcessPowers:
         independence = information / np.maximum(np.diag(data), floor)
         engine_s = np.array([p.engine_s for p in self.processes.values()])
         identified = solo | (
-            (independence >= MIN_INDEPENDENCE)
+            (self.windows >= MIN_WINDOWS)
+            & (independence >= MIN_INDEPENDENCE)
             & (engine_s >= MIN_SOLO_S)
             & (stderr_w <= MAX_RELATIVE_STDERR * np.maximum(power_w, pooled_w))
         )
