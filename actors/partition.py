@@ -106,6 +106,31 @@ class Partition:
         kept = [report for report in reports if self.owns(report.sensor)]
         return ([kept] if kept else []), len(reports) - len(kept)
 
+    def divide(
+        self, batch: Sequence[Report] | Sequence[Frame]
+    ) -> tuple[list[list[Report] | list[Frame]], list[Report]]:
+        """This partition's share of a batch (as :meth:`select` cuts it), and the reports of
+        the others' sensors, built one by one: for an input that must dead-letter them, since
+        the instance that owns them will not see them (a ZeroMQ topic that misnamed their
+        sensor), rather than let them go.
+        """
+        kept, left = self.select(batch)
+        return kept, (self._others(batch) if left else [])
+
+    def _others(self, batch: Sequence[Report] | Sequence[Frame]) -> list[Report]:
+        """The reports of a batch that other partitions take; a frame of hwpc-sensor's is cut
+        per sensor first, so only those sensors' reports are built."""
+        if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
+            frame = batch[0]
+            others = [s for s in frame.sensors() if not self.owns(s)]
+            return [r for s in others for r in frame.of_sensor(s).reports()]
+        reports = batch[0].reports() if len(batch) == 1 and isinstance(batch[0], Frame) else batch
+        return [r for r in reports if isinstance(r, Report) and not self.owns(r.sensor)]
+
+    def of(self, sensor: str) -> Partition:
+        """The partition of this partition's count that takes ``sensor``."""
+        return Partition(partition_of(sensor, self.count), self.count)
+
     def _select_frame(self, frame: Frame) -> tuple[list[list[Report] | list[Frame]], int]:
         if isinstance(frame, HWPCFrame):
             sensors = frame.sensors()

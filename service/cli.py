@@ -116,6 +116,17 @@ def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
     return parser
 
 
+RUN_EXIT_CODES = (
+    "Exit codes: 0 when done (the input ended or a signal stopped it) with every report that "
+    "entered written or dead-lettered; 1 for a failure at run time: an input that broke off, "
+    "an actor that kept failing, reports not written or unaccounted for, a second signal "
+    "during the drain, or a --workers worker that died, even one restarted and drained "
+    "cleanly after; 2 for bad usage or configuration, found before anything runs."
+)
+"""The end of ``wattflow run --help``: what a script or a supervisor learns from the exit code
+(docs/operations.md, Exit codes and errors)."""
+
+
 def _global_parser() -> argparse.ArgumentParser:
     from wattflow.actors.pullers import pullers
     from wattflow.actors.pushers import pushers
@@ -129,6 +140,7 @@ def _global_parser() -> argparse.ArgumentParser:
         "--input TYPE [its flags] … --output TYPE [its flags] …; "
         f"input types: {', '.join(pullers.names())}; output types: {', '.join(pushers.names())}. "
         "`wattflow run --input TYPE --help` lists a backend's flags.",
+        epilog=RUN_EXIT_CODES,
     )
     _add_model_flags(parser, ServiceConfig, skip={"inputs", "outputs", "formulas", "queue"})
     parser.add_argument(
@@ -282,7 +294,8 @@ def few_collections() -> Iterator[None]:
 
 
 def run_command(argv: Sequence[str]) -> int:
-    """``wattflow run``: exit 0 when done, 2 for bad usage or configuration, 1 at run time."""
+    """``wattflow run``: exit 0 when done, 2 for bad usage or configuration, 1 at run time
+    (:data:`RUN_EXIT_CODES`)."""
     import asyncio
 
     from wattflow.service.pipeline import Interrupted, assemble, check, serve, status_server

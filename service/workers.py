@@ -8,7 +8,9 @@ lives in one worker. The parent:
 - listens on each socket input itself and hands each connection to the worker of its sensor
   (:mod:`wattflow.actors.handoff`): the reports are decoded once, by their worker;
 - starts the workers (``spawn``: a fresh interpreter each, nothing inherited from the parent's
-  event loop) and restarts one that dies, a bounded number of times;
+  event loop) and restarts one that dies, a bounded number of times, counting each death: it
+  is logged, in ``/metrics`` (``wattflow_worker_restarts_total``), named at the exit, and makes
+  the exit code 1, since a killed process sends no ledger;
 - on SIGTERM or SIGINT stops accepting and tells every worker to drain (SIGTERM); a second
   signal tells them to stop at once (SIGUSR1); a worker still running
   ``drain_timeout_s + DRAIN_SETTLE_S + WORKER_EXIT_MARGIN_S`` after the first is killed;
@@ -40,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from wattflow.actors.handoff import Acceptor, settle
@@ -204,9 +206,12 @@ class Worker:
     problems: list[str] = field(default_factory=list)
     exit_code: int | None = None
     restarts: list[float] = field(default_factory=list)
-    """Monotonic times of its restarts (the window's bound)."""
-    lost: int = 0
-    """Processes of this slot that ended without a ledger (killed): what they held is lost."""
+    """Monotonic times of its restarts within the last :data:`RESTART_WINDOW_S` (the bound)."""
+    restarted: int = 0
+    """Restarts of this slot over the whole run (``wattflow_worker_restarts_total``)."""
+    deaths: list[str] = field(default_factory=list)
+    """How each process of this slot that ended without sending its ledger ended (``was
+    killed by SIGKILL``): the ledger cannot count what it had read, and what it held is lost."""
 
     @property
     def alive(self) -> bool:
@@ -337,7 +342,7 @@ class WorkerPool:
             self._spawn(worker)
             await self._wait_for_exit(worker)
             if worker.ledger is None:
-                worker.lost += 1
+                worker.deaths.append(_exit_reason(worker.exit_code))
             if worker.exit_code == 0 or self.stopping:
                 return
             why = _exit_reason(worker.exit_code)
@@ -349,12 +354,14 @@ class WorkerPool:
                 self.stop()
                 return
             worker.restarts.append(time.monotonic())
+            worker.restarted += 1
             logger.error(
-                "worker %d/%d %s%s: restarting it (%d of %d within %g s)",
+                "worker %d/%d %s%s: restarting it (restart %d of the run; %d of %d within %g s)",
                 worker.index,
                 self.count,
                 why,
                 "" if worker.ledger is not None else "; the reports it held are lost",
+                worker.restarted,
                 len(worker.restarts),
                 MAX_RESTARTS,
                 RESTART_WINDOW_S,
@@ -424,17 +431,21 @@ class WorkerPool:
         return self._outcome()
 
     def _outcome(self) -> int:
+        """Log the summed ledger, print one line per problem, and return the exit code: 1
+        when a worker died (even one restarted and drained cleanly after), as its ledger is
+        not in the sum."""
         ledger = sum_ledgers([w.ledger for w in self.workers if w.ledger is not None])
-        restarts = sum(len(w.restarts) for w in self.workers)
-        logger.info(
-            "pipeline drained: %s workers=%d worker_restarts=%d",
+        deaths = sum(len(w.deaths) for w in self.workers)
+        logger.log(
+            logging.ERROR if deaths else logging.INFO,
+            "pipeline drained: %s workers=%d worker_restarts=%d worker_deaths=%d",
             ledger.summary(),
             self.count,
-            restarts,
+            sum(w.restarted for w in self.workers),
+            deaths,
         )
         problems = [f"worker {w.index}/{self.count}: {p}" for w in self.workers for p in w.problems]
-        lost = [w for w in self.workers if w.ledger is None]
-        problems += [f"worker {w.index}/{self.count} {_exit_reason(w.exit_code)}" for w in lost]
+        problems += [_death_line(w, self.count) for w in self.workers if w.deaths]
         if self.failure is not None:
             problems.insert(0, self.failure)
         if not ledger.balanced():
@@ -442,6 +453,20 @@ class WorkerPool:
         for problem in dict.fromkeys(problems):
             print(f"wattflow: error: {problem}", file=sys.stderr)
         return 1 if problems or self.aborted else 0
+
+
+def _death_line(worker: Worker, count: int) -> str:
+    """What the exit says of a worker slot whose processes died: which, how, how often it was
+    restarted, and that the ledger above does not count them (it cannot be called balanced
+    for reports nobody could count)."""
+    how = "; ".join(
+        f"{why} ×{times}" if times > 1 else why for why, times in Counter(worker.deaths).items()
+    )
+    return (
+        f"worker {worker.index}/{count} died ({how}) and was restarted {worker.restarted} "
+        f"time{'s' if worker.restarted != 1 else ''}: what it had read before is not in the "
+        "ledger, and the reports it held were not written"
+    )
 
 
 def _exit_reason(code: int | None) -> str:
@@ -472,15 +497,16 @@ class WorkersStatus:
         families: dict[str, Metric] = {}
         alive = GaugeMetricFamily("wattflow_workers_running", "Worker processes running.")
         alive.add_metric([], sum(1 for w in self.pool.workers if w.alive))
-        restarts = GaugeMetricFamily(
-            "wattflow_worker_restarts", "Restarts of each worker slot within the last minute.",
+        restarts = CounterMetricFamily(
+            "wattflow_worker_restarts",
+            "Times the worker's process died and the parent started it again.",
             labels=["worker"],
-        )  # fmt: skip
+        )
         for worker, (health, ready, metrics) in zip(self.pool.workers, answers, strict=True):
             name = f"worker {worker.index}/{self.pool.count}"
             unhealthy += [f"{name}: {line}" for line in health]
             not_ready += [f"{name}: {line}" for line in ready]
-            restarts.add_metric([str(worker.index)], len(worker.restarts))
+            restarts.add_metric([str(worker.index)], worker.restarted)
             _merge(families, metrics, str(worker.index))
         if self.pool.stopping:
             unhealthy.append("draining: the service is stopping")
@@ -530,7 +556,8 @@ def _merge(families: dict[str, Metric], text: str, worker: str) -> None:
 
 
 def run_workers(config: ServiceConfig) -> int:
-    """``wattflow run --workers N``: exit 0 when done, 2 for bad usage, 1 at run time."""
+    """``wattflow run --workers N``: exit 0 when done, 2 for bad usage, 1 at run time, which
+    includes a worker that died, even one restarted after (:meth:`WorkerPool._outcome`)."""
     from wattflow.service.pipeline import assemble, check
     from wattflow.service.status_server import StatusServer
 

@@ -2,7 +2,8 @@
 
 The instances of one stream together write exactly what one instance without the option
 writes (no report missing, none twice), each takes only its own sensors, reports of the other
-sensors are counted as skipped (not dead letters), and on MongoDB each keeps a checkpoint of
+sensors are counted as skipped (not dead letters; but on ZeroMQ, a report sent under a topic of
+this partition's sensors that is another's is one), and on MongoDB each keeps a checkpoint of
 its own.
 """
 
@@ -14,22 +15,27 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
+import zmq.asyncio
 
 from wattflow.actors.partition import Partition, partition_of
+from wattflow.actors.pullers.zeromq import ZeroMQPuller, ZeroMQPullerConfig
 from wattflow.formats import powerapi
-from wattflow.formats.reports import HWPCReport
+from wattflow.formats.frames import Frame
+from wattflow.formats.reports import HWPCReport, Report
 
-from .conftest import Service, wait_until, wattflow
+from .conftest import Service, run_async, wait_until, wattflow
 from .servers import ServerProcess, free_port, mongodb_uri
 from .test_influxdb import power_reports
 from .test_mongodb import client_of, hwpc_sensor_document
 from .test_status_server import get, samples, value
+from .test_zeromq import Collector, eventually, pulling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from generate_hwpc import record
@@ -412,6 +418,117 @@ def test_a_partition_lets_other_sensors_zeromq_messages_go_by_their_topic(tmp_pa
     assert sorted(output.read_text().splitlines()) == expected
     assert read_jsonl(letters) == []
     assert skipped_in(log) == sum(len(lines[s]) for s in others) + 1  # the bad line too
+
+
+def test_hwpc_reports_under_a_topic_of_another_sensor_are_dead_letters(recording: Path) -> None:
+    """A sender that publishes a sensor's reports under the topic of a sensor of partition 0/2
+    when their own sensor is partition 1/2's: partition 1 lets the message go by its topic, so
+    partition 0 dead-letters those reports, naming the topic and the sensor, and hands on its
+    own sensors' reports (as frames) whatever topic of its own they came under."""
+    partition = Partition(0, 2)
+    streams: dict[str, list[bytes]] = {}
+    for line in recording.read_bytes().splitlines():
+        streams.setdefault(json.loads(line)["sensor"], []).append(line)
+    mine = [sensor for sensor in SENSORS if partition.owns(sensor)]
+    theirs = [sensor for sensor in SENSORS if not partition.owns(sensor)]
+    uri = f"tcp://127.0.0.1:{free_port()}"
+    puller = ZeroMQPuller(ZeroMQPullerConfig(uri=[uri], socket_type="PULL"))
+    puller.partition = partition
+    collector = Batches()
+    context = zmq.asyncio.Context()
+    sender = context.socket(zmq.PUSH)
+    misplaced = len(streams[theirs[0]])
+
+    async def go() -> None:
+        async with pulling(puller, collector):
+            sender.connect(uri)
+            for sensor in mine:
+                await sender.send_multipart(
+                    [f"HWPCReport:{sensor}".encode(), b"\n".join(streams[sensor])]
+                )
+            await sender.send_multipart(
+                [f"HWPCReport:{mine[0]}".encode(), b"\n".join(streams[theirs[0]])]
+            )
+            await sender.send_multipart(
+                [f"HWPCReport:{theirs[1]}".encode(), b"\n".join(streams[theirs[1]])]
+            )
+            await eventually(
+                lambda: (
+                    len(collector.reports) == sum(len(streams[s]) for s in mine)
+                    and len(collector.rejected) == misplaced
+                    and collector.skipped == len(streams[theirs[1]])
+                ),
+                "every message handled",
+            )
+
+    try:
+        run_async(go())
+    finally:
+        sender.close(linger=0)
+        context.term()
+    assert Counter(r.sensor for r in collector.reports) == {s: len(streams[s]) for s in mine}
+    assert collector.frames > 0, "hwpc-sensor's plain reports still travel as frames"
+    assert Counter(payload.sensor for payload, _ in collector.rejected) == {theirs[0]: misplaced}
+    assert {reason for _, reason in collector.rejected} == {
+        f"zeromq {uri}: sensor {theirs[0]!r} came under topic 'HWPCReport:{mine[0]}' of "
+        "partition 0/2 but belongs to partition 1/2"
+    }
+
+
+class Batches(Collector):
+    """A collector that also counts the frames it is handed."""
+
+    frames = 0
+
+    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+        self.frames += sum(1 for item in batch if isinstance(item, Frame))
+        await super().emit(batch)
+
+
+def test_a_service_dead_letters_and_counts_reports_a_topic_put_in_its_partition(
+    tmp_path: Path,
+) -> None:
+    """The service on ZeroMQ with ``--partition 0/2``: PowerReports of a partition-1 sensor
+    sent under a partition-0 sensor's topic are in the dead-letter file with the reason, and
+    in the ledger as ``rejected_input``; the topic's own reports are written."""
+    partition = Partition(0, 2)
+    mine = next(sensor for sensor in SENSORS if partition.owns(sensor))
+    theirs = next(sensor for sensor in SENSORS if not partition.owns(sensor))
+    good = [r.model_copy(update={"sensor": mine}) for r in power_reports(ticks=3)]
+    bad = [r.model_copy(update={"sensor": theirs}) for r in power_reports(ticks=2)]
+    uri = f"tcp://127.0.0.1:{free_port()}"
+    output, letters = tmp_path / "power.jsonl", tmp_path / "dead.jsonl"
+    with Service(
+        tmp_path / "service.log", "run", "--partition", str(partition),
+        "--input", "zeromq", "--uri", uri, "--socket-type", "PULL", "--bind",
+        "--model", "PowerReport",
+        "--output", "jsonl", "--model", "PowerReport", "--file", str(output),
+        "--dead-letters", str(letters),
+    ) as service:  # fmt: skip
+        context = zmq.Context()
+        push = context.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        try:
+            push.connect(uri)
+            topic = f"PowerReport:{mine}".encode()
+            payload = [powerapi.encode_json(r).encode() for r in (*good, *bad)]
+            push.send_multipart([topic, b"\n".join(payload)])
+            service.wait_for_lines(output, len(good))
+            service.wait_for_log("came under topic")  # the file is written at the stop
+        finally:
+            push.close()
+            context.term()
+        log = service.stop()
+    assert sorted(output.read_text().splitlines()) == sorted(powerapi.encode_json(r) for r in good)
+    dead = read_jsonl(letters)
+    assert len(dead) == len(bad)
+    assert {d["reason"] for d in dead} == {
+        f"zeromq {uri}: sensor {theirs!r} came under topic 'PowerReport:{mine}' of partition "
+        "0/2 but belongs to partition 1/2"
+    }
+    ledger = re.search(r"pipeline drained: .*rejected_input=(\d+) skipped=(\d+)", log)
+    assert ledger, log[-3000:]
+    assert (int(ledger[1]), int(ledger[2])) == (len(bad), 0)
 
 
 def test_a_partition_moved_to_another_instance_goes_on_without_relearning(

@@ -178,7 +178,7 @@ def test_two_workers_on_the_socket_write_what_one_process_writes(
     assert ledger["delivered"] == sum(expected.values())
     assert ledger["rejected_input"] == ledger["dead_out"] == 0
     assert ledger["workers"] == WORKERS
-    assert ledger["worker_restarts"] == 0
+    assert ledger["worker_restarts"] == ledger["worker_deaths"] == 0
     for index in range(WORKERS):
         assert read_jsonl(per_worker_path(tmp_path / "two-dead.jsonl", index)) == []
 
@@ -187,7 +187,10 @@ def test_a_killed_worker_is_restarted_and_takes_its_sensors_again(
     recording: Path, tmp_path: Path
 ) -> None:
     """SIGKILL one worker: the parent starts it again, and the sensors it owns, connecting
-    afterwards, are read by the new one: the output is whole."""
+    afterwards, are read by the new one: the output is whole. The death shows: logged when it
+    happens, counted in the parent's ``/metrics``, named in the exit lines, and the run exits
+    1 although the drain after it was clean (the ledger cannot count what the dead process
+    had read)."""
     streams = lines_per_sensor(recording)
     expected = one_process_output(recording, tmp_path)
     with socket_workers(tmp_path) as workers:
@@ -198,12 +201,36 @@ def test_a_killed_worker_is_restarted_and_takes_its_sensors_again(
         service.wait_for_log("worker 0/2 was killed by SIGKILL")
         service.wait_for_log("worker 0/2 started", count=2)
         wait_until(workers.ready, 60, "/ready again")
+        assert worker_restarts(workers.http_port) == {"0": 1.0, "1": 0.0}
         for data in streams.values():
             send(workers.socket_port, data)
         workers.wait_read(len(recording.read_bytes().splitlines()), "every report read")
-        log = service.stop()
+        log = service.stop(code=1)
     check_split(tmp_path, "two", expected)
-    assert drained_ledger(log)["worker_restarts"] == 1
+    assert re.search(
+        r"worker 0/2 was killed by SIGKILL; the reports it held are lost: restarting it "
+        r"\(restart 1 of the run; 1 of 5 within 60 s\)",
+        log,
+    ), log[-3000:]
+    ledger = drained_ledger(log)
+    assert ledger["worker_restarts"] == 1
+    assert ledger["worker_deaths"] == 1
+    assert (
+        "wattflow: error: worker 0/2 died (was killed by SIGKILL) and was restarted 1 time: "
+        "what it had read before is not in the ledger, and the reports it held were not "
+        "written"
+    ) in log, log[-3000:]
+    assert "worker 1/2 died" not in log
+
+
+def worker_restarts(http_port: int) -> dict[str, float]:
+    """``wattflow_worker_restarts_total`` of each worker slot, from the parent's ``/metrics``."""
+    found = samples(get(f"http://127.0.0.1:{http_port}/metrics")[1])
+    return {
+        dict(labels)["worker"]: count
+        for (name, labels), count in found.items()
+        if name == "wattflow_worker_restarts_total"
+    }
 
 
 def test_a_connection_of_several_sensors_goes_to_its_first_sensors_worker(

@@ -28,6 +28,7 @@ from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
 from wattflow.formats import powerapi
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames
 from wattflow.formats.reports import HWPCReport, Report, report_kind
 
@@ -220,25 +221,83 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
     ) -> None:
         """Hand on what messages hold: hwpc-sensor's plain reports as frames (one per sensor,
         :func:`~wattflow.formats.json_frames.decode_hwpc_frames`), anything else message by
-        message."""
-        if self.partition is not None:
-            messages = self._of_partition(messages, emitter)
-        if kind is HWPCReport and all(len(message) <= 2 for message in messages):
-            lines = [line for message in messages for line in message[-1].bytes.split(b"\n")]
-            frames = decode_hwpc_frames(lines, self._layouts)
-            if frames is not None:
+        message.
+
+        With a partition, a message under a topic that names one of its sensors is taken on
+        that word (:meth:`_of_partition`); each of its reports is then checked with the same
+        function, and one whose sensor another partition takes is a dead letter: that
+        partition let the message go by its topic, so skipping the report here would lose it
+        without a trace. The whole batch is decoded at once as long as nothing is misplaced;
+        otherwise each topic's messages are decoded apart, to name the topic in the reason.
+        """
+        if self.partition is None:
+            await self._hand_on(kind, messages, where, emitter)
+            return
+        by_topic = self._of_partition(messages, emitter)
+        framed = True
+        if any(topic is not None for topic in by_topic):
+            every = [message for group in by_topic.values() for message in group]
+            frames = self._frames(kind, every)
+            if frames is not None and all(
+                self.partition.owns(sensor) for frame in frames for sensor in frame.sensors()
+            ):
                 for frame in frames:
                     await emitter.emit([frame])
                 return
-        reports: list[Report] = []
-        for message in messages:
-            reports += self._decode(kind, message, where, emitter)
-        await emitter.emit(reports)
+            framed = frames is not None
+        for topic, group in by_topic.items():
+            await self._hand_on(kind, group, where, emitter, topic, framed=framed)
+
+    def _frames(
+        self, kind: type[Report], messages: list[list[zmq.Frame]]
+    ) -> list[HWPCFrame] | None:
+        """The messages' reports as one frame per sensor, or None when they cannot be."""
+        if kind is not HWPCReport or any(len(message) > 2 for message in messages):
+            return None
+        lines = [line for message in messages for line in message[-1].bytes.split(b"\n")]
+        return decode_hwpc_frames(lines, self._layouts)
+
+    async def _hand_on(
+        self,
+        kind: type[Report],
+        messages: list[list[zmq.Frame]],
+        where: str,
+        emitter: Emitter,
+        topic: str | None = None,
+        *,
+        framed: bool = True,
+    ) -> None:
+        """Decode messages (as frames when ``framed`` and they can be, else report by report)
+        and hand them on. Under ``topic``, a topic of this partition, the reports of sensors
+        other partitions take are dead-lettered (:meth:`Partition.divide
+        <wattflow.actors.partition.Partition.divide>`, which cuts a frame per sensor as the
+        partition filter does)."""
+        frames = self._frames(kind, messages) if framed else None
+        batches: list[list[Report] | list[Frame]] = []
+        for frame in frames or []:
+            alone: list[Frame] = [frame]
+            batches.append(alone)
+        if frames is None:
+            batches.append([r for m in messages for r in self._decode(kind, m, where, emitter)])
+        for batch in batches:
+            if topic is None or self.partition is None:
+                await emitter.emit(batch)
+                continue
+            parts, misplaced = self.partition.divide(batch)
+            for report in misplaced:
+                emitter.reject(
+                    report,
+                    f"{where}: sensor {report.sensor!r} came under topic {topic!r} of partition "
+                    f"{self.partition} but belongs to partition {self.partition.of(report.sensor)}",
+                )
+            for part in parts:
+                await emitter.emit(part)
 
     def _of_partition(
         self, messages: list[list[zmq.Frame]], emitter: Emitter
-    ) -> list[list[zmq.Frame]]:
-        """The messages not known to be another partition's.
+    ) -> dict[str | None, list[list[zmq.Frame]]]:
+        """The messages not known to be another partition's, by the topic that says they are
+        this partition's (None: a message whose topic names no sensor).
 
         A message whose topic names its sensor as wattflow's ZeroMQ output sets it
         (``<kind>:<sensor>``, the kind this input reads) is let go undecoded when the sensor
@@ -247,12 +306,14 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         """
         assert self.partition is not None
         prefix = f"{self.config.model}:".encode()
-        kept: list[list[zmq.Frame]] = []
+        kept: dict[str | None, list[list[zmq.Frame]]] = {}
         for message in messages:
             topic = message[0].bytes if len(message) == 2 else b""
-            sensor = topic.removeprefix(prefix).decode("utf-8", "replace")
-            if not topic.startswith(prefix) or self.partition.owns(sensor):
-                kept.append(message)
+            if not topic.startswith(prefix):
+                kept.setdefault(None, []).append(message)
+                continue
+            if self.partition.owns(topic.removeprefix(prefix).decode("utf-8", "replace")):
+                kept.setdefault(topic.decode("utf-8", "replace"), []).append(message)
                 continue
             lines = message[1].bytes.split(b"\n")
             emitter.skip(sum(1 for line in lines if line.strip()))
