@@ -135,7 +135,7 @@ class Cuda:
 def load(gpu: int, duty: float, seconds: float, report: Path) -> None:
     """Keep the GPU busy ``duty`` of the time for ``seconds`` in ~20 ms kernels, sleeping a
     jittered time after each; write the kernels run and their GPU time to ``report``."""
-    cuda = Cuda(gpu)
+    cuda = Cuda(0)  # the only device in CUDA_VISIBLE_DEVICES
     rounds = 1 << 16
     while True:  # calibrate: about 20 ms per kernel
         started = time.perf_counter()
@@ -384,7 +384,10 @@ def main() -> None:
         directory = Path(scratch)
         gpu_file, power_file = directory / "gpu.jsonl", directory / "power.jsonl"
         smi_file, pmon_file = directory / "smi.csv", directory / "pmon.txt"
-        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": str(args.gpu)}
+        # CUDA sees only NVML's GPU --gpu, as its device 0; it numbers devices fastest first
+        # unless told to follow the PCI bus, as NVML and nvidia-smi do.
+        environment = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                       "CUDA_VISIBLE_DEVICES": str(args.gpu)}  # fmt: skip
         stack.enter_context(
             running(
                 ["nvidia-smi", "-i", str(args.gpu), "--query-gpu="
