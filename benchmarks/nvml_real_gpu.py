@@ -431,6 +431,9 @@ def mixed_load(role: str, heavy_kind: str, report: Path) -> None:
         [(phase.start, phase.end, phase.duty(role)) for phase in schedule],
         random.Random(os.getpid()),
     )
+    # Alive, context and all, to the schedule's end: the heavy load's last stint is the shared
+    # phase, and through the light load's solo phase its process must still be there, idle.
+    time.sleep(max(0.0, schedule[-1].end - time.time()))
     report.write_text(json.dumps({"pid": os.getpid(), "role": role, **unit, "units": units}))
 
 
