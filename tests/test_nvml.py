@@ -632,3 +632,10 @@ def test_the_real_gpu_benchmark_imports_and_explains_itself_without_a_gpu() -> N
     assert done.returncode == 0, done.stderr
     assert "--gpu-idle-power-w" in done.stdout
     assert "--duty" in done.stdout
+    mixed = subprocess.run(
+        [sys.executable, str(script), "--protocol", "mixed", "--help"], capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert mixed.returncode == 0, mixed.stderr
+    for option in ("--heavy-duty", "--heavy-load", "--gap-seconds", "--summary"):
+        assert option in mixed.stdout
