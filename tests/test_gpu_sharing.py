@@ -101,7 +101,7 @@ def time_split_share(reports: list[GPUReport], pid: int, since_s: float) -> floa
 def test_a_heavy_and_a_light_process_get_their_true_energy_shares(seed: int) -> None:
     """After 30 s of learning, over the next 90 s each process's share of the energy is within
     5 points of the truth, and the processes get at least 95 % of the active energy; the split
-    by engine time alone is tens of points off on the same stream."""
+    by engine time alone is over 40 points off on the same stream."""
     tenants = h200_pair(seed)
     reports = simulate_sampler(tenants, START_MS, 120)
     power = split(reports)
@@ -113,7 +113,7 @@ def test_a_heavy_and_a_light_process_get_their_true_energy_shares(seed: int) -> 
         (START_MS + 30_000) * 1000, (START_MS + 120_000) * 1000
     )  # the time split gives the spinner its half of the shared time: far off
     true_light = truth[(LIGHT, 0)] / sum(truth.values())
-    assert time_split_share(reports, LIGHT, 30) - true_light > 0.2
+    assert time_split_share(reports, LIGHT, 30) - true_light > 0.4
     late = [
         r
         for r in power
