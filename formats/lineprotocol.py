@@ -71,9 +71,12 @@ FieldLayout = tuple[tuple[str, int], ...]
 """Field names (escaped) in line order, each with the index of its value as in
 :data:`PowerLayout`; ``power`` has index -1."""
 
-FIELD_KEYS = frozenset({"ratio", "formula", "cpu", "dram", "gpu"})
+FIELD_KEYS = frozenset(
+    {"ratio", "formula", "cpu", "dram", "gpu", "active_power_w", "active_power_stderr_w"}
+)
 """Metadata written as fields of a PowerReport's point unless ``--tags`` names them: values that
-change with every report (a ratio, watts) or every model (SmartWatts' hash)."""
+change with every report (a ratio, watts, a GPU process's learned power) or every model
+(SmartWatts' hash)."""
 
 _LAYOUTS_KEPT = 4096
 """Most PowerReport layouts one :class:`LineEncoder` keeps; it starts afresh past that."""

@@ -671,3 +671,37 @@ def test_estimates_of_intervals_without_a_meter_reading_are_not_kept() -> None:
     assert not out.reports
     assert not out.rejected
     assert len(formula.state()["targets"]) <= 1
+
+
+def test_gpu_power_read_every_tick_and_its_counter_every_2_s_give_one_series() -> None:
+    """The NVML input's stream: power every 100 ms tick, the energy counter every 20th tick.
+    The node formula takes each tick's own power (the GPU formula's definition) and never
+    mixes a counter reading with a power reading (it took 12,500 W of GPU at every counter
+    reading, a rest of -12,500 W); a recording with the counter on every tick uses it."""
+    from wattflow.formats.reports import GPUDevice, GPUReport, MeterReport, PowerReport
+
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+
+    def stream(counter_every: int) -> list[PowerReport]:
+        formula = NodeFormula(NodeConfig(node_lateness_ms=0), "node-1")
+        out = Output()
+        reports: list[Any] = []
+        energy_mj = 1_000_000.0
+        for tick in range(1, 61):
+            stamp = start + timedelta(milliseconds=100 * tick)
+            energy_mj += 300.0 * 100  # 300 W over 100 ms
+            readings: dict[str, Any] = {"power": 300_000.0}
+            if tick % counter_every == 0:
+                readings["total_energy"] = energy_mj
+            reports.append(GPUReport(timestamp=stamp, sensor="node-1", target="all",
+                                     devices={"0": GPUDevice(**readings)}))  # fmt: skip
+            reports.append(MeterReport(timestamp=stamp, sensor="node-1", target="all",
+                                       channels={"d0c0": 500_000.0}))  # fmt: skip
+        formula.process(reports, out)
+        formula.flush(out)
+        return [r for r in out.reports if isinstance(r, PowerReport) and r.target == "rest"]
+
+    for counter_every in (20, 1):
+        rests = stream(counter_every)
+        assert len(rests) >= 55, counter_every
+        assert all(r.power == pytest.approx(200.0) for r in rests), counter_every

@@ -83,6 +83,12 @@ from pydantic import AliasChoices, Field, PositiveInt
 from wattflow.actors.checkpoints import pack_floats, unpack_floats
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
+from wattflow.actors.formulas.gpu_readings import (
+    NoReading,
+    power_samples,
+    samples_mean_mw,
+    tick_power_w,
+)
 from wattflow.actors.formulas.gpu_sharing import (
     ProcessEnergy,
     ProcessPowers,
@@ -326,7 +332,7 @@ class GpuFormula(Formula[GpuConfig]):
         for index, device in report.devices.items():
             try:
                 produced += self._device(report, index, device, out)
-            except _NoReading as error:
+            except NoReading as error:
                 problems.append(f"gpu {index}: {error}")
         if problems and not produced:
             out.reject(report, "; ".join(problems))
@@ -485,10 +491,9 @@ class GpuFormula(Formula[GpuConfig]):
             "formula": FORMULA_NAME,
             "ratio": share.ratio,
             "split": share.split,
+            "active_power_w": share.active_power_w,
+            "active_power_stderr_w": share.active_power_stderr_w,
         }
-        if share.split == "power":
-            metadata["active_power_w"] = share.active_power_w
-            metadata["active_power_stderr_w"] = share.active_power_stderr_w
         return PowerReport(
             timestamp=report.timestamp,
             sensor=report.sensor,
@@ -725,9 +730,11 @@ def _overlaps(
 @dataclass(slots=True)
 class _TargetShare:
     """A target's part of a tick's active energy, and how it was split: by the learned
-    active power of each of its processes (``power``, with that power and its standard error,
-    means weighted by energy), or by their time shares (``time``: not learned yet, or
-    processes the data cannot tell apart; GPU instances)."""
+    active power of each of its processes (``power``), or by their time shares (``time``: not
+    learned yet, or processes the data cannot tell apart; GPU instances). Its active power and
+    standard error (means over its processes weighted by energy) are the learned ones where
+    ``power``, else the fit's figures so far (0 for GPU instances): every report of a process
+    carries the same keys, as outputs with a fixed layout (PowerAPI's CSV header) need."""
 
     energy_j: float = 0.0
     ratio: float = 0.0
@@ -765,7 +772,7 @@ def _target_shares(
             _add(shares.setdefault(part.target, _TargetShare()), part)
     for entry in shares.values():
         entry.ratio = entry.energy_j / energy_of_tick if energy_of_tick > 0 else 0.0
-        if entry.split == "power" and entry.energy_j > 0:
+        if entry.energy_j > 0:
             entry.active_power_w /= entry.energy_j
             entry.active_power_stderr_w /= entry.energy_j
     return shares
@@ -775,11 +782,10 @@ def _add(entry: _TargetShare, part: ProcessEnergy) -> None:
     """Add a process's energy to its target's; the target is split by power only if every
     one of its processes is (its means are weighted by energy, divided at the end)."""
     entry.energy_j += part.energy_j
-    if part.split == "time" or part.learned is None:
+    if part.split == "time":
         entry.split = "time"
-        return
-    entry.active_power_w += part.learned.power_w * part.energy_j
-    entry.active_power_stderr_w += part.learned.stderr_w * part.energy_j
+    entry.active_power_w += part.power_w * part.energy_j
+    entry.active_power_stderr_w += part.stderr_w * part.energy_j
 
 
 def _learn(overlaps: list[tuple[float, _Window]], active_w: float, state: _DeviceState) -> None:
@@ -818,7 +824,7 @@ def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:
         return None
     interval_s = (timestamp - previous).total_seconds()
     if interval_s <= 0:
-        raise _NoReading(f"tick at {timestamp.isoformat()} is not after the previous one")
+        raise NoReading(f"tick at {timestamp.isoformat()} is not after the previous one")
     return interval_s
 
 
@@ -940,26 +946,16 @@ def _unsettled_w(tick: _Tick, state: _DeviceState) -> float:
 def _reading_power_w(
     state: _DeviceState, device: GPUDevice, start_us: int, end_us: int
 ) -> float | None:
-    """Power in W from the driver's samples stamped in the tick (``start_us``, ``end_us``],
-    else from its power reading, else from all the samples the tick brought; ``None`` for a
-    device with only an energy counter, whose first reading starts the interval.
+    """The tick's own power (:func:`tick_power_w`, the definition the node formula shares);
+    ``None`` for a device with only an energy counter, whose first reading starts the interval.
 
-    The NVML input reads the samples once a window (a second), so most of those a tick brings
-    are the earlier ticks': they go to the held ticks they were stamped in
+    The NVML input reads the driver's samples once a window (a second), so most of those a
+    tick brings are the earlier ticks': they go to the held ticks they were stamped in
     (:func:`_refine_held_readings`), and their mean is not this tick's power."""
-    samples = (device.samples or {}).get("TOTAL_POWER", [])
+    samples = power_samples(device)
     if samples:
         _refine_held_readings(state, samples)
-    own = _mean_mw(samples, start_us, end_us)
-    if own is not None:
-        return own / 1000.0
-    if device.power is not None:
-        return device.power / 1000.0
-    if samples:
-        return sum(value for _, value in samples) / len(samples) / 1000.0
-    if device.total_energy is not None:
-        return None  # the first reading of a counter only starts the interval
-    raise _NoReading("no power reading (no energy counter, samples or power)")
+    return tick_power_w(device, start_us, end_us)
 
 
 def _refine_held_readings(state: _DeviceState, samples: list[tuple[int, float]]) -> None:
@@ -968,16 +964,6 @@ def _refine_held_readings(state: _DeviceState, samples: list[tuple[int, float]])
     samples (every ~20 ms) tell a tick's power better than the one reading taken at its end."""
     for tick in state.held:
         if not tick.settled and tick.reading_w is not None:
-            own = _mean_mw(samples, tick.start_us, tick.end_us)
+            own = samples_mean_mw(samples, tick.start_us, tick.end_us)
             if own is not None:
                 tick.reading_w = own / 1000.0
-
-
-def _mean_mw(samples: list[tuple[int, float]], start_us: int, end_us: int) -> float | None:
-    """The mean of the samples stamped in (``start_us``, ``end_us``], or ``None``."""
-    own = [value for stamp, value in samples if start_us < stamp <= end_us]
-    return sum(own) / len(own) if own else None
-
-
-class _NoReading(Exception):
-    """A device tick that cannot give a power figure."""

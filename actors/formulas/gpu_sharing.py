@@ -180,7 +180,10 @@ class ProcessEnergy:
     target: str
     energy_j: float
     split: Split
-    learned: Learned | None
+    power_w: float
+    """The active power it was split by: learned where ``split`` is ``power``, else the fit's
+    figure so far (the pooled one before any)."""
+    stderr_w: float
 
 
 class ProcessPowers:
@@ -450,7 +453,7 @@ class ProcessPowers:
                 covariance = (busy * np.diag(drawn) - np.outer(drawn, drawn)) / window.samples
                 variance[np.ix_(rows, rows)] += covariance * seconds**2
         names = list(keys)
-        power_w, how = self._powers(names)
+        power_w, stderr_w, how = self._powers(names)
         weights = engine
         if "power" in how and active_j > 0:
             error_j2 = self._error(engine, variance, power_w, active_j)
@@ -463,7 +466,6 @@ class ProcessPowers:
             if engine[row] <= 0 and weights[row] <= 0:
                 continue
             process = self.processes.get(key)
-            learned = process.learned if process is not None else None
             target = targets.get(key) or (process.target if process is not None else key)
             energy_j = active_j * float(weights[row]) / total if total > 0 else 0.0
             found.append(
@@ -472,35 +474,37 @@ class ProcessPowers:
                     target,
                     energy_j,
                     how[row],
-                    learned if how[row] == "power" else None,
+                    float(power_w[row]),
+                    float(stderr_w[row]),
                 )
             )
         return found
 
-    def _powers(self, names: list[str]) -> tuple[Floats, list[Split]]:
-        """Each process's active power for a split, and whether it was learned (else the
-        fit's common figure, with the time split as its label)."""
+    def _powers(self, names: list[str]) -> tuple[Floats, Floats, list[Split]]:
+        """Each process's active power for a split, its standard error, and whether it was
+        learned (else the fit's common figure, with the time split as its label)."""
         fit = self.fit() if self.processes else None
         rows = {key: row for row, key in enumerate(self.processes)}
-        powers = np.empty(len(names))
+        powers = np.zeros(len(names))
+        stderrs = np.zeros(len(names))
         how: list[Split] = []
         for column, key in enumerate(names):
             process = self.processes.get(key)
             row = rows.get(key)
             if fit is not None and row is not None and fit.identified[row]:
-                powers[column] = fit.power_w[row]
+                powers[column], stderrs[column] = fit.power_w[row], fit.stderr_w[row]
                 how.append("power")
             elif process is not None and process.learned is not None:
                 powers[column] = process.learned.power_w
+                stderrs[column] = process.learned.stderr_w
                 how.append("power")
-            else:
-                powers[column] = (
-                    fit.power_w[row]
-                    if fit is not None and row is not None
-                    else (fit.pooled_w if fit is not None else 0.0)
-                )
+            elif fit is not None and row is not None:
+                powers[column], stderrs[column] = fit.power_w[row], fit.stderr_w[row]
                 how.append("time")
-        return powers, how
+            else:
+                powers[column] = fit.pooled_w if fit is not None else 0.0
+                how.append("time")
+        return powers, stderrs, how
 
     def _error(self, engine: Floats, variance: Floats, power_w: Floats, active_j: float) -> float:
         """Variance (J²) of a tick's energy about what its true engine times would give: the

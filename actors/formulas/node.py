@@ -43,6 +43,7 @@ from pydantic import Field
 from wattflow.actors.backend import CommaList
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
+from wattflow.actors.formulas.gpu_readings import NoReading, tick_power_w
 from wattflow.actors.formulas.rapl import (
     GLOBAL_TARGETS,
     RAPL_UNIT_J,
@@ -66,6 +67,10 @@ SOURCES = ("meter", "cpu", "dram", "gpu")
 _DOMAIN_SCOPE = {"RAPL_ENERGY_PKG": "cpu", "RAPL_ENERGY_DRAM": "dram"}
 _SHARED_SCOPES = frozenset({"cpu", "dram", "gpu"})
 _NOT_A_TARGET = frozenset({"rapl", "global"})
+
+
+_GPU_COUNTER = "gpu_counter"
+"""The GPUs' last energy counter reading, kept apart from their last power reading."""
 
 
 class NodeConfig(FormulaConfig):
@@ -309,20 +314,33 @@ class NodeFormula(Formula[NodeConfig]):
         return [(end, dict(energy)) for end, energy in zip(ticks.tolist(), per_tick, strict=True)]
 
     def _gpu(self, report: GPUReport, out: Output) -> None:
-        energy_j = 0.0
+        """The GPUs' power over the tick since the previous one: by their energy counters where
+        every device read its counter at this tick and at the previous one (a recording with a
+        counter every tick), else by each device's own power over the tick
+        (:func:`tick_power_w`, the GPU formula's definition). The NVML input reads the counter
+        every ``--energy-ms`` and power every tick: a counter reading is then a span of many
+        ticks, whose power readings already cover it."""
+        if not report.devices:
+            out.absorb()
+            return
+        end = _millis(report.timestamp)
+        previous = self.previous.get("gpu")
+        start_us = (previous[0] if previous is not None else end - 1) * 1000
+        counters = [device.total_energy for device in report.devices.values()]
+        counted = self.previous.get(_GPU_COUNTER)
+        if all(counter is not None for counter in counters):
+            energy_j = sum(counter or 0.0 for counter in counters) / 1000.0
+            self.previous[_GPU_COUNTER] = (end, {_GPU_COUNTER: energy_j})
+            if counted is not None and previous is not None and counted[0] == previous[0]:
+                self._counter_interval("gpu", report, counted, energy_j, out)
+                return
         power_w = 0.0
-        counters = True
         for device in report.devices.values():
-            if device.total_energy is None:
-                counters = False
-            else:
-                energy_j += device.total_energy / 1000.0
-            if device.power is not None:
-                power_w += device.power / 1000.0
-        if counters and report.devices:
-            self._counter_interval("gpu", report, energy_j, out)
-        elif report.devices:
-            self._interval("gpu", report, {"gpu": power_w}, out)
+            try:
+                power_w += tick_power_w(device, start_us, end * 1000) or 0.0
+            except NoReading:
+                continue
+        self._interval("gpu", report, {"gpu": power_w}, out)
 
     def _target(self, report: PowerReport, out: Output) -> None:
         if not self.config.node_shares:
@@ -365,16 +383,24 @@ class NodeFormula(Formula[NodeConfig]):
         self._anchor(name, start, end)
         return True
 
-    def _counter_interval(self, name: str, report: Report, energy_j: float, out: Output) -> None:
+    def _counter_interval(
+        self,
+        name: str,
+        report: Report,
+        counted: tuple[int, dict[str, float]],
+        energy_j: float,
+        out: Output,
+    ) -> None:
+        """The source's power from its counter's increase since ``counted`` (the reading at
+        the source's previous tick); a counter that went back (a driver reload) gives none."""
         end = _millis(report.timestamp)
-        previous = self.previous.get(name)
-        self.previous[name] = (end, {name: energy_j})
-        if previous is None or end <= previous[0] or energy_j < previous[1][name]:
+        start, (earlier_j,) = counted[0], counted[1].values()
+        self.previous[name] = (end, {name: 0.0})
+        if end <= start or energy_j < earlier_j:
             out.absorb()
             return
-        seconds = (end - previous[0]) / 1000.0
-        self.series[name].add(previous[0], end, (energy_j - previous[1][name]) / seconds)
-        self._anchor(name, previous[0], end)
+        self.series[name].add(start, end, (energy_j - earlier_j) / ((end - start) / 1000.0))
+        self._anchor(name, start, end)
         out.absorb()
 
     def _anchor(self, name: str, start: int, end: int) -> None:
