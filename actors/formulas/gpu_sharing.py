@@ -48,7 +48,7 @@ figure; checkpointed with the formula's, so a restart keeps what was learned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -76,6 +76,11 @@ MIN_WINDOWS = 20.0
 """Windows a fit must hold before it tells processes apart: fewer, and the draws' noise can
 pass for a difference."""
 
+MIN_STDERRS_ABOVE_ZERO = 3.0
+"""A learned power must also stand this many standard errors above 0 W: a process holding the
+engine draws something, and a fit that puts one at 0 W (the bound of the non-negative fit) has
+not learned it yet."""
+
 MIN_INDEPENDENCE = 0.3
 """Least part of a process's engine-time variation that the others' must leave unexplained
 for it to be told apart (1 − R² of its engine time on theirs)."""
@@ -96,10 +101,13 @@ WEIGHT_FLOOR = 0.09
 process had alone weighs about twice one that two shared half and half, no more, so that the
 few windows whose weight is high by chance (at a change of mix) do not decide the fit."""
 
+SOLO_WINDOWS = 120
+"""Solo windows a process keeps: two minutes of them."""
+
 MIN_SOLO_S = 3.0
 """Engine-seconds alone after which a process's active power is taken from those windows."""
 
-SOLO_QUIET_US = 3_000_000
+SOLO_QUIET_US = 1_000_000
 """How long no other process must have been named before a window counts as one process's
 alone: a process the samples missed for a window was named in one before."""
 
@@ -131,21 +139,23 @@ class _Process:
     seen_us: int = 0
     """End of the newest window whose samples named it."""
     learned: Learned | None = None
-    solo_energy_j: float = 0.0
-    """Active energy of the windows it had alone (no other process named for
-    :data:`SOLO_QUIET_US` before), and its engine time in them, decayed as the sums are."""
-    solo_engine_s: float = 0.0
-    solo_power_sq: float = 0.0
-    """Σ engine time × (window's power)², for the spread of the solo windows' figures."""
+    solo_w: list[float] = field(default_factory=list)
+    """Its power in each of the newest windows it had alone (no other process named for
+    :data:`SOLO_QUIET_US` before), at most :data:`SOLO_WINDOWS` of them."""
+    solo_s: list[float] = field(default_factory=list)
+    """Its engine time in each of those windows."""
     engine_s: float = 0.0
     """Its engine time in every window learned from (decayed as the sums are): a fit counts
     for a process only once it has :data:`MIN_SOLO_S` of it."""
 
     def solo_power(self) -> tuple[float, float]:
-        """Active power from the solo windows, and its standard error."""
-        power_w = self.solo_energy_j / self.solo_engine_s
-        spread_w2 = max(self.solo_power_sq / self.solo_engine_s - power_w**2, 0.0)
-        return power_w, float(np.sqrt(spread_w2 / max(self.solo_engine_s, 1.0)))
+        """Active power from the solo windows: their median, since a window in which another
+        process began unseen by the samples is no solo window and reads far off; and its
+        standard error (from the median absolute deviation)."""
+        powers = np.asarray(self.solo_w)
+        median = float(np.median(powers))
+        spread = 1.4826 * float(np.median(np.abs(powers - median)))
+        return median, 1.2533 * spread / float(np.sqrt(len(powers)))
 
 
 @dataclass(slots=True)
@@ -281,13 +291,10 @@ class ProcessPowers:
         self, window: ProcessWindow, active_j: float, end_us: int, decay: float
     ) -> None:
         """A window that one process had alone, no other named for :data:`SOLO_QUIET_US`
-        before it (so no other was merely missed by the samples), gives that one's power."""
+        before it, gives that one's power."""
         for key, process in self.processes.items():
-            process.solo_energy_j *= decay
-            process.solo_engine_s *= decay
-            process.solo_power_sq *= decay
-            process.engine_s = (
-                process.engine_s * decay + window.shares.get(key, 0.0) * window.seconds
+            process.engine_s = process.engine_s * decay + (
+                window.shares.get(key, 0.0) * window.seconds
             )
         if len(window.shares) != 1:
             return
@@ -299,9 +306,9 @@ class ProcessPowers:
             return
         engine_s = share * window.seconds
         process = self.processes[key]
-        process.solo_energy_j += active_j
-        process.solo_engine_s += engine_s
-        process.solo_power_sq += engine_s * (active_j / engine_s) ** 2
+        process.solo_w.append(active_j / engine_s)
+        process.solo_s.append(engine_s)
+        del process.solo_w[:-SOLO_WINDOWS], process.solo_s[:-SOLO_WINDOWS]
 
     def _weight(
         self, window: ProcessWindow, engine: Floats, active_j: float, index: dict[str, int]
@@ -376,7 +383,7 @@ class ProcessPowers:
             return self._fit
         size = len(self.processes)
         pooled_w = self._pooled_w()
-        solo = np.array([p.solo_engine_s >= MIN_SOLO_S for p in self.processes.values()])
+        solo = np.array([sum(p.solo_s) >= MIN_SOLO_S for p in self.processes.values()])
         power_w = np.zeros(size)
         stderr_w = np.zeros(size)
         for row, process in enumerate(self.processes.values()):
@@ -396,6 +403,7 @@ class ProcessPowers:
             & (independence >= MIN_INDEPENDENCE)
             & (engine_s >= MIN_SOLO_S)
             & (stderr_w <= MAX_RELATIVE_STDERR * np.maximum(power_w, pooled_w))
+            & (power_w >= MIN_STDERRS_ABOVE_ZERO * stderr_w)
         )
         residual_w = max(RESIDUAL_FLOOR * pooled_w, 1.0)
         self._last = {}
@@ -498,7 +506,7 @@ class ProcessPowers:
                 powers[column] = process.learned.power_w
                 stderrs[column] = process.learned.stderr_w
                 how.append("power")
-            elif fit is not None and row is not None:
+            elif fit is not None and row is not None:  # not told apart: the fit's figure
                 powers[column], stderrs[column] = fit.power_w[row], fit.stderr_w[row]
                 how.append("time")
             else:
@@ -535,7 +543,7 @@ class ProcessPowers:
                     p.recent_share,
                     p.seen_us,
                     None if p.learned is None else [p.learned.power_w, p.learned.stderr_w],
-                    [p.solo_energy_j, p.solo_engine_s, p.solo_power_sq, p.engine_s],
+                    [p.solo_w, p.solo_s, p.engine_s],
                 ]
                 for key, p in self.processes.items()
             ],
@@ -556,12 +564,15 @@ class ProcessPowers:
     def restore(cls, saved: dict[str, Any]) -> ProcessPowers:
         powers = cls()
         for key, target, share, seen_us, learned, solo in saved["processes"][:MAX_PROCESSES]:
+            solo_w, solo_s, engine_s = solo
             powers.processes[str(key)] = _Process(
                 str(target),
                 float(share),
                 int(seen_us),
                 None if learned is None else Learned(float(learned[0]), float(learned[1])),
-                *(float(value) for value in solo),
+                [float(value) for value in solo_w][-SOLO_WINDOWS:],
+                [float(value) for value in solo_s][-SOLO_WINDOWS:],
+                float(engine_s),
             )
         size = len(powers.processes)
         powers.gram = _matrix(saved["gram"], size)
