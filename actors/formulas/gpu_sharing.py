@@ -10,28 +10,34 @@ holds the engine (``k``, in W).
 **Learning** (:meth:`ProcessPowers.learn`). Each process window of the NVML input (about a
 second) is one observation: the device's active energy over it (J, from the energy counter,
 via the ticks released in it) against the engine time each process held (s: its share of the
-window's samples × the window's length). A window where one process ran alone gives its ``k``
-at once; windows where several shared the engine give them by a non-negative least-squares fit
-(``scipy.optimize.nnls``) of energy to engine times, over every window seen, older ones
-weighing less (half-life :data:`HALF_LIFE_S`). Only sums of products are kept (a Gram matrix
-of at most :data:`MAX_PROCESSES` processes), so memory is bounded whatever the run's length.
+window's samples × the window's length). A process with :data:`MIN_SOLO_S` of engine time in
+windows it had alone (no other process named in them or in the second before) takes its ``k``
+from those: their median, as a window in which another process began unseen reads far off.
+The others' ``k`` come from a non-negative least-squares fit (``scipy.optimize.nnls``) of
+every window's energy to its engine times, with the solo figures fixed, older windows weighing
+less (half-life :data:`HALF_LIFE_S`). Only sums of products are kept (a Gram matrix of at most
+:data:`MAX_PROCESSES` processes) and the newest :data:`SOLO_WINDOWS` solo figures, so memory is
+bounded whatever the run's length.
 
 Engine times are themselves noisy: each driver sample is one draw of who held the engine, so a
 window of 5 samples gives a process holding half the engine 0 %, 20 %, … 100 %. A fit on such
-regressors is biased low (errors in variables); the fit subtracts the draws' expected
-(multinomial) covariance from the Gram matrix, which removes the bias.
+regressors is biased towards the mean (errors in variables); the fit subtracts the draws'
+(multinomial) covariance, estimated without bias from each window's shares, from the Gram
+matrix, which removes the bias. Windows weigh 1 / (their shares' variance +
+:data:`WEIGHT_FLOOR`), the variance taken at the shares before them, so that a window one
+process had alone weighs about twice one that two shared.
 
 **Identified or not.** The data tell processes apart only if their engine times vary apart
-(one runs alone for a while, or their mix changes). For each process the fit measures the
-part of its engine time that the others' do not explain (:data:`MIN_INDEPENDENCE`) and how
-much that part adds up to (:data:`MIN_INFORMATION_S2`); a process with too little is not
-identified, and its share of a tick falls back to the time split, said in its report
-(``split: time``). A small pull of every ``k`` toward the pooled active power (all energy over
-all engine time, :data:`RIDGE_S2`) keeps such processes at one common figure, so two that never
-run apart share by time between themselves and still by power against the others. Once
-identified, a process keeps its last identified figure for its whole life (``learned``), even if
-later data stop telling it apart; a reused pid is another process (the NVML input reads each
-process's start time), so it inherits nothing.
+(one runs alone for a while, or their mix changes). A process counts as identified when it has
+its solo figure, or when the fit holds :data:`MIN_WINDOWS` windows, at least
+:data:`MIN_INDEPENDENCE` of its engine time's variation is not explained by the others', and
+its ``k`` is precise (standard error within :data:`MAX_RELATIVE_STDERR` of it, and
+:data:`MIN_STDERRS_ABOVE_ZERO` standard errors above 0 W). Until then its share of a tick is
+by time, said in its report (``split: time``). A small pull of every ``k`` toward the pooled
+active power (all energy over all engine time, :data:`RIDGE`) keeps processes the data cannot
+tell apart at one common figure. Once identified, a process keeps its last identified figure
+for its whole life (``learned``), even if later data stop telling it apart; a reused pid is
+another process (the NVML input reads each process's start time), so it inherits nothing.
 
 **Splitting a tick** (:meth:`ProcessPowers.split`). A tick's engine times come from the
 windows that overlap it, each as noisy as its window's samples. The tick's own active energy is
