@@ -282,8 +282,7 @@ class ProcessPowers:
         if window.samples > 1:  # the draws' covariance, estimated without bias from the shares
             rows = [index[key] for key in window.shares]
             drawn = np.fromiter(window.shares.values(), dtype=np.float64)
-            busy = float(drawn.sum())
-            covariance = (busy * np.diag(drawn) - np.outer(drawn, drawn)) / (window.samples - 1)
+            covariance = _draws(drawn, window.samples - 1)  # n - 1: unbiased from the shares
             self.noise[np.ix_(rows, rows)] += weight * covariance * window.seconds**2
         self._learn_solo(window, active_j, end_us, decay)
         for key, process in self.processes.items():
@@ -451,22 +450,7 @@ class ProcessPowers:
     ) -> list[ProcessEnergy]:
         """Share ``active_j`` among the processes of the windows overlapping a tick, each
         given with the seconds of it that the window covers."""
-        keys: dict[str, int] = {}
-        for _, window in overlaps:
-            for key in (*window.shares, *window.noise):
-                keys.setdefault(key, len(keys))
-        engine = np.zeros(len(keys))
-        variance = np.zeros((len(keys), len(keys)))
-        for seconds, window in overlaps:
-            for key, share in window.shares.items():
-                engine[keys[key]] += share * seconds
-            if window.noise and window.samples > 0:
-                rows = [keys[key] for key in window.noise]
-                drawn = np.fromiter(window.noise.values(), dtype=np.float64)
-                busy = float(drawn.sum())
-                covariance = (busy * np.diag(drawn) - np.outer(drawn, drawn)) / window.samples
-                variance[np.ix_(rows, rows)] += covariance * seconds**2
-        names = list(keys)
+        names, engine, variance = _tick_engine(overlaps)
         power_w, stderr_w, how = self._powers(names)
         weights = engine
         if "power" in how and active_j > 0:
@@ -484,12 +468,7 @@ class ProcessPowers:
             energy_j = active_j * float(weights[row]) / total if total > 0 else 0.0
             found.append(
                 ProcessEnergy(
-                    key,
-                    target,
-                    energy_j,
-                    how[row],
-                    float(power_w[row]),
-                    float(stderr_w[row]),
+                    key, target, energy_j, how[row], float(power_w[row]), float(stderr_w[row])
                 )
             )
         return found
@@ -593,6 +572,35 @@ class ProcessPowers:
         last = saved.get("last")
         powers._last = None if last is None else {str(k): float(v) for k, v in last.items()}
         return powers
+
+
+def _tick_engine(
+    overlaps: list[tuple[float, ProcessWindow]],
+) -> tuple[list[str], Floats, Floats]:
+    """The processes of the windows overlapping a tick, their engine times in it and the
+    covariance of those times from the windows' draws (each window's, × the seconds of it in
+    the tick, squared)."""
+    keys: dict[str, int] = {}
+    for _, window in overlaps:
+        for key in (*window.shares, *window.noise):
+            keys.setdefault(key, len(keys))
+    engine = np.zeros(len(keys))
+    variance = np.zeros((len(keys), len(keys)))
+    for seconds, window in overlaps:
+        for key, share in window.shares.items():
+            engine[keys[key]] += share * seconds
+        if window.noise and window.samples > 0:
+            rows = [keys[key] for key in window.noise]
+            drawn = np.fromiter(window.noise.values(), dtype=np.float64)
+            variance[np.ix_(rows, rows)] += _draws(drawn, window.samples) * seconds**2
+    return list(keys), engine, variance
+
+
+def _draws(shares: Floats, samples: float) -> Floats:
+    """The covariance of shares of a window from ``samples`` draws of who held the engine,
+    each sample's busy part going to the one process it names (multinomial)."""
+    busy = float(shares.sum())
+    return (busy * np.diag(shares) - np.outer(shares, shares)) / samples
 
 
 def _corrected(

@@ -326,14 +326,8 @@ class NodeFormula(Formula[NodeConfig]):
         end = _millis(report.timestamp)
         previous = self.previous.get("gpu")
         start_us = (previous[0] if previous is not None else end - 1) * 1000
-        counters = [device.total_energy for device in report.devices.values()]
-        counted = self.previous.get(_GPU_COUNTER)
-        if all(counter is not None for counter in counters):
-            energy_j = sum(counter or 0.0 for counter in counters) / 1000.0
-            self.previous[_GPU_COUNTER] = (end, {_GPU_COUNTER: energy_j})
-            if counted is not None and previous is not None and counted[0] == previous[0]:
-                self._counter_interval("gpu", report, counted, energy_j, out)
-                return
+        if self._gpu_counters(report, end, previous, out):
+            return
         power_w = 0.0
         for device in report.devices.values():
             try:
@@ -381,6 +375,26 @@ class NodeFormula(Formula[NodeConfig]):
         for source, value in values.items():
             self.series[source].add(start, end, value / seconds if deltas else value)
         self._anchor(name, start, end)
+        return True
+
+    def _gpu_counters(
+        self,
+        report: GPUReport,
+        end: int,
+        previous: tuple[int, dict[str, float]] | None,
+        out: Output,
+    ) -> bool:
+        """Keep the GPUs' counters when every device read its own at this tick; take the
+        interval from them when they were read at the previous tick too. Whether they did."""
+        counters = [device.total_energy for device in report.devices.values()]
+        if any(counter is None for counter in counters):
+            return False
+        counted = self.previous.get(_GPU_COUNTER)
+        energy_j = sum(counter or 0.0 for counter in counters) / 1000.0
+        self.previous[_GPU_COUNTER] = (end, {_GPU_COUNTER: energy_j})
+        if counted is None or previous is None or counted[0] != previous[0]:
+            return False
+        self._counter_interval("gpu", report, counted, energy_j, out)
         return True
 
     def _counter_interval(
