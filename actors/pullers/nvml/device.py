@@ -96,6 +96,9 @@ class DeviceState:
     utilization: UtilizationReader | None = None
     due: dict[str, float] = field(default_factory=dict)
     """When (monotonic s) each group of readings of the schedule is read next."""
+    next_due_s: float = 0.0
+    """The earliest of ``due`` (monotonic s): before then a tick reads power and utilisation
+    only, without going through the schedule."""
     latest: dict[str, float | int] = field(default_factory=dict)
     """The slow readings' latest values, repeated in every tick until read again."""
     unsupported: set[str] = field(default_factory=set)

@@ -92,7 +92,7 @@ class NvmlPuller(Puller[NvmlPullerConfig]):
                         sensor=self.config.sensor,
                         target="all",
                         metadata={},
-                        devices=tick.devices,
+                        devices=tick.devices(),
                     )
                     for tick in item
                 ]

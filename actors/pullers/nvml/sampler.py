@@ -53,8 +53,18 @@ class Tick:
     """One tick's readings, taken on the sampler's thread."""
 
     timestamp: datetime
-    devices: dict[str, GPUDevice]
+    readings: dict[str, dict[str, Any]]
+    """Each device's report fields, by GPU index: every field of a GPUDevice, unset ones None."""
     rejected: list[tuple[Any, str]]
+
+    def devices(self) -> dict[str, GPUDevice]:
+        """The tick's devices as a GPUReport holds them.
+
+        Made when a batch is handed on, ten ticks in a row, not on the sampler's thread at
+        each tick: after 100 ms of sleep a thread starts on cold caches, and building the
+        models there cost it twice what its NVML calls and sleep did (over the stand-in)."""
+        # Every value is already a float, int, bool or a checked list: skip validation.
+        return {index: trusted_device(fields) for index, fields in self.readings.items()}
 
 
 class NvmlSampler:
@@ -182,29 +192,48 @@ class NvmlSampler:
         for state in self.devices:
             read_pcie(state)
 
-    def _read(self, state: DeviceState, now: float, rejected: list[tuple[Any, str]]) -> GPUDevice:
-        window = state.is_due("window", self._window_s, now)
+    def _read(
+        self, state: DeviceState, now: float, rejected: list[tuple[Any, str]]
+    ) -> dict[str, Any]:
+        """One device's readings at this tick, as report fields.
+
+        Most ticks read power and utilisation only; the schedule is looked at in full only
+        when something is due (``DeviceState.next_due_s``): at 10 Hz the sampler's thread
+        wakes on cold caches, where each step it takes costs tens of times what it does in a
+        loop, and the NVML calls of most ticks cost less than the Python around them."""
+        due = now >= state.next_due_s
+        window = due and state.is_due("window", self._window_s, now)
+        energy = due and state.is_due("energy", self._energy_s, now)
         fields = EMPTY_DEVICE.copy()
-        fields.update(read_power(state, state.is_due("energy", self._energy_s, now)))
+        fields.update(read_power(state, energy))
         if state.utilization is not None:
             rates = state.call("utilization", state.utilization.read)
             if rates is not None:
                 fields["util_gpu"] = float(rates[0])
                 fields["util_mem"] = float(rates[1])
-        read_slow(state, self._groups, now)
+        if due:
+            self._read_due(state, now, window, fields)
         fields.update(state.latest)
         fields.update(state.pcie)
-        kinds = WINDOW_SAMPLES if window else ()
-        if state.is_due("buffers", BUFFERS_S, now):
-            kinds = (*kinds, *BUFFER_SAMPLES)
-        samples = read_samples(state, kinds)
-        if samples:
-            fields["samples"] = samples
         processes = process_window(state, self._cgroup_root, rejected, asked=window)
         if processes is not None:
             fields["processes"], fields["process_window"] = processes
         instances = instance_window(state, now, self._cgroup_root, rejected, asked=window)
         if instances is not None:
             fields["instances"], fields["instance_window"] = instances
-        # Every value above is already a float, int, bool or a checked list: skip validation.
-        return trusted_device(fields)
+        if due:
+            state.next_due_s = min(state.due.values())
+        return fields
+
+    def _read_due(
+        self, state: DeviceState, now: float, window: bool, fields: dict[str, Any]
+    ) -> None:
+        """The slow readings and the sample buffers that are due at this tick."""
+        read_slow(state, self._groups, now)
+        kinds = WINDOW_SAMPLES if window else ()
+        if state.is_due("buffers", BUFFERS_S, now):
+            kinds = (*kinds, *BUFFER_SAMPLES)
+        if kinds:
+            samples = read_samples(state, kinds)
+            if samples:
+                fields["samples"] = samples
