@@ -122,10 +122,10 @@ def json_decoder() -> Finding:
 
 
 def nvml() -> Finding:
-    """NVML through the sampler's own seam (``nvml_api``), and what each GPU offers: under MIG
+    """NVML through the sampler's own seam (``nvml.api``), and what each GPU offers: under MIG
     the driver gives no per-process utilisation, so power goes per GPU instance where the GPU
     has GPM counters, else stays per device."""
-    from wattflow.actors.pullers.nvml_api import Nvml, NvmlError, NvmlUnavailable
+    from wattflow.actors.pullers.nvml.api import Nvml, NvmlError, NvmlUnavailable
 
     what = "NVML (GPUs)"
     try:
@@ -150,7 +150,7 @@ def nvml() -> Finding:
 
 def _gpu(api: Any, index: int) -> str:
     """One GPU's name, and whether the GPU formula can split its power per process."""
-    from wattflow.actors.pullers.nvml_api import NvmlNotFound, NvmlNotSupported, ProcessReader
+    from wattflow.actors.pullers.nvml.api import NvmlNotFound, NvmlNotSupported, ProcessReader
 
     module = api.module
     handle = api.call(module.nvmlDeviceGetHandleByIndex, index)
@@ -169,7 +169,7 @@ def _gpu(api: Any, index: int) -> str:
 def _mig(api: Any, handle: Any, index: int) -> str:
     """How a GPU in MIG mode is attributed: per GPU instance where it has GPM counters (Hopper
     and newer), else per device."""
-    from wattflow.actors.pullers.nvml_api import NvmlError, gpm_supported, mig_devices
+    from wattflow.actors.pullers.nvml.api import NvmlError, gpm_supported, mig_devices
 
     try:
         if not gpm_supported(api, handle):

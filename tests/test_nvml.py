@@ -342,7 +342,8 @@ def test_unusable_nvml_is_one_clear_line(
 STALL_SCRIPT = """
 import asyncio, json, sys
 
-from wattflow.actors.pullers.nvml import NvmlPuller, NvmlPullerConfig
+from wattflow.actors.pullers.nvml.config import NvmlPullerConfig
+from wattflow.actors.pullers.nvml.puller import NvmlPuller
 
 
 class StallingPipeline:
@@ -476,7 +477,8 @@ def test_sensor_command_records_and_the_gpu_formula_splits_3_to_1(
 PCIE_SCRIPT = """
 import asyncio, json
 
-from wattflow.actors.pullers.nvml import NvmlPuller, NvmlPullerConfig
+from wattflow.actors.pullers.nvml.config import NvmlPullerConfig
+from wattflow.actors.pullers.nvml.puller import NvmlPuller
 
 
 class Pipeline:
@@ -532,7 +534,7 @@ def test_nvml_errors_are_typed_and_a_failing_reading_warns_once_with_a_count(
     the SM clock with NO_PERMISSION: the first two are warned about once each when they have
     failed 3 times in a row (and again at stop, with the count), the third once, and never
     asked again; the readings that work are still reported."""
-    from wattflow.actors.pullers.nvml_api import (
+    from wattflow.actors.pullers.nvml.api import (
         NvmlDriverError,
         NvmlGpuLost,
         NvmlNoPermission,

@@ -105,8 +105,17 @@
  *                                   0.39 ms, utilisation rates 0.047 ms; field values 2 us +
  *                                   3 us per field, the instantaneous power field 80 us more,
  *                                   + the energy call's cost when the energy field is asked)
+ *   call_costs=h200                 the same for an idle NVIDIA H200 (H200_COST_US: energy
+ *                                   3.89 ms, field values with the energy field 4.51 ms,
+ *                                   process utilisation 1.11 ms and each utilisation buffer
+ *                                   1.09 ms per C call, power samples 0.165 ms per C call,
+ *                                   power, utilisation rates, clocks, temperature and running
+ *                                   processes 0.005 ms; field values 2 us + 1 us per field, the
+ *                                   instantaneous power field 5 us more)
  *   call_cost_us=energy:4300,...    per call name (the `unsupported` names, plus field_values):
  *                                   CPU time each C call spins; overrides the preset
+ *                                   (field_values_energy: what the energy field adds to a
+ *                                   field-values call; 0, the default, is the energy call's cost)
  *   FAKE_NVML_CALLS=path            (environment) at nvmlShutdown, write `name count` per
  *                                   entry point: every C call, sizing calls included;
  *                                   `field_values_energy` counts the field-values calls that
@@ -226,8 +235,9 @@ static const char *CALL_NAMES[C_COUNT] = {
     "running_processes",
 };
 /* Field values cost their base (call_cost_us[C_FIELD_VALUES]) plus field_cost_us per field,
- * plus instant_field_us for the instantaneous power field, plus the energy call's cost when
- * they include the energy field (energy is what costs there). */
+ * plus instant_field_us for the instantaneous power field, plus, when they include the energy
+ * field (energy is what costs there), call_cost_us[C_FIELD_ENERGY], or the energy call's cost
+ * where that is 0. */
 static unsigned long long field_cost_us, instant_field_us;
 
 /* CPU us per C call on an idle NVIDIA H100 (driver 580.159.04), from the project's timings
@@ -242,11 +252,33 @@ static const unsigned long long H100_COST_US[C_COUNT] = {
     13, 3800, 2, 47, 50, 1000, 150,
     /* power_state temperature pcie samples_power samples_util samples_mem processes */
     50, 50, 800, 390, 1200, 1200, 1150,
-    /* field_values_energy: counted only (the cost is in field_values) */
+    /* field_values_energy: 0, so the energy field costs what the energy call does */
     0,
     /* gpm_support gpm_sample gpm_metrics running_processes: never timed on the H100 (it ran
      * without MIG), so no cost is assumed; call_cost_us= gives them one */
     0, 0, 0, 0,
+};
+/* CPU us per C call on an idle NVIDIA H200 (driver 580.159.04, 2026-11-28; the research
+ * notes' section 6), 40 calls each through nvidia-ml-py: the energy call 3.89 ms; field values
+ * with five fields, the energy field among them, 4.51 ms; field values with POWER_INSTANT
+ * alone, nvmlDeviceGetPowerUsage, utilisation rates, SM clock, temperature and
+ * nvmlDeviceGetComputeRunningProcesses under 0.01 ms each; the sample buffers TOTAL_POWER
+ * 0.33 ms and GPU_UTILIZATION 2.17 ms, and process utilisation 2.22 ms. As for the H100,
+ * pynvml makes two C calls for each buffer (size, then fill), so each C call here is half of
+ * what pynvml's call took (an assumption: the driver does not say what the sizing call costs
+ * alone), and the calls under 0.01 ms are taken as 5 us each C call. Not timed on the H200,
+ * so the H100's figures are kept: the memory utilisation buffer (as the GPU utilisation
+ * one), application clocks, power limit, performance state, PCIe, and the GPM calls (none). */
+static const unsigned long long H200_COST_US[C_COUNT] = {
+    /* power_usage energy field_values utilization clock app_clock power_limit */
+    5, 3890, 2, 5, 5, 1000, 150,
+    /* power_state temperature pcie samples_power samples_util samples_mem processes */
+    50, 5, 800, 165, 1085, 1085, 1110,
+    /* field_values_energy: what the energy field adds to field values, 4.51 ms less the rest
+     * of a five-field call */
+    4500,
+    /* gpm_support gpm_sample gpm_metrics running_processes */
+    0, 0, 0, 5,
 };
 static unsigned long long call_cost_us[C_COUNT];
 static unsigned long long call_count[C_COUNT];
@@ -707,6 +739,11 @@ static nvmlReturn_t load_scenario(void) {
             field_cost_us = 3;
             instant_field_us = 77;
         }
+        else if (!strcmp(key, "call_costs") && !strcmp(value, "h200")) {
+            memcpy(call_cost_us, H200_COST_US, sizeof call_cost_us);
+            field_cost_us = 1;
+            instant_field_us = 5;
+        }
         else if (!strcmp(key, "call_cost_us")) parse_call_costs(value);
         else if (sscanf(key, "d%u.%n", &index, &used) == 1 && used && index < MAX_DEVICES)
             device_key(&devices[index], key + used, value);
@@ -824,8 +861,10 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
         energy_asked |= values[i].fieldId == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION ||
                         values[i].fieldId == NVML_FI_DEV_ENERGY;
     if (energy_asked) __atomic_add_fetch(&call_count[C_FIELD_ENERGY], 1, __ATOMIC_RELAXED);
+    unsigned long long energy_field_us =
+        call_cost_us[C_FIELD_ENERGY] ? call_cost_us[C_FIELD_ENERGY] : call_cost_us[C_ENERGY];
     spin(field_cost_us * (unsigned long long)(count > 0 ? count : 0) +
-         (instant_asked ? instant_field_us : 0) + (energy_asked ? call_cost_us[C_ENERGY] : 0));
+         (instant_asked ? instant_field_us : 0) + (energy_asked ? energy_field_us : 0));
     unsigned long long now = now_us();
     for (int i = 0; i < count; i++) {
         nvmlFieldValue_t *v = &values[i];

@@ -2,10 +2,10 @@
 that cost one C call each.
 
 Everything that talks to the NVIDIA driver (the ``nvml`` input, ``wattflow check``, the
-benchmarks) goes through :class:`Nvml`, so an NVML error always reaches the caller as one of
-the :class:`NvmlError` classes below, named for what a user can do about it, never as a bare
-return code. ``pynvml`` is imported when an :class:`Nvml` is made, not with this module: nodes
-without GPUs load the registry of inputs without needing the package.
+benchmarks) goes through :class:`Nvml` and the readers here, so an NVML error always reaches
+the caller as one of the :class:`NvmlError` classes below, named for what a user can do about
+it, never as a bare return code. ``pynvml`` is imported when an :class:`Nvml` is made, not
+with this module: nodes without GPUs load the registry of inputs without needing the package.
 
 Why the buffer readers are here and not ``pynvml``'s: on recent drivers (Hopper) every NVML
 query is a round trip to the GPU's firmware processor during which the calling thread spins,
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import time
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -478,3 +479,8 @@ class GpmInstances:
                 with contextlib.suppress(NvmlError):
                     self.nvml.call(self.nvml.module.nvmlGpmSampleFree, sample)
             samples.clear()
+
+
+def now_us() -> int:
+    """Now in the driver's timestamps: Unix time in µs, as NVML stamps its samples."""
+    return time.time_ns() // 1000
