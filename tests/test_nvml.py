@@ -245,8 +245,12 @@ def test_processes_carry_their_cgroup(run: SamplerRun) -> None:
         assert set(by_pid) == {os.getpid(), MISSING_PID}
         me = by_pid[os.getpid()]
         assert (me["sm_util"], me["mem_util"], me["cgroup"]) == (60.0, 10.0, own_cgroup())
+        # its start time, as /proc/<pid>/stat's field 22 gives it: a reused pid is told apart
+        stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+        assert me["started"] == int(stat[stat.rfind(")") + 2 :].split()[19])
         assert by_pid[MISSING_PID]["sm_util"] == 20.0
         assert "cgroup" not in by_pid[MISSING_PID]
+        assert "started" not in by_pid[MISSING_PID]
     # An impossible utilisation (150 %) is not passed on as a process reading.
     assert all(not r["devices"]["2"].get("processes") for r in reports)
 

@@ -49,8 +49,8 @@ class NvmlPullerConfig(PullerConfig):
     )
     cgroup_root: Path = Field(
         default=Path("/proc"),
-        description="Where the processes' <pid>/cgroup files are (the host's /proc when the "
-        "sampler runs in a container).",
+        description="Where the processes' <pid>/cgroup and <pid>/stat files are (the host's "
+        "/proc when the sampler runs in a container).",
     )
     sensor: str = Field(
         default_factory=socket.gethostname,

@@ -113,6 +113,9 @@ class DeviceState:
     keeps its cgroup while it runs, so its file is read when it appears, not every window. A
     pid absent for a window is forgotten, so a new process that reuses it is read afresh.
     Under MIG, the processes on the GPU instances."""
+    started: dict[int, int | None] = field(default_factory=dict)
+    """Start times (clock ticks since boot) of the processes seen last window, read with their
+    cgroups: the GPU formula tells a reused pid from the process before by it."""
     gpm_supported: bool = False
     """Whether the GPU is in MIG mode and has GPM counters (Hopper and newer)."""
     gpm: GpmInstances | None = None

@@ -44,6 +44,24 @@ def read_cgroup(root: str, pid: int) -> str | None:
     return first
 
 
+def read_start_ticks(root: str, pid: int) -> int | None:
+    """When a process started, in clock ticks since boot (field 22 of ``/proc/<pid>/stat``):
+    with its pid, what tells it from an earlier process that had the same pid. ``None`` when
+    the process has gone or its file cannot be read."""
+    try:
+        with open(f"{root}/{pid}/stat", "rb") as file:
+            text = file.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or parentheses: the
+    # fields after it start after the last ')'.
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])  # field 22 is the 20th after the name
+    except (IndexError, ValueError):
+        return None
+
+
 def process_window(
     state: DeviceState, cgroup_root: str, rejected: list[tuple[Any, str]], *, asked: bool
 ) -> tuple[list[GPUProcess], tuple[int, int]] | None:
@@ -99,11 +117,11 @@ def _named(
 ) -> list[GPUProcess]:
     """The window's processes with their cgroups, impossible readings dead-lettered.
 
-    A cgroup is read when a process appears and kept while the process is in every
-    window; a pid missing from a window is read afresh if it comes back (pid reuse)."""
+    A cgroup and a start time are read when a process appears and kept while the process is
+    in every window; a pid missing from a window is read afresh if it comes back (pid reuse)."""
     processes = []
-    known = state.cgroups
-    state.cgroups = {}
+    known, known_started = state.cgroups, state.started
+    state.cgroups, state.started = {}, {}
     for pid, (sm, mem, count) in sorted(sums.items()):
         sm_util, mem_util = sm / count, mem / count
         if not (0 <= sm_util <= 100 and 0 <= mem_util <= 100):
@@ -115,9 +133,12 @@ def _named(
             )
             continue
         cgroup = known[pid] if pid in known else read_cgroup(cgroup_root, pid)
-        state.cgroups[pid] = cgroup
-        # Checked above, and built 10 times a second per process: no second validation.
+        started = known_started[pid] if pid in known else read_start_ticks(cgroup_root, pid)
+        state.cgroups[pid], state.started[pid] = cgroup, started
+        # Checked above, and built once a window per process: no second validation.
         processes.append(
-            GPUProcess.model_construct(pid=pid, sm_util=sm_util, mem_util=mem_util, cgroup=cgroup)
+            GPUProcess.model_construct(
+                pid=pid, sm_util=sm_util, mem_util=mem_util, cgroup=cgroup, started=started
+            )
         )
     return processes
