@@ -335,6 +335,11 @@ class GPUDevice(BaseModel):
         "start up to end; start = end when the driver had nothing new. Absent in recordings "
         "that predate it, whose processes cover their own tick.",
     )
+    running_pids: list[Int64] | None = Field(
+        default=None,
+        description="Processes holding a compute context on the GPU when `processes` was read "
+        "(NVML's running processes): a process absent from it has ended. Absent where not read.",
+    )
     instances: list[GPUInstanceActivity] | None = Field(
         default=None,
         description="Under MIG with GPM: each GPU instance's activity over `instance_window`; "

@@ -350,6 +350,10 @@ def simulate_sampler(
                 last_process_ms, now_ms, started or {},
             )  # fmt: skip
             fields["process_window"] = (window[0] * 1000, window[1] * 1000)
+            fields["running_pids"] = sorted(
+                {t.pid for t in tenants.tenants if not t.life_ms[1]
+                 or t.life_ms[0] <= now_ms < t.life_ms[1]}
+            )  # fmt: skip
             last_process_ms = window[1]
         else:
             fields["processes"] = []

@@ -379,9 +379,8 @@ class GpuFormula(Formula[GpuConfig]):
         shares, targets = self._shares(device)
         seconds = (end_us - start_us) / 1e6
         samples = (end_us - start_us) / state.sample_us
-        process = ProcessWindow(
-            seconds, shares, samples, state.powers.noise_shares(shares, samples, end_us)
-        )
+        noise = state.powers.noise_shares(shares, samples, end_us, device.running_pids)
+        process = ProcessWindow(seconds, shares, samples, noise)
         _append_window(state, _Window(start_us, end_us, shares, targets, busy, process))
 
     def _add_instance_window(

@@ -229,16 +229,25 @@ class ProcessPowers:
     # --- learning ----------------------------------------------------------------------------
 
     def noise_shares(
-        self, shares: dict[str, float], samples: float, end_us: int
+        self,
+        shares: dict[str, float],
+        samples: float,
+        end_us: int,
+        running: list[int] | None = None,
     ) -> dict[str, float]:
         """The shares at which a window's sampling variance is taken (see
-        :attr:`ProcessWindow.noise`); they add up to the window's busy part."""
+        :attr:`ProcessWindow.noise`); they add up to the window's busy part. A process that
+        may have run unseen is one seen in the last :data:`CANDIDATE_US` that still holds a
+        context (``running``: the pids that do, where the NVML input read them)."""
         busy = sum(shares.values())
         if busy <= 0:
             return {}
         self._retire_reused(shares)
+        alive = None if running is None else {str(pid) for pid in running}
         drawn = {key: samples * share for key, share in shares.items()}
         for key, process in self.processes.items():
+            if alive is not None and key.partition("@")[0] not in alive:
+                continue
             if key in drawn or end_us - process.seen_us <= CANDIDATE_US:
                 drawn[key] = drawn.get(key, 0.0) + PRIOR_SAMPLES * process.recent_share
         total = sum(drawn.values())

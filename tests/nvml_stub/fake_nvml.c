@@ -1220,6 +1220,13 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
         for (int p = 0; p < device->procs; p++)
             found[n++] = (nvmlProcessInfo_t){device->proc[p].pid, 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
         unsigned long long ms = now_us() / 1000ULL; /* the tenants alive now */
+        for (int i = 0; !device->tenants && i < device->slots && n < MAX_PROCS; i++) {
+            unsigned int pid = device->slot_pid[i]; /* the time-slicing pids alive now, once */
+            int seen = 0;
+            for (unsigned j = 0; j < n; j++) seen |= found[j].pid == pid;
+            if (pid && !seen && alive(device, pid, ms))
+                found[n++] = (nvmlProcessInfo_t){pid, 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        }
         for (int i = 0; i < device->tenants; i++) {
             const fake_tenant *t = &device->tenant[i];
             if (!t->to_ms || (ms >= t->from_ms && ms < t->to_ms))

@@ -25,6 +25,7 @@ from wattflow.actors.pullers.nvml.api import (
     NvmlNotFound,
     NvmlNotSupported,
     ProcessReader,
+    RunningProcessReader,
     SampleReader,
     UtilizationReader,
     typed,
@@ -84,6 +85,10 @@ class DeviceState:
     last_process_us: int
     samples: dict[GPUSampleKind, SampleReader] = field(default_factory=dict)
     processes: ProcessReader | None = None
+    running: RunningProcessReader | None = None
+    """The processes holding a context, read with each process window (made at the first)."""
+    running_pids: list[int] | None = None
+    """Their pids at the newest window; ``None`` where they cannot be read."""
     power_field: int | None = None
     """The field value read for power each tick (instantaneous, else the 1 s average); None:
     the legacy ``nvmlDeviceGetPowerUsage``."""

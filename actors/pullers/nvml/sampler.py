@@ -218,6 +218,8 @@ class NvmlSampler:
         processes = process_window(state, self._cgroup_root, rejected, asked=window)
         if processes is not None:
             fields["processes"], fields["process_window"] = processes
+            if window and state.running_pids is not None:
+                fields["running_pids"] = state.running_pids
         instances = instance_window(state, now, self._cgroup_root, rejected, asked=window)
         if instances is not None:
             fields["instances"], fields["instance_window"] = instances
