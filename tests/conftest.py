@@ -17,6 +17,9 @@ import pytest
 
 T = TypeVar("T")
 
+# The checks the C parser's tests share (parser_oracle.py): their asserts explain themselves too.
+pytest.register_assert_rewrite("tests.parser_oracle")
+
 # Fixtures that start real servers (MongoDB, InfluxDB, VictoriaMetrics, Prometheus) on loopback.
 pytest_plugins = ["tests.servers", "tests.servers_influx", "tests.servers_prometheus"]
 
