@@ -19,8 +19,9 @@ from tests.parser_build import use_parser_build
 
 T = TypeVar("T")
 
-# The checks the C parser's tests share (parser_oracle.py): their asserts explain themselves too.
-pytest.register_assert_rewrite("tests.parser_oracle")
+# The checks the C parser's tests and fuzz targets share (parser_oracle.py, fuzz_targets.py):
+# their asserts explain themselves too.
+pytest.register_assert_rewrite("tests.parser_oracle", "tests.fuzz_targets")
 
 PARSER_BUILD = use_parser_build()
 """The C parser build ``C_PARSER_BUILD`` names (``scripts/test-parser``: the sanitized one),

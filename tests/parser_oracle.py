@@ -1,8 +1,9 @@
 """What the C parser (``formats/_hwpc_lines.c``) must agree with: the Python way of each input.
 
 The parser may decline anything, but what it makes must be what the Python way makes of the same
-bytes. These checks are shared by the parser's tests of its two entry points
-(``test_hwpc_lines.py``, ``test_frames.py``).
+bytes. These checks are shared by the parser's tests (``test_hwpc_lines.py``, ``test_frames.py``)
+and its fuzz targets (``fuzz_targets.py``), so that a fuzzer holds the parser to the very
+assertions the tests do.
 """
 
 from __future__ import annotations

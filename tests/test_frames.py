@@ -482,6 +482,22 @@ def test_any_mutated_recording_reads_the_same_both_ways_and_never_raises(tmp_pat
     assert not_utf8 >= 10, "the sweep puts bytes that are not UTF-8 in rows"
 
 
+@pytest.mark.parametrize(
+    "cell", [b"RAPL_ENERGY_PKG\r", b'"RAPL_ENERGY\nPKG"'], ids=["lone-cr", "quoted-line-break"]
+)
+def test_a_header_that_is_more_or_less_than_its_first_line_is_read_row_by_row(
+    tmp_path: Path, cell: bytes
+) -> None:
+    """The csv module ends a header at a lone carriage return, and reads a quoted line break
+    into it: the fast way, which takes the first line for the header, leaves such a file to the
+    row-by-row way, and reads what it reads (it refused the first as unreadable)."""
+    paths = write_recording(tmp_path, ticks=4)
+    paths[0].write_bytes(paths[0].read_bytes().replace(b"RAPL_ENERGY_PKG", cell, 1))
+    framed, rows = both_readers(paths, 700)
+    assert not any(isinstance(item, HWPCFrame) for item in framed)
+    assert as_comparable(framed) == as_comparable(rows)
+
+
 def test_a_byte_that_is_not_utf8_is_a_dead_letter_and_the_replay_goes_on(tmp_path: Path) -> None:
     """One row of a recording with a byte that is not UTF-8 in a target's name: that row is a
     dead letter naming its file and line, every other row is read, and the service exits 0."""

@@ -1,0 +1,34 @@
+"""Every input on which fuzzing caught the C parser or its Python glue out, kept under
+``tests/data/fuzz-regressions/TARGET/`` and replayed through the fuzz target that found it
+(``fuzz_targets.py``): the fast way and the Python way agree on it, on whichever build of the
+parser the run tests (``scripts/test-parser`` runs this file on the sanitized one too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .fuzz_targets import csv_file, json_lines
+
+REGRESSIONS = Path(__file__).resolve().parent / "data" / "fuzz-regressions"
+TARGETS = ("csv", "json-lines")
+
+
+def kept() -> list[Path]:
+    """Every kept input, of every target."""
+    return sorted(path for path in REGRESSIONS.glob("*/*") if path.is_file())
+
+
+def test_every_kept_input_belongs_to_a_target() -> None:
+    """An input kept under any other folder would be replayed by nothing."""
+    assert kept(), "the fuzzer's findings are kept"
+    assert {path.parent.name for path in kept()} <= set(TARGETS)
+
+
+@pytest.mark.parametrize("path", kept(), ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_what_the_fuzzer_found_is_read_the_same_both_ways(path: Path, tmp_path: Path) -> None:
+    if path.parent.name == "csv":
+        csv_file(path.read_bytes(), tmp_path)
+    else:
+        json_lines(path.read_bytes())
