@@ -2,12 +2,15 @@
 ``formats/_hwpc_lines.c`` the way wattflow's inputs hand it theirs, and the answer held to the
 Python way's (``parser_oracle.py``), not only to "no crash".
 
-``test_fuzz_regressions.py`` replays every input kept under ``tests/data/fuzz-regressions/``
-through them, on whichever build the tests run. An ``AssertionError`` here is a disagreement: a
-fuzzer stops and keeps the input."""
+``scripts/fuzz_parser.py`` runs them under atheris (libFuzzer) on the sanitized, coverage-
+instrumented build; ``test_fuzz_regressions.py`` replays every input kept under
+``tests/data/fuzz-regressions/`` on whichever build the tests run. An ``AssertionError`` here is
+a disagreement: the fuzzer stops and keeps the input.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,45 @@ def csv_file(data: bytes, directory: Path) -> None:
     path.write_bytes(data)
     framed = _outcome(lambda: list(read_hwpc_csv_frames([path], CSV_CHUNK_BYTES)))
     rows = _outcome(lambda: list(powerapi.read_hwpc_csv([path])))
-    assert framed == rows
+    assert framed == rows, f"the fast way read {framed!r:.3000}\nthe row-by-row way {rows!r:.3000}"
+
+
+def _hwpc_line(target: str, groups: dict[str, dict[str, int]]) -> bytes:
+    """hwpc-sensor's line of one cpu per group, in its compact form."""
+    document = {
+        "timestamp": 1_767_603_600_000,
+        "sensor": "node-1",
+        "target": target,
+        "groups": {group: {"0": {"0": events}} for group, events in groups.items()},
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def json_lines_at_the_limits() -> list[bytes]:
+    """Batches at and past the bounds of the C parser's fixed tables (``MAX_EVENTS``,
+    ``MAX_GROUPS_PER_LINE``, ``MAX_SIGNATURES``, ``MAX_SHAPES`` in ``_hwpc_lines.c``), and with
+    more distinct names than its first table of names holds (128, then it grows): branches that
+    hwpc-sensor's own batches, and the mutations of a few bytes of them, do not reach."""
+    batches = [
+        _hwpc_line("all", {"core": {f"e{i}": i for i in range(width)}}) for width in (127, 128, 129)
+    ]
+    batches += [_hwpc_line("all", {f"g{i}": {"e": 1} for i in range(count)}) for count in (64, 65)]
+    for events in ("e", "e{}"):  # the same events in every group (one signature), or not
+        lines = [
+            _hwpc_line(target, {f"g{i}": {events.format(i): 1} for i in numbers})
+            for target, numbers in (("a", range(40)), ("b", range(40, 70)))
+        ]
+        batches.append(b"\n".join(lines))
+    return batches
+
+
+def csv_files_at_the_limits() -> list[bytes]:
+    """CSV files with more distinct names than the parser's first table of names holds, and
+    with a name as long as it reads and one byte longer (``CSV_LONGEST_NAME``)."""
+    header = b"timestamp,sensor,target,socket,cpu,e\n"
+    many = b"".join(b"1,node-1,t%d,0,0,1\n" % number for number in range(150))
+    named = [b"1767603600000,node-1,%s,0,0,1\n" % (b"n" * size) for size in (1023, 1024)]
+    return [header + many, *(header + row for row in named)]
 
 
 def _outcome(read: Callable[[], list[Any]]) -> tuple[list[Any], list[Any]] | str:

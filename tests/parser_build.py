@@ -1,12 +1,14 @@
 """Another build of the C parser (``formats/_hwpc_lines.c``) in place of the installed one.
 
-``scripts/test-parser`` builds the parser once more, with AddressSanitizer and
-UndefinedBehaviorSanitizer (``build/asan/``), and runs the parser's tests on that build. The
-variable ``C_PARSER_BUILD`` names the build's extension file: it is loaded here under the
-installed module's name before anything imports that, so ``from wattflow.formats import
-_hwpc_lines`` in ``json_frames`` and ``csv_frames`` finds it. wattflow itself has no such
-switch: only the tests (``tests/conftest.py``) read the variable, which is named outside the
-``WATTFLOW_`` settings that the ``wattflow`` command reads."""
+``scripts/test-parser`` builds the parser twice more, with AddressSanitizer and
+UndefinedBehaviorSanitizer (``build/asan/``) and with libFuzzer's coverage as well
+(``build/fuzz/``), and runs the parser's tests and the fuzzer on those builds. The variable
+``C_PARSER_BUILD`` names the build's extension file: it is loaded here under the installed
+module's name before anything imports that, so ``from wattflow.formats import _hwpc_lines`` in
+``json_frames`` and ``csv_frames`` finds it. wattflow itself has no such switch: only the tests
+(``tests/conftest.py``) and the fuzzer (``scripts/fuzz_parser.py``) read the variable, which is
+named outside the ``WATTFLOW_`` settings that the ``wattflow`` command reads.
+"""
 
 from __future__ import annotations
 
