@@ -4,9 +4,9 @@
 
 Run it through ``scripts/test-parser`` (``FUZZ_S=SECONDS`` for a longer run), which builds the
 parser with clang's libFuzzer coverage, AddressSanitizer and UndefinedBehaviorSanitizer into
-build/fuzz/, names that build in ``C_PARSER_BUILD`` and preloads atheris's sanitizer runtime.
-Each input goes to a target of ``tests/fuzz_targets.py``, which holds the parser's answer to the
-Python way's (a differential oracle), so a disagreement stops the run as a crash would.
+build/fuzz/parser/, names that build in ``C_PARSER_BUILD`` and preloads atheris's sanitizer
+runtime. Each input goes to a target of ``tests/fuzz_targets.py``, which holds the parser's answer
+to the Python way's (a differential oracle), so a disagreement stops the run as a crash would.
 
 The corpus starts from seeds written afresh into build/fuzz/seeds/TARGET/ (the recordings under
 tests/data/ and service/data/, a generated stream, inputs at the parser's limits, and every input

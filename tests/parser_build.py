@@ -2,7 +2,7 @@
 
 ``scripts/test-parser`` builds the parser twice more, with AddressSanitizer and
 UndefinedBehaviorSanitizer (``build/asan/``) and with libFuzzer's coverage as well
-(``build/fuzz/``), and runs the parser's tests and the fuzzer on those builds. The variable
+(``build/fuzz/parser/``), and runs the parser's tests and the fuzzer on those builds. The variable
 ``C_PARSER_BUILD`` names the build's extension file: it is loaded here under the installed
 module's name before anything imports that, so ``from wattflow.formats import _hwpc_lines`` in
 ``json_frames`` and ``csv_frames`` finds it. wattflow itself has no such switch: only the tests
