@@ -268,10 +268,10 @@ def test_the_frame_way_fails_a_tick_as_the_report_way_does(
     paths = write_recording(tmp_path, ticks=60, multiplexed=0.2)
     runs = {}
     for way in ("reports", "frames"):
-        fault = Fault("cpu", "0", frozenset({12}))
+        fault = Fault("cpu", "0", frozenset({6}))
         runs[way] = run_smartwatts(way, paths, caplog, fault=fault, monkeypatch=monkeypatch)
         monkeypatch.undo()
-        assert fault.seen > 12
+        assert fault.seen > 6
     by_reports, by_frames = runs["reports"], runs["frames"]
     for kind in ("PowerReport", "FormulaReport"):
         assert by_frames.of_kind(kind) == by_reports.of_kind(kind), kind

@@ -374,7 +374,8 @@ class FrequencyModel(PowerModel):
         nothing again. A full window's median (or mean) says whether the model drifted, not a
         tick's noise.
         """
-        return len(self.errors) == self.errors.maxlen and super().drifted(relearning)
+        over = super().drifted(relearning)  # judged every step, as before: where it decides
+        return over and len(self.errors) == self.errors.maxlen
 
     def _refine_every(self) -> int:
         """How many new samples make the model solved again (see the class's docstring)."""
