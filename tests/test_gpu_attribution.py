@@ -247,6 +247,10 @@ def test_a_process_busy_30_percent_of_the_time_reads_30_percent(
         for process in device["processes"]:
             weighted += process["sm_util"] * (end - start)
             span += end - start
+    # Deterministic, not sampled: each driver sample holds the busy % of its own 200 ms, so
+    # the windows' mean is the busy share of the ~11 s they cover, whole 1 s periods (30 %)
+    # but for a part of one at each end (at most 0.3 s busy of 11 s: 1.4 points each way),
+    # and each window's mean is rounded to a whole % (0.5 points).
     assert weighted / span == pytest.approx(30.0, abs=3.0)
     _, reached = shares_against_truth(run, duty, 200)
     assert 0.98 <= reached <= 1.02
