@@ -1,7 +1,8 @@
 """Per-target accuracy of SmartWatts in wattflow on simulated nodes whose true power is known.
 
-Runs the formula in this process on the streams of ``generate_hwpc.py`` (the plain one, and nodes
-with each of the phenomena production nodes show, alone and all together), and prints per stream
+Runs the formula in this process on the streams of ``generate_hwpc.py`` (the plain one, nodes
+with each of the phenomena production nodes show, alone and all together, and one socket crowded
+with 20–30 containers on 4–8 cpus), and prints per stream
 and scope the per-target MAPE against the ground truth after a learning phase, the share of rows
 it covers, and how far the targets' powers are from adding up to the measured RAPL power.
 
@@ -104,6 +105,28 @@ def streams() -> list[Stream]:
         Stream("all-24", Phenomena.parse("all"), sockets=1, cpus_per_socket=8, containers=24),
     ]
     return found
+
+
+CROWDED_SHAPES = ((4, 20), (4, 24), (4, 30), (6, 20), (6, 24), (6, 30), (8, 20), (8, 30))
+"""(cpus, containers) of the crowded streams: 20–30 containers on 4–8 cpus of one socket (8 cpus
+with 24 containers is ``all-24``)."""
+
+
+def crowded_streams() -> list[Stream]:
+    """One socket crowded with 20–30 containers on 4–8 cpus, with every phenomenon (DVFS,
+    phases, heterogeneous containers, jitter, multiplexing), seed 42: each container gets a
+    fraction of a cpu, and the socket's dynamic power is a few watts against the same
+    unexplained power as a larger socket's."""
+    return [
+        Stream(
+            f"crowded-{cpus}x{containers}",
+            Phenomena.parse("all"),
+            sockets=1,
+            cpus_per_socket=cpus,
+            containers=containers,
+        )
+        for cpus, containers in CROWDED_SHAPES
+    ]
 
 
 Key = tuple[int, str]
@@ -240,7 +263,8 @@ def accuracy(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    names = [s.name for s in streams()]
+    every = streams() + crowded_streams()
+    names = [s.name for s in every]
     parser.add_argument("--stream", action="append", choices=names, help="(default: every one)")
     parser.add_argument(
         "--phenomena",
@@ -257,9 +281,9 @@ def main() -> None:
     if args.compat:
         settings["compat"] = args.compat
     print(f"{'stream':12} {'scope':5} {'rows':>6} {'covered %':>9} {'MAPE %':>7} {'Σ−RAPL W':>9}")
-    chosen = [s for s in streams() if args.stream and s.name in args.stream]
+    chosen = [s for s in every if args.stream and s.name in args.stream]
     chosen += [Stream(p.label, p, seed=args.seed) for p in args.phenomena or ()]
-    for stream in chosen or streams():
+    for stream in chosen or every:
         recording = record(stream)
         for figures in accuracy(recording, estimate(recording, settings), args.learning_ticks):
             print(

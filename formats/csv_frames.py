@@ -103,6 +103,10 @@ def read_hwpc_csv_frames(
         for path in paths:
             handle = path.open("rb")
             first = handle.readline()
+            if not _plain_header(first):
+                handle.close()
+                yield from powerapi.read_hwpc_csv(paths)
+                return
             text = first.decode("utf-8", powerapi.CSV_ERRORS)
             header = powerapi.read_csv_header(path, csv.reader([text]), powerapi.CSV_HWPC)
             group = powerapi.csv_group_name(path)
@@ -121,6 +125,15 @@ def read_hwpc_csv_frames(
     finally:
         for f in files:
             f.handle.close()
+
+
+def _plain_header(first: bytes) -> bool:
+    """Whether the file's first line is all of its header, as the row-by-row reader's csv module
+    reads it: no quote (a quoted cell may hold a line break) and no carriage return but the one
+    before the line break (the csv module ends a row at a lone one too). Any other header makes
+    every file go the row-by-row way, which reads it, or refuses it, in its own words."""
+    line = first.removesuffix(b"\n").removesuffix(b"\r")
+    return b'"' not in line and b"\r" not in line
 
 
 def _prepare(f: _File) -> bool:

@@ -45,7 +45,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from wattflow.actors.handoff import Acceptor, settle
+from wattflow.actors.handoff import OUTCOMES, Acceptor, raise_open_files_limit, settle
 from wattflow.actors.partition import Partition
 from wattflow.actors.pipeline import DRAIN_SETTLE_S
 from wattflow.actors.pullers.socket import SocketPuller
@@ -267,8 +267,14 @@ class WorkerPool:
             )
 
     def listen(self) -> None:
-        """Listen on every socket input before any worker starts."""
+        """Listen on every socket input before any worker starts, with an open-files limit
+        raised for a connection per sensor (the workers inherit it); each acceptor holds at
+        most half the limit in connections waiting for their first line or their worker."""
+        if not self.acceptors:
+            return
+        limit = raise_open_files_limit()
         for acceptor in self.acceptors.values():
+            acceptor.max_pending = max(16, min(acceptor.max_pending, limit // 2))
             acceptor.listen()
 
     def _spawn(self, worker: Worker) -> None:
@@ -436,16 +442,30 @@ class WorkerPool:
         not in the sum."""
         ledger = sum_ledgers([w.ledger for w in self.workers if w.ledger is not None])
         deaths = sum(len(w.deaths) for w in self.workers)
+        closed: Counter[str] = Counter()
+        for acceptor in self.acceptors.values():
+            closed.update(acceptor.closed)
         logger.log(
             logging.ERROR if deaths else logging.INFO,
-            "pipeline drained: %s workers=%d worker_restarts=%d worker_deaths=%d",
+            "pipeline drained: %s workers=%d worker_restarts=%d worker_deaths=%d%s",
             ledger.summary(),
             self.count,
             sum(w.restarted for w in self.workers),
             deaths,
+            (
+                f" connections_handed={sum(sum(a.handed) for a in self.acceptors.values())}"
+                f" connections_closed={sum(closed[o] for o in CLOSED_UNHANDED)}"
+                if self.acceptors
+                else ""
+            ),
         )
         problems = [f"worker {w.index}/{self.count}: {p}" for w in self.workers for p in w.problems]
         problems += [_death_line(w, self.count) for w in self.workers if w.deaths]
+        if closed["stalled"] + closed["failed"]:
+            problems.append(
+                f"{closed['stalled'] + closed['failed']} sensor connections closed unread: "
+                "their worker did not take them (see the errors above)"
+            )
         if self.failure is not None:
             problems.insert(0, self.failure)
         if not ledger.balanced():
@@ -453,6 +473,11 @@ class WorkerPool:
         for problem in dict.fromkeys(problems):
             print(f"wattflow: error: {problem}", file=sys.stderr)
         return 1 if problems or self.aborted else 0
+
+
+CLOSED_UNHANDED = ("silent", "stalled", "failed", "stopped")
+"""Outcomes of the connections the acceptor closed itself, handed to no worker: the exit
+line's ``connections_closed``."""
 
 
 def _death_line(worker: Worker, count: int) -> str:
@@ -511,7 +536,32 @@ class WorkersStatus:
         if self.pool.stopping:
             unhealthy.append("draining: the service is stopping")
             not_ready.append("draining: the service is stopping")
-        return Snapshot(unhealthy, not_ready, [alive, restarts, *families.values()])
+        accepted = self._acceptors()
+        return Snapshot(unhealthy, not_ready, [alive, restarts, *accepted, *families.values()])
+
+    def _acceptors(self) -> list[Metric]:
+        """Each socket input's acceptor: what became of its connections, and how many it
+        holds now (waiting for their first line, or for their worker's channel)."""
+        connections = CounterMetricFamily(
+            "wattflow_acceptor_connections",
+            "Sensor connections the parent accepted, by outcome: handed (to the worker), "
+            "silent (no complete first line in time), peer_closed (before a byte), stalled "
+            "(the worker took none for too long), failed, stopped (at shutdown).",
+            labels=["input", "outcome", "worker"],
+        )
+        held = GaugeMetricFamily(
+            "wattflow_acceptor_pending",
+            "Connections accepted and not handed yet: waiting for their first line or for "
+            "room in their worker's channel.",
+            labels=["input"],
+        )
+        for name, acceptor in self.pool.acceptors.items():
+            for index, count in enumerate(acceptor.handed):
+                connections.add_metric([name, "handed", str(index)], count)
+            for outcome in OUTCOMES[1:]:
+                connections.add_metric([name, outcome, ""], acceptor.closed[outcome])
+            held.add_metric([name], acceptor.held)
+        return [connections, held]
 
     async def _ask(self, worker: Worker) -> tuple[list[str], list[str], str]:
         if not worker.alive:

@@ -15,7 +15,23 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.parser_build import use_parser_build
+
 T = TypeVar("T")
+
+# The checks the C parser's tests and fuzz targets share (parser_oracle.py, fuzz_targets.py):
+# their asserts explain themselves too.
+pytest.register_assert_rewrite("tests.parser_oracle", "tests.fuzz_targets")
+
+PARSER_BUILD = use_parser_build()
+"""The C parser build ``C_PARSER_BUILD`` names (``scripts/test-parser``: the sanitized one),
+loaded before any test module imports the parser; ``None``: the installed build."""
+
+
+def pytest_report_header() -> str:
+    """Which build of the C parser the run tests: a sanitized run must say it is one."""
+    return f"C parser: {PARSER_BUILD or 'the installed build'}"
+
 
 # Fixtures that start real servers (MongoDB, InfluxDB, VictoriaMetrics, Prometheus) on loopback.
 pytest_plugins = ["tests.servers", "tests.servers_influx", "tests.servers_prometheus"]

@@ -23,14 +23,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from wattflow.formats import json_frames
-from wattflow.formats.frames import HWPCFrame, canonical_rows
 from wattflow.formats.json_frames import Layout, compiled_hwpc_frames
+
+from .parser_oracle import agree, python_way
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from generate_hwpc import record
@@ -43,54 +43,6 @@ def generated(multiplex: float) -> list[bytes]:
         path = Path(folder) / "hwpc.jsonl"
         record(jsonl=path, ticks=4, containers=3, sensors=("node-1", "node-2"), multiplex=multiplex)
         return path.read_bytes().splitlines()
-
-
-def python_way(lines: list[Any], layouts: dict[str, Layout]) -> list[HWPCFrame] | None:
-    """``decode_hwpc_frames`` without the C parser."""
-    documents = json_frames._plain_lines(lines)
-    return None if documents is None else json_frames._frames_learning_again(documents, layouts)
-
-
-def assert_canonical(frames: list[HWPCFrame]) -> None:
-    """The decoder promises canonical rows: the promise holds."""
-    for frame in frames:
-        assert frame.canonical
-        assert canonical_rows(frame.tables)
-
-
-def assert_same_frames(mine: list[HWPCFrame], theirs: list[HWPCFrame]) -> None:
-    assert len(mine) == len(theirs)
-    assert_canonical(mine)
-    assert_canonical(theirs)
-    for frame, twin in zip(mine, theirs, strict=True):
-        assert frame.names == twin.names
-        assert frame.count == twin.count
-        assert [(t.group, t.events) for t in frame.tables] == [
-            (t.group, t.events) for t in twin.tables
-        ]
-        for table, other in zip(frame.tables, twin.tables, strict=True):
-            for name in ("millis", "sensors", "targets", "sockets", "cpus", "values"):
-                column, expected = getattr(table, name), getattr(other, name)
-                assert column.dtype == expected.dtype, name
-                assert column.shape == expected.shape, name
-                assert np.array_equal(column, expected), name
-        assert frame.reports() == twin.reports()
-
-
-def agree(lines: list[Any], layouts: dict[str, Layout] | None = None) -> bool:
-    """Check the C parser against the Python way on one batch; whether it made frames."""
-    mine_layouts = dict(layouts or {})
-    theirs_layouts = dict(layouts or {})
-    mine = compiled_hwpc_frames(lines, mine_layouts)
-    theirs = python_way(lines, theirs_layouts)
-    if mine is None:
-        assert mine_layouts == (layouts or {}), "a declined batch leaves the layouts alone"
-        assert_canonical(theirs or [])
-        return False
-    assert theirs is not None, "the C parser made frames of a batch the Python way refuses"
-    assert_same_frames(mine, theirs)
-    assert mine_layouts == theirs_layouts
-    return True
 
 
 def test_the_c_parser_is_built() -> None:

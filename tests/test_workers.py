@@ -8,11 +8,15 @@ ledgers; ``/health`` and ``/metrics`` answer for all of them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import socket
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,14 +27,22 @@ from typing import Any
 import pytest
 
 from wattflow.actors.checkpoints import decode_checkpoint
-from wattflow.actors.handoff import first_sensor
+from wattflow.actors.handoff import (
+    FIRST_LINE_TIMEOUT_S,
+    Acceptor,
+    first_sensor,
+    receive_connections,
+)
 from wattflow.actors.partition import Partition
 from wattflow.service.workers import per_worker_path
 
-from .conftest import Service, drained_ledger, wait_until, wattflow
+from .conftest import Service, drained_ledger, run_async, wait_until, wattflow
 from .servers import free_port
 from .test_partition import SENSORS, SETTINGS, read_jsonl, recording, written
 from .test_status_server import get, samples
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from generate_hwpc import record
 
 __all__ = ["recording"]  # the fixture, shared with the partition tests
 
@@ -146,6 +158,131 @@ def test_the_acceptor_finds_the_sensor_of_a_first_line() -> None:
     assert first_sensor(line[:40], complete=False) == "node-é", "before the line is whole"
     assert first_sensor(b'{"timestamp": 1, "sen', complete=False) is None
     assert first_sensor(b"not json at all\n", complete=True) is None
+
+
+def report_line(sensor: str) -> bytes:
+    return json.dumps({"timestamp": 1, "sensor": sensor, "target": "all", "groups": {}}).encode()
+
+
+@contextmanager
+def acceptor_of_two(
+    first_line_timeout_s: float = FIRST_LINE_TIMEOUT_S,
+) -> Iterator[tuple[Acceptor, list[socket.socket]]]:
+    """An acceptor listening on a free loopback port, with two workers' channels: the
+    acceptor and the workers' ends (which the test reads, as the workers would). The
+    channels' send buffers are the smallest the kernel allows: a few connections fill them
+    (by default a few hundred do)."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(WORKERS)]
+    for parent_end, worker_end in pairs:
+        parent_end.setblocking(False)
+        parent_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
+        worker_end.setblocking(False)
+    channels = [parent for parent, _ in pairs]
+    acceptor = Acceptor(
+        "127.0.0.1",
+        0,
+        channels,
+        Partition(0, 1),
+        1 << 20,
+        first_line_timeout_s=first_line_timeout_s,
+    )
+    acceptor.listen()
+    try:
+        yield acceptor, [worker_end for _, worker_end in pairs]
+    finally:
+        acceptor.close()
+        for parent_end, worker_end in pairs:
+            parent_end.close()
+            worker_end.close()
+
+
+async def until(ready: Any, timeout_s: float, what: str) -> None:
+    """:func:`wait_until` for a test that runs on the event loop with the acceptor."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not ready():
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not after {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+def taken(worker_end: socket.socket) -> list[socket.socket]:
+    """The connections waiting on a worker's end of its channel (as the worker takes them)."""
+    received = receive_connections(worker_end)
+    assert received is not None, "the acceptor closed the channel"
+    return received
+
+
+def test_a_full_channel_keeps_its_connections_until_its_worker_takes_them() -> None:
+    """More connections at once than a worker's channel holds: the acceptor queues them, and
+    sends each as its channel makes room; none is closed, each reaches its sensor's worker."""
+    count = 100
+
+    async def scenario() -> None:
+        with acceptor_of_two() as (acceptor, worker_ends):
+            serving = asyncio.ensure_future(acceptor.serve())
+            port = acceptor.bound_port
+            assert port is not None
+            clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+            for number, client in enumerate(clients):
+                client.sendall(report_line(f"node-{number}") + b"\n")
+            await until(
+                lambda: sum(acceptor.handed) + sum(acceptor.queued) == count, 10, "every peek"
+            )
+            assert sum(acceptor.queued), "the workers' channels were full, some waited"
+            got: list[list[socket.socket]] = [[] for _ in worker_ends]
+
+            def take_all() -> bool:
+                for index, worker_end in enumerate(worker_ends):
+                    got[index] += taken(worker_end)
+                return sum(map(len, got)) == count
+
+            await until(take_all, 10, "every connection in its worker")
+            assert acceptor.handed == [len(mine) for mine in got]
+            assert not acceptor.closed
+            for index, mine in enumerate(got):
+                for connection in mine:
+                    sensor = first_sensor(connection.recv(1 << 16), complete=True)
+                    assert Partition(0, 1).worker_of(str(sensor), WORKERS) == index, sensor
+                    connection.close()
+            serving.cancel()
+            for client in clients:
+                client.close()
+
+    run_async(scenario())
+
+
+def test_a_connection_without_its_first_line_in_time_goes_to_no_worker() -> None:
+    """A connection that sends nothing, and one that sends the start of a line without its
+    sensor, are closed once the first line's deadline passes (counted as silent), handed to
+    no worker. A first line cut by the peer's close, and one that is not JSON, go to worker 0,
+    which dead-letters them, as they would be without workers."""
+    start = b'{"timestamp": 1, "sen'
+
+    async def scenario() -> None:
+        with acceptor_of_two(first_line_timeout_s=0.5) as (acceptor, worker_ends):
+            serving = asyncio.ensure_future(acceptor.serve())
+            address = ("127.0.0.1", acceptor.bound_port or 0)
+            silent = socket.create_connection(address)
+            partial = socket.create_connection(address)
+            partial.sendall(start)
+            cut = socket.create_connection(address)
+            cut.sendall(start)
+            cut.shutdown(socket.SHUT_WR)
+            garbage = socket.create_connection(address)
+            garbage.sendall(b"not json at all\n")
+            await until(lambda: acceptor.closed["silent"] == 2, 10, "two silent closed")
+            assert acceptor.handed == [2, 0]
+            for client in (silent, partial):
+                client.settimeout(5)
+                with contextlib.suppress(ConnectionResetError):
+                    assert client.recv(1) == b"", "closed by the acceptor"
+            given = taken(worker_ends[0])
+            assert sorted(c.recv(100) for c in given) == sorted([start, b"not json at all\n"])
+            assert taken(worker_ends[1]) == []
+            serving.cancel()
+            for connection in [*given, silent, partial, cut, garbage]:
+                connection.close()
+
+    run_async(scenario())
 
 
 def test_each_sensor_goes_to_exactly_one_worker_of_a_partition() -> None:
@@ -323,3 +460,172 @@ def test_each_worker_keeps_its_own_state_file(recording: Path, tmp_path: Path) -
     expected = {key[:5]: float(key[5]) for key in one}
     assert set(got) == set(expected)
     assert all(abs(got[key] - value) <= 1e-6 * max(1.0, value) for key, value in expected.items())
+
+
+# --- a thousand sensors connecting at once ----------------------------------------------------
+
+THOUSAND = 1000
+LATE_S = 1.5
+"""How long the late connections keep their first line back: connected, silent."""
+LATER_S = 6.0
+"""A few wait longer than the acceptor once waited for a first line (5 s) before it gave
+the connection to worker 0."""
+LOW_OPEN_FILES = 512
+"""The soft open-files limit the service is started with: too few for a thousand
+connections, so the service must raise it itself."""
+START_WITH_LOW_LIMIT = (
+    "import resource, sys; from wattflow.service.cli import main; "
+    "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+    f"resource.setrlimit(resource.RLIMIT_NOFILE, ({LOW_OPEN_FILES}, hard)); "
+    "sys.exit(main(sys.argv[1:]))"
+)
+
+
+@dataclass
+class Sender:
+    """One sensor's connection: ``head`` bytes as soon as it is open, the rest ``late_s``
+    later (0: at once), then it half-closes and waits for its worker to close."""
+
+    sensor: str
+    data: bytes
+    head: int = 0
+    late_s: float = 0.0
+
+
+def thousand_senders(stream: bytes, sensor: str) -> list[Sender]:
+    """A thousand sensors, each sending ``stream`` under its own name: most at once; one in
+    ten late, its first line whole; one in ten late with its first line cut before the
+    sensor's name (20 bytes at once); one in a hundred later still."""
+    senders = []
+    for number in range(1, THOUSAND + 1):
+        name = f"machine-{number}"
+        data = stream.replace(f'"sensor":"{sensor}"'.encode(), f'"sensor":"{name}"'.encode())
+        assert data.count(name.encode()) == stream.count(sensor.encode())
+        if number % 100 == 0:
+            senders.append(Sender(name, data, late_s=LATER_S))
+        elif number % 10 == 0:
+            senders.append(Sender(name, data, late_s=LATE_S))
+        elif number % 10 == 5:
+            senders.append(Sender(name, data, head=20, late_s=LATE_S))
+        else:
+            senders.append(Sender(name, data))
+    assert b'"sensor"' not in senders[4].data[:20], "the head ends before the sensor's name"
+    return senders
+
+
+async def send_all_at_once(port: int, senders: list[Sender]) -> list[str]:
+    """Open every connection at once, then send on each: what went wrong (a connection
+    reset, refused, or closed before its worker read it all), one line per connection."""
+    opened = await asyncio.gather(
+        *(asyncio.open_connection("127.0.0.1", port) for _ in senders), return_exceptions=True
+    )
+    problems: list[str] = []
+    streams = []
+    for sender, connection in zip(senders, opened, strict=True):
+        if isinstance(connection, BaseException):
+            problems.append(f"{sender.sensor}: cannot connect: {connection!r}")
+        else:
+            streams.append(_stream(sender, *connection))
+    results = await asyncio.gather(*streams, return_exceptions=True)
+    problems += [f"{result!r}" for result in results if result is not None]
+    return problems
+
+
+async def _stream(
+    sender: Sender, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    try:
+        writer.write(sender.data[: sender.head])
+        await writer.drain()
+        if sender.late_s:
+            await asyncio.sleep(sender.late_s)  # the deliberate lateness of its first line
+        writer.write(sender.data[sender.head :])
+        await writer.drain()
+        writer.write_eof()
+        # Its worker closes the connection once it has read every line of it.
+        rest = await asyncio.wait_for(reader.read(), 60)
+        assert rest == b"", f"{sender.sensor}: the service wrote {rest[:100]!r}"
+    except OSError as error:
+        raise AssertionError(f"{sender.sensor}: {error!r}") from error
+    finally:
+        writer.close()
+
+
+def acceptor_counts(http_port: int) -> dict[tuple[str, str], float]:
+    """The parent's acceptor metrics: connections by (outcome, worker), and ("pending", "")."""
+    found = samples(get(f"http://127.0.0.1:{http_port}/metrics")[1])
+    counts = {
+        (dict(labels)["outcome"], dict(labels)["worker"]): count
+        for (name, labels), count in found.items()
+        if name == "wattflow_acceptor_connections_total"
+    }
+    counts["pending", ""] = found["wattflow_acceptor_pending", (("input", "puller_socket"),)]
+    return counts
+
+
+def enough_open_files(wanted: int) -> None:
+    """Raise this process's soft open-files limit to ``wanted`` (the hard limit allowing)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"a thousand connections need {wanted} open files; the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def test_a_thousand_connections_opening_at_once_each_go_to_their_sensors_worker(
+    tmp_path: Path,
+) -> None:
+    """A thousand sensors connect at the same moment, some of them holding their first
+    line back for 1.5 s (whole, or cut before the sensor's name), a few for 6 s: each
+    connection is read by the worker that owns its sensor, none is reset, and the two
+    workers' files hold every sensor's PowerReports, each in its own worker's file. The
+    service starts with a soft limit of 512 open files, and raises it."""
+    enough_open_files(2 * THOUSAND + 256)
+    one_sensor = tmp_path / "machine.jsonl"
+    record(ticks=4, containers=1, sensors=("node-1",), jsonl=one_sensor)
+    alone = one_process_output(one_sensor, tmp_path)
+    assert {key[1] for key in alone} == {"node-1"}
+    senders = thousand_senders(one_sensor.read_bytes(), "node-1")
+    lines = len(one_sensor.read_bytes().splitlines()) * THOUSAND
+    http_port = free_port()
+    args = [
+        "run", "--workers", str(WORKERS), "--http-port", str(http_port),
+        "--input", "socket", "--port", "0", *flags(tmp_path, "many"),
+    ]  # fmt: skip
+    command = [sys.executable, "-c", START_WITH_LOW_LIMIT, *args]
+    with Service(tmp_path / "service.log", command=command) as service:
+        workers = SocketWorkers(service, listening_port(service), http_port)
+        wait_until(workers.ready, 60, "/ready")
+        problems = run_async(send_all_at_once(workers.socket_port, senders), 90)
+        assert problems == [], f"{len(problems)} connections failed: {problems[:5]}"
+        workers.wait_read(lines, "every report read, as the workers' metrics say")
+        owners = Counter(str(Partition(0, 1).worker_of(s.sensor, WORKERS)) for s in senders)
+        assert acceptor_counts(http_port) == {
+            ("handed", "0"): owners["0"],
+            ("handed", "1"): owners["1"],
+            **{(outcome, ""): 0 for outcome in ("silent", "stalled", "failed", "stopped")},
+            ("peer_closed", ""): 0,
+            ("pending", ""): 0,
+        }
+        log = service.stop()
+    assert f"raised the open-files limit (RLIMIT_NOFILE) from {LOW_OPEN_FILES}" in log, log[:3000]
+    parts = workers_written(tmp_path, "many")
+    for index, part in enumerate(parts):
+        mine = Partition(0, 1).split(WORKERS)[index]
+        assert part, f"worker {index} wrote nothing"
+        assert all(mine.owns(sensor) for sensor in sensors_of(part)), index
+    expected = Counter(
+        {(key[0], s.sensor, *key[2:]): count for s in senders for key, count in alone.items()}
+    )
+    assert sum(parts, Counter()) == expected
+    ledger = drained_ledger(log)
+    assert ledger["entered"] == lines
+    assert ledger["rejected_input"] == ledger["dead_out"] == 0
+    assert ledger["delivered"] == sum(expected.values())
+    assert ledger["connections_handed"] == THOUSAND
+    assert ledger["connections_closed"] == 0
+    for index in range(WORKERS):
+        assert read_jsonl(per_worker_path(tmp_path / "many-dead.jsonl", index)) == []
+    assert "belongs to another worker" not in log
+    assert "not handed" not in log

@@ -137,9 +137,14 @@ class PowerModel:
         if not stored:
             self.store(power_w, features)
         self.store_error(error_w)
-        if self.window_error(relearning.error_method) > relearning.error_threshold_w:
+        if self.drifted(relearning):
             self.relearn(relearning.max_intercept_w)
         return error_w
+
+    def drifted(self, relearning: Relearning) -> bool:
+        """Whether the error window says the model drifted: its median (or mean) is over the
+        threshold, however few errors it holds, as in SmartWatts."""
+        return self.window_error(relearning.error_method) > relearning.error_threshold_w
 
     def store_error(self, error: float) -> None:
         """Add one tick's |reference − predicted| to the error window."""
@@ -356,6 +361,20 @@ class FrequencyModel(PowerModel):
         self.previous = (
             None if previous is None else (_floats(previous["features"]), float(previous["power"]))
         )
+
+    def drifted(self, relearning: Relearning) -> bool:
+        """As SmartWatts judges it, but only on a full error window.
+
+        Judged on the few errors since the last relearning, as SmartWatts does, one tick off by
+        more than the threshold is a drift: what was learned is discounted again, and again on
+        the next tick if it is off too. A socket whose power no counter explains moves by more
+        than the threshold now and then (leakage stepping with the P-state, a package warming
+        up) would lose, tick after tick, everything its model learned: on a crowded socket a
+        few such ticks in a row leave the model with a thousandth of its past, learning from
+        nothing again. A full window's median (or mean) says whether the model drifted, not a
+        tick's noise.
+        """
+        return len(self.errors) == self.errors.maxlen and super().drifted(relearning)
 
     def _refine_every(self) -> int:
         """How many new samples make the model solved again (see the class's docstring)."""

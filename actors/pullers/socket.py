@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, PositiveInt
 
 from wattflow.actors.errors import PullUnavailable
-from wattflow.actors.handoff import receive_connections
+from wattflow.actors.handoff import LISTEN_BACKLOG, receive_connections
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
@@ -286,7 +286,7 @@ def _listeners(host: str, port: int) -> list[socket.socket]:
             if family == socket.AF_INET6:
                 listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             listener.bind(address)
-            listener.listen(1024)
+            listener.listen(LISTEN_BACKLOG)
             listener.setblocking(False)
     except OSError:
         for listener in listeners:
