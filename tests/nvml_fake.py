@@ -170,13 +170,41 @@ class Slicing:
 
     def running(self, ms: int) -> int:
         """The pid running work on the engine during millisecond ``ms``; 0 for nobody."""
+        who = self._slot(ms)
+        return 0 if who.startswith("~") else self._alive(who, ms)
+
+    def resident(self, ms: int) -> int:
+        """The pid whose context is resident on the engine during millisecond ``ms`` (running
+        work or not: ``~pid``); 0 for nobody."""
+        return self._alive(self._slot(ms).lstrip("~"), ms)
+
+    def _slot(self, ms: int) -> str:
         offset = (ms % self.period_ms + self.rotation(ms // self.period_ms)) % self.period_ms
-        who = [w for at, w in self.slots if at <= offset][-1]
-        if who.startswith(("-", "~")):
+        return [w for at, w in self.slots if at <= offset][-1]
+
+    def _alive(self, who: str, ms: int) -> int:
+        if who.startswith("-") or not int(who):
             return 0
         pid = int(who)
         life = self.lives.get(pid)
         return pid if life is None or life[0] <= ms < life[1] else 0
+
+    def sampled_mj(self, start_us: int, end_us: int, sample_ms: int) -> dict[int, float]:
+        """Each pid's energy above idle over (start_us, end_us] as the driver's samples tell
+        it, by the stand-in's rules: a sample every ``sample_ms`` of Unix time names the pid
+        resident at its instant and holds the engine's busy % over its period, so it stands
+        for that many ms of that pid's engine time. Over whole slicing periods this is the
+        truth (``active_mj``); a span that cuts a period differs from it by what the samples
+        there happen to catch."""
+        energy: dict[int, float] = {}
+        first = start_us // 1000 // sample_ms * sample_ms + sample_ms
+        for stamp in range(first, end_us // 1000 + 1, sample_ms):
+            pid = self.resident(stamp - 1)
+            busy_ms = sum(self.running(ms) != 0 for ms in range(stamp - sample_ms, stamp))
+            if pid and busy_ms:
+                mw = self.pid_mw.get(pid, 200_000)
+                energy[pid] = energy.get(pid, 0.0) + mw * busy_ms / 1000
+        return energy
 
     def active_mj(self, start_us: int, end_us: int) -> dict[int, float]:
         """Each pid's energy above idle over [start_us, end_us), in mJ."""
