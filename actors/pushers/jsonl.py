@@ -20,6 +20,7 @@ from wattflow.actors.pushers.appending import (
     writes_inline,
 )
 from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.formats.frames import Frame
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
 
@@ -52,6 +53,7 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
 
     config_model = JsonlPusherConfig
     takes_frames = True
+    takes_frame_runs = True
 
     def __init__(self, config: JsonlPusherConfig) -> None:
         super().__init__(config)
@@ -71,7 +73,10 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
             raise PushError(f"output '{self.config.name}': {found} is not a directory")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
-        data = encode_json_lines(batch)
+        if len(batch) > 1 and isinstance(batch[0], Frame):  # frames queued together
+            data = b"".join(encode_json_lines([frame]) for frame in batch)
+        else:
+            data = encode_json_lines(batch)
         if self._inline and len(data) <= INLINE_WRITE_BYTES:
             # A live sensor's tick: a few kB to the page cache, cheaper than a thread's round trip.
             self._write(data)
