@@ -557,8 +557,9 @@ class Paced:
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU time of each thread of a running process, summed by thread name (``comm``): the
-    event loop's thread (the process's name) apart from the executor threads (``asyncio_N``)."""
+    """CPU time of each thread of a running process, user and system (the kernel: socket
+    reads, writes, epoll) apart, summed by thread name (``comm``): the event loop's thread
+    apart from the others (executor threads)."""
     found: dict[str, float] = {}
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -570,9 +571,10 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
         except OSError:
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        name = "event loop" if task.name == str(pid) else re.sub(r"_\d+$", "_*", name)
+        name = "event loop" if task.name == str(pid) else "other threads"
         fields = stat.rsplit(")", 1)[1].split()
-        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        found[f"{name} user"] = found.get(f"{name} user", 0.0) + int(fields[11]) / CLOCK_TICKS
+        found[f"{name} system"] = found.get(f"{name} system", 0.0) + int(fields[12]) / CLOCK_TICKS
     return found
 
 
