@@ -32,12 +32,30 @@ to its exit, with the share of its core that is) and its peak RSS (``VmHWM``). R
 repository root, on a machine with two cores or more:
 
     python benchmarks/live_socket.py --sensors 100 --containers 100 --ticks 40
+
+``--paced`` measures what a running service costs at the pace sensors really send: one tick (the
+global report and one report per container, one write) per sensor per second. One connection
+per sensor; each sensor first sends :data:`WARM_UP_TICKS` ticks at once (SmartWatts learns its
+models on them) and, once wattflow is idle again, ``--seconds`` ticks, one a second, sensor
+``j`` of ``N`` at ``j/N`` into each second, as sensors started at random moments do. The CPU
+time of every process of the service (user and system, all threads) is read over that span
+(plus :data:`SETTLE_S` for the last ticks) and printed per sensor-tick and per report, as a share
+of a core, and by thread (the event loop, the other threads), for each ``--paced-containers``
+count. The ledger is checked after a drain, as in the flood mode. CPU time, not wall time: the
+machine may be shared. A run in which wattflow used more than :data:`BUSY_WARNING` of its core
+could not keep up, and says so. ``--profile N`` runs wattflow under cProfile (with the Python
+running this script) and prints the N modules (or C functions) where its event loop spent most
+of its own time over the whole run, start-up and warm-up included; profiling slows it, so its
+CPU figures are then not comparable.
+
+    python benchmarks/live_socket.py --paced --sensors 100 --seconds 15 --paced-containers 10,100
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pstats
 import re
 import resource
 import shlex
@@ -408,6 +426,14 @@ def main() -> int:
         "--seconds", type=int, default=20, help="--paced: seconds of paced ticks measured"
     )
     parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--paced: run wattflow under cProfile (with this Python) and print the N modules "
+        "that took most of the event loop's time (profiling slows it: its CPU figures go up)",
+    )
+    parser.add_argument(
         "--paced-containers",
         default="10,100",
         help="--paced: containers per sensor, one shape per count, comma-separated",
@@ -685,9 +711,30 @@ def run_paced(
             connection.close()
 
 
+def print_profile(path: Path, top: int) -> None:
+    """Where the event loop's CPU went over a whole profiled run (start-up and warm-up
+    included), by module: the share of its own time (``tottime``) each took."""
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    by_module: dict[str, float] = {}
+    for (file, _, function), (_, _, own_s, _, _) in stats.items():
+        if "epoll" in function:
+            continue  # waiting for sockets: idle, not work
+        module = re.sub(r".*/(wattflow|site-packages|python3\.\d+)/", "", file)
+        if module == "~":  # a C function: numpy's, the interpreter's, a system call
+            module = re.sub(r" of '.*' objects| at 0x\w+", "", function)
+        by_module[module] = by_module.get(module, 0.0) + own_s
+    total = sum(by_module.values())
+    print(f"  where the event loop's time went (cProfile, whole run, {total:.2f} s profiled):")
+    for module, own_s in sorted(by_module.items(), key=lambda item: -item[1])[:top]:
+        print(f"    {own_s / total:6.1%}  {module}")
+
+
 def paced_main(args: argparse.Namespace) -> int:
     """``--paced``: each shape's CPU per sensor-tick and per report, and where it goes."""
     command = shlex.split(args.wattflow)
+    profile = Path(tempfile.gettempdir()) / f"wattflow-paced-{os.getpid()}.prof"
+    if args.profile:
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "wattflow.service"]
     extra = shlex.split(args.wattflow_args)
     input_extra = shlex.split(args.input_args)
     failed = 0
@@ -707,6 +754,9 @@ def paced_main(args: argparse.Namespace) -> int:
                 run_paced(command, extra, input_extra, ticks, run, output, args.timeout)
                 runs.append(run)
                 report_paced(round_number, run)
+                if args.profile and profile.exists():
+                    print_profile(profile, args.profile)
+                    profile.unlink()
             failed += sum(1 for run in runs if run.problems)
             best = sorted(runs, key=lambda run: run.cpu_s)[len(runs) // 2]
             print(
@@ -736,6 +786,11 @@ def report_paced(round_number: int, run: Paced) -> None:
         f"sends up to {run.late_s * 1e3:.0f} ms late; {run.written:,} PowerReports"
         + ("" if not run.problems else "; FAILED")
     )
+    if run.cpu_s / run.span_s > BUSY_WARNING:
+        print(
+            f"  warning: wattflow used {run.cpu_s / run.span_s:.0%} of its core: it could not "
+            "keep up with the ticks, and the figures are a lower bound"
+        )
     for problem in run.problems:
         print(f"  problem: {problem}", file=sys.stderr)
 
