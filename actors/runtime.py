@@ -67,7 +67,8 @@ class Mailbox(Generic[T]):
     capacity cannot deadlock its producer); a batch of no reports (a checkpoint's barrier) is
     taken at once. The bound is therefore ``capacity`` plus one batch.
     A frame (:mod:`wattflow.formats.frames`) counts as the reports it stands for, and is taken
-    alone: a reader gets either one frame or a list of reports.
+    alone: a reader gets either one frame or a list of reports (or, with :meth:`get_frames`,
+    the frames queued next, each as its own batch).
     """
 
     def __init__(self, capacity: int, name: str = "mailbox") -> None:
@@ -137,6 +138,32 @@ class Mailbox(Generic[T]):
             self._size -= count
             self._changed.notify_all()
             return taken
+
+    async def get_frames(self, max_reports: int) -> list[Sequence[T]]:
+        """The frames queued next, each as the batch it came in, while together they hold
+        ``max_reports`` reports at most; waits for none (``[]`` when the next batch is not a
+        frame). A barrier (a frame of no reports) is never taken: it stays the next batch,
+        handled alone, after what came before it.
+
+        A reader that writes several frames as cheaply as one (an output appending them to a
+        file) calls it after :meth:`get` returned a frame: the frames that queued meanwhile (a
+        tick's SmartWatts and RAPL estimates, other sensors' ticks) go in one write.
+        """
+        taken: list[Sequence[T]] = []
+        if not self._batches or not self._batches[0][2]:
+            return taken
+        async with self._changed:
+            count = 0
+            while self._batches:
+                head, size, framed = self._batches[0]
+                if not framed or not size or count + size > max_reports:
+                    break
+                self._batches.popleft()
+                taken.append(head)
+                count += size
+            self._size -= count
+            self._changed.notify_all()
+        return taken
 
     def expect_producers(self, count: int) -> None:
         """Stay open until ``close`` has been called ``count`` times, once by each producer."""

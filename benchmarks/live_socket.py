@@ -32,12 +32,30 @@ to its exit, with the share of its core that is) and its peak RSS (``VmHWM``). R
 repository root, on a machine with two cores or more:
 
     python benchmarks/live_socket.py --sensors 100 --containers 100 --ticks 40
+
+``--paced`` measures what a running service costs at the pace sensors really send: one tick (the
+global report and one report per container, one write) per sensor per second. One connection
+per sensor; each sensor first sends :data:`WARM_UP_TICKS` ticks at once (SmartWatts learns its
+models on them) and, once wattflow is idle again, ``--seconds`` ticks, one a second, sensor
+``j`` of ``N`` at ``j/N`` into each second, as sensors started at random moments do. The CPU
+time of every process of the service (user and system, all threads) is read over that span
+(plus :data:`SETTLE_S` for the last ticks) and printed per sensor-tick and per report, as a share
+of a core, and by thread (the event loop, the other threads), for each ``--paced-containers``
+count. The ledger is checked after a drain, as in the flood mode. CPU time, not wall time: the
+machine may be shared. A run in which wattflow used more than :data:`BUSY_WARNING` of its core
+could not keep up, and says so. ``--profile N`` runs wattflow under cProfile (with the Python
+running this script) and prints the N modules (or C functions) where its event loop spent most
+of its own time over the whole run, start-up and warm-up included; profiling slows it, so its
+CPU figures are then not comparable.
+
+    python benchmarks/live_socket.py --paced --sensors 100 --seconds 15 --paced-containers 10,100
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pstats
 import re
 import resource
 import shlex
@@ -78,17 +96,29 @@ BUSY_WARNING = 0.85
 """Below this share of its core during the stream, a round's rate says more about the machine."""
 
 
-def sensor_streams(sensors: int, containers: int, ticks: int, seed: int) -> list[list[bytes]]:
-    """Each sensor's reports as hwpc-sensor writes them to its socket: one JSON line each."""
+def sensor_ticks(sensors: int, containers: int, ticks: int, seed: int) -> list[list[list[bytes]]]:
+    """Each sensor's ticks, each as the JSON lines hwpc-sensor writes to its socket for it:
+    the global report, then one per container."""
     streams = []
     for number in range(sensors):
         machine = Machine(sensor=f"node-{number + 1}", sockets=2, cpus_per_socket=4)
-        lines: list[bytes] = []
-        for block in simulate(machine, containers_named(containers), ticks, seed=seed + number):
-            for view in tick_views(block):
-                lines.extend(line.encode() for line in view.json_lines())
-        streams.append(lines)
+        views = simulate(machine, containers_named(containers), ticks, seed=seed + number)
+        streams.append(
+            [
+                [line.encode() for line in view.json_lines()]
+                for block in views
+                for view in tick_views(block)
+            ]
+        )
     return streams
+
+
+def sensor_streams(sensors: int, containers: int, ticks: int, seed: int) -> list[list[bytes]]:
+    """Each sensor's reports as hwpc-sensor writes them to its socket: one JSON line each."""
+    return [
+        [line for tick in stream for line in tick]
+        for stream in sensor_ticks(sensors, containers, ticks, seed)
+    ]
 
 
 def decode_rate(streams: Sequence[Sequence[bytes]]) -> float:
@@ -387,7 +417,36 @@ def main() -> int:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="longest wait for wattflow to read the input"
     )
+    parser.add_argument(
+        "--paced",
+        action="store_true",
+        help="paced mode: each sensor sends one tick a second; prints CPU per sensor-tick",
+    )
+    parser.add_argument(
+        "--seconds", type=int, default=20, help="--paced: seconds of paced ticks measured"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--paced: run wattflow under cProfile (with this Python) and print the N modules "
+        "that took most of the event loop's time (profiling slows it: its CPU figures go up)",
+    )
+    parser.add_argument(
+        "--paced-containers",
+        default="10,100",
+        help="--paced: containers per sensor, one shape per count, comma-separated",
+    )
     args = parser.parse_args()
+    if args.paced:
+        args.containers_list = [int(n) for n in args.paced_containers.split(",")]
+        if min(args.sensors, args.seconds, args.repeat, *args.containers_list) < 1:
+            parser.error("--sensors, --seconds, --repeat and --paced-containers take 1 or more")
+        others = os.sched_getaffinity(0) - {WATTFLOW_CORE}
+        if others:
+            os.sched_setaffinity(0, others)
+        return paced_main(args)
     if min(args.sensors, args.containers, args.ticks, args.repeat) < 1:
         parser.error("--sensors, --containers, --ticks and --repeat take 1 or more")
     try:
@@ -482,6 +541,258 @@ def summary(runs: dict[int, list[Run]], decodes: list[float], counts: list[int])
     written = {run.written for run in every}
     print(f"checks passed: exit 0, ledger balanced, PowerReports written {sorted(written)}")
     return 0
+
+
+WARM_UP_TICKS = 12
+"""Ticks each sensor sends, at once, before the paced span: SmartWatts learns its models on the
+first ``--learn-min-samples-required`` (10) of them, which a running service did long ago."""
+SETTLE_S = 1.5
+"""After the last paced tick, the time given to wattflow to handle it before CPU is read
+(``--gather-ms`` and the stages take a few tens of ms)."""
+QUIET_CPU_S = 0.02
+"""wattflow has handled the warm-up once it uses less CPU than this over half a second."""
+
+
+@dataclass
+class Paced:
+    """One paced run's figures: CPU over the paced span, all of the service's processes."""
+
+    sensors: int
+    containers: int
+    seconds: int
+    reports: int = 0  # sent, warm-up included: what the ledger must say entered
+    cpu_s: float = 0.0
+    span_s: float = 0.0
+    late_s: float = 0.0  # the latest a tick was sent after its time
+    threads: dict[str, float] = field(default_factory=dict)
+    written: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ticks(self) -> int:
+        """Sensor-ticks sent over the paced span."""
+        return self.sensors * self.seconds
+
+    @property
+    def per_tick_us(self) -> float:
+        return self.cpu_s / self.ticks * 1e6
+
+    @property
+    def per_report_us(self) -> float:
+        return self.cpu_s / (self.ticks * (self.containers + 1)) * 1e6
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU time of each thread of a running process, user and system (the kernel: socket
+    reads, writes, epoll) apart, summed by thread name (``comm``): the event loop's thread
+    apart from the others (executor threads)."""
+    found: dict[str, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        name = "event loop" if task.name == str(pid) else "other threads"
+        fields = stat.rsplit(")", 1)[1].split()
+        found[f"{name} user"] = found.get(f"{name} user", 0.0) + int(fields[11]) / CLOCK_TICKS
+        found[f"{name} system"] = found.get(f"{name} system", 0.0) + int(fields[12]) / CLOCK_TICKS
+    return found
+
+
+def wait_until_quiet(pid: int, timeout: float) -> None:
+    """Wait until wattflow has handled what it was sent: its CPU stops moving."""
+    deadline = time.monotonic() + timeout
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = cpu_seconds(pid)
+        if now - before < QUIET_CPU_S:
+            return
+        before = now
+
+
+def send_paced(
+    connections: Sequence[socket.socket], ticks: Sequence[Sequence[bytes]], seconds: int
+) -> float:
+    """Send tick ``WARM_UP_TICKS + k`` of every sensor during second ``k``, sensor ``j`` at
+    ``j / sensors`` into it, as sensors started at random moments do; the latest a send came
+    after its time."""
+    late = 0.0
+    start = time.monotonic()
+    count = len(connections)
+    for second in range(seconds):
+        for number, connection in enumerate(connections):
+            due = start + second + number / count
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                late = max(late, -wait)
+            connection.sendall(ticks[number][WARM_UP_TICKS + second])
+    return late
+
+
+def close_all(connections: Sequence[socket.socket], timeout: float) -> None:
+    """Half-close every connection, then wait for wattflow to close each (all read)."""
+    for connection in connections:
+        connection.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + timeout
+    for connection in connections:
+        connection.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            while connection.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+        connection.close()
+
+
+def run_paced(
+    command: list[str],
+    extra: list[str],
+    input_extra: list[str],
+    ticks: Sequence[Sequence[bytes]],
+    run: Paced,
+    output: Path,
+    timeout: float,
+) -> Paced:
+    """Start wattflow, warm it up, send ``run.seconds`` paced ticks per sensor, measure the CPU
+    of its processes over them, then drain and check its ledger as the flood mode does."""
+    for old in outputs(output):
+        old.unlink()
+    process = subprocess.Popen(
+        [*command, "run", "--input", "socket", "--port", "0", *input_extra, "--output",
+         "jsonl", "--file", str(output), *FLAGS, *extra],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: pin_to(WATTFLOW_CORE),
+    )  # fmt: skip
+    assert process.stderr is not None
+    log = Log(process.stderr)
+    connections: list[socket.socket] = []
+    try:
+        if not log.listening.wait(START_TIMEOUT_S) or log.port is None:
+            run.problems.append(f"wattflow did not start listening:\n{log.tail()}")
+            return run
+        for sensor in ticks:
+            connection = socket.create_connection(("127.0.0.1", log.port), timeout=30)
+            connections.append(connection)
+            connection.sendall(b"".join(sensor[:WARM_UP_TICKS]))
+        wait_until_quiet(process.pid, timeout)
+        cpu_before, threads_before = cpu_seconds(process.pid), thread_cpu_seconds(process.pid)
+        start = time.monotonic()
+        run.late_s = send_paced(connections, ticks, run.seconds)
+        time.sleep(SETTLE_S)
+        run.cpu_s = cpu_seconds(process.pid) - cpu_before
+        run.span_s = time.monotonic() - start
+        threads = thread_cpu_seconds(process.pid)
+        run.threads = {k: v - threads_before.get(k, 0.0) for k, v in threads.items()}
+        close_all(connections, timeout)
+        process.send_signal(signal.SIGTERM)
+        if wait4(process, EXIT_TIMEOUT_S) is None:
+            run.problems.append(f"wattflow did not exit within {EXIT_TIMEOUT_S:.0f} s of SIGTERM")
+            return run
+        log.thread.join(10)
+        checked = Run(reports=run.reports)
+        check(checked, process.returncode, log, output)
+        run.written, run.problems = checked.written, run.problems + checked.problems
+        return run
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
+        for connection in connections:
+            connection.close()
+
+
+def print_profile(path: Path, top: int) -> None:
+    """Where the event loop's CPU went over a whole profiled run (start-up and warm-up
+    included), by module: the share of its own time (``tottime``) each took."""
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    by_module: dict[str, float] = {}
+    for (file, _, function), (_, _, own_s, _, _) in stats.items():
+        if "epoll" in function:
+            continue  # waiting for sockets: idle, not work
+        module = re.sub(r".*/(wattflow|site-packages|python3\.\d+)/", "", file)
+        if module == "~":  # a C function: numpy's, the interpreter's, a system call
+            module = re.sub(r" of '.*' objects| at 0x\w+", "", function)
+        by_module[module] = by_module.get(module, 0.0) + own_s
+    total = sum(by_module.values())
+    print(f"  where the event loop's time went (cProfile, whole run, {total:.2f} s profiled):")
+    for module, own_s in sorted(by_module.items(), key=lambda item: -item[1])[:top]:
+        print(f"    {own_s / total:6.1%}  {module}")
+
+
+def paced_main(args: argparse.Namespace) -> int:
+    """``--paced``: each shape's CPU per sensor-tick and per report, and where it goes."""
+    command = shlex.split(args.wattflow)
+    profile = Path(tempfile.gettempdir()) / f"wattflow-paced-{os.getpid()}.prof"
+    if args.profile:
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "wattflow.service"]
+    extra = shlex.split(args.wattflow_args)
+    input_extra = shlex.split(args.input_args)
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="wattflow-paced-") as directory:
+        output = Path(directory) / "power.jsonl"
+        for containers in args.containers_list:
+            ticks = [
+                [b"".join(tick) for tick in sensor]
+                for sensor in sensor_ticks(
+                    args.sensors, containers, WARM_UP_TICKS + args.seconds, args.seed
+                )
+            ]
+            runs = []
+            for round_number in range(1, args.repeat + 1):
+                run = Paced(args.sensors, containers, args.seconds)
+                run.reports = args.sensors * (WARM_UP_TICKS + args.seconds) * (containers + 1)
+                run_paced(command, extra, input_extra, ticks, run, output, args.timeout)
+                runs.append(run)
+                report_paced(round_number, run)
+                if args.profile and profile.exists():
+                    print_profile(profile, args.profile)
+                    profile.unlink()
+            failed += sum(1 for run in runs if run.problems)
+            best = sorted(runs, key=lambda run: run.cpu_s)[len(runs) // 2]
+            print(
+                f"median {args.sensors} sensors × {containers} containers: "
+                f"{best.per_tick_us:,.0f} µs of CPU per sensor-tick, "
+                f"{best.per_report_us:.1f} µs per report, "
+                f"{best.cpu_s / best.span_s:.1%} of a core"
+            )
+    if failed:
+        print(f"{failed} runs FAILED their checks (see above)")
+        return 1
+    print("checks passed: exit 0, ledger balanced")
+    return 0
+
+
+def report_paced(round_number: int, run: Paced) -> None:
+    threads = ", ".join(
+        f"{name} {seconds / run.ticks * 1e6:,.0f} µs"
+        for name, seconds in sorted(run.threads.items(), key=lambda item: -item[1])
+        if seconds > 0
+    )
+    print(
+        f"round {round_number}, {run.sensors} sensors × {run.containers} containers, "
+        f"{run.seconds} s paced: CPU {run.cpu_s:.2f} s over {run.span_s:.1f} s "
+        f"({run.cpu_s / run.span_s:.1%} of a core) = {run.per_tick_us:,.0f} µs per sensor-tick, "
+        f"{run.per_report_us:.1f} µs per report; per sensor-tick by thread: {threads}; "
+        f"sends up to {run.late_s * 1e3:.0f} ms late; {run.written:,} PowerReports"
+        + ("" if not run.problems else "; FAILED")
+    )
+    if run.cpu_s / run.span_s > BUSY_WARNING:
+        print(
+            f"  warning: wattflow used {run.cpu_s / run.span_s:.0%} of its core: it could not "
+            "keep up with the ticks, and the figures are a lower bound"
+        )
+    for problem in run.problems:
+        print(f"  problem: {problem}", file=sys.stderr)
 
 
 if __name__ == "__main__":

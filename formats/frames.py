@@ -76,6 +76,13 @@ def batch_size(batch: Sequence[Any]) -> int:
     return len(batch)
 
 
+def reports_in(batch: Sequence[Any]) -> int:
+    """How many reports a batch of reports and frames holds, each frame counting as its
+    reports: :func:`batch_size`, also for the frames an output takes together
+    (:attr:`~wattflow.actors.pushers.base.Pusher.takes_frame_runs`)."""
+    return sum(len(item) if isinstance(item, Frame) else 1 for item in batch)
+
+
 def holds_frame(batch: Sequence[Any]) -> bool:
     """Whether a batch is a frame travelling alone (see :func:`batch_size`)."""
     if len(batch) != 1:

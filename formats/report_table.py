@@ -171,6 +171,12 @@ def _taken(values: Any, rows: IntArray) -> Any:
 # --- Rows of text -----------------------------------------------------------------------------
 
 
+FEW_ROWS = 64
+"""Up to this many rows, texts are picked and laid side by side row by row in Python: numpy's
+fixed cost per call (tens of them per table) is then more than the rows' own work. A live
+sensor's tick is a table of a few dozen rows."""
+
+
 def join_rows(
     pieces: Sequence[Piece[AnyStr]], rows: int, cuts: Sequence[int], empty: AnyStr
 ) -> list[AnyStr]:
@@ -223,6 +229,12 @@ def _run_texts(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[Any
         return [empty.join(cast(list[AnyStr], run))] * rows
     if len(run) == 1:
         return _pick(coded[0].values, coded[0].codes)
+    if rows <= FEW_ROWS:
+        cells = [
+            _pick(piece.values, piece.codes) if isinstance(piece, Column) else [piece] * rows
+            for piece in run
+        ]
+        return [empty.join(row) for row in zip(*cells, strict=True)]
     combined = coded[0].codes
     for column in coded[1:]:
         combined = combined * len(column.values) + column.codes
@@ -246,8 +258,8 @@ def _run_texts(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[Any
 
 def _pick(texts: list[Any], codes: IntArray) -> list[Any]:
     """``texts[code]`` for each code, in one C call."""
-    if not len(codes):
-        return []
+    if len(codes) <= FEW_ROWS:
+        return [texts[code] for code in codes.tolist()]
     picked: list[Any] = np.array(texts, dtype=object)[codes].tolist()
     return picked
 

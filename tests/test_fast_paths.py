@@ -649,6 +649,51 @@ def test_connected_sensors_that_wait_between_ticks_hold_none_of_the_budget() -> 
     assert puller.budget.held_bytes == 0
 
 
+class _TimedEmitter(_Emitter):
+    """Notes when each report was handed on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: dict[datetime, float] = {}
+
+    async def emit(self, batch: list[Report]) -> None:
+        await super().emit(batch)
+        for report in batch:
+            self.at[report.timestamp] = time.monotonic()
+
+
+def test_a_quiet_sensors_tick_goes_on_with_the_next_gathering_that_ends() -> None:
+    """Live sensors' ticks that came close together are handed on together: when one
+    connection's gathering ends, another whose lines have waited a quarter of ``gather_ms``
+    with nothing more coming goes on with it, before its own gathering would end; one whose
+    data is still coming keeps gathering."""
+    gather_s = 0.8
+    puller = SocketPuller(SocketPullerConfig(type="socket", port=0, gather_ms=gather_s * 1000))
+    emitter = _TimedEmitter()
+
+    async def scenario() -> tuple[float, float, float]:
+        pulling = asyncio.create_task(puller.pull(emitter))  # type: ignore[arg-type]
+        await asyncio.wait_for(puller.listening.wait(), 10)
+        assert puller.bound_port is not None
+        address = ("127.0.0.1", puller.bound_port)
+        first, second, third = (socket.create_connection(address) for _ in range(3))
+        first.sendall(line(1) + b"\n")
+        await asyncio.sleep(gather_s / 2)
+        second.sendall(line(2) + b"\n")
+        await asyncio.sleep(gather_s / 2 - 0.05)
+        third.sendall(line(3) + b"\n")  # 50 ms before the first one's gathering ends
+        await _until(lambda: len(emitter.reports) == 3, "the sensors' reports")
+        emitter.stopping.set()
+        await asyncio.wait_for(pulling, 20)
+        for sensor in (first, second, third):
+            sensor.close()
+        return tuple(emitter.at[to_utc(n)] for n in (1, 2, 3))  # type: ignore[return-value]
+
+    first_at, second_at, third_at = run_async(scenario())
+    assert second_at - first_at < gather_s / 4  # with the first, not half a gathering later
+    assert third_at - first_at > gather_s / 2  # still gathering then: its own time
+
+
 def test_flooding_connections_hand_their_batches_on_whole_while_the_budget_holds_few() -> None:
     """Sixteen sensors send faster than the pipeline takes, and the input may hold only a few
     batches of lines: each connection, once it is seen to be busy, waits its turn for the room

@@ -214,8 +214,11 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         if not config.disable_dram_formula:
             dram = Relearning(config.cpu_tdp, config.dram_error_threshold, method)
             self.scopes.append(Scope("dram", config.dram_rapl_ref_event, dram))
-        self.pending: HWPCFrame | None = None
-        """The ticks received and not yet processed."""
+        self._queued: list[HWPCFrame] = []
+        """The ticks received and not yet processed (:attr:`pending`), as frames in the order
+        of their ticks, each after the ones before it, joined only when needed: a live
+        sensor's ticks come one frame each, and each goes on to be estimated as it came, once
+        ripe, rather than being joined to the ticks still waiting and cut from them again."""
         self.arrival: list[int] = []
         """Compat mode: the pending ticks (ms) in the order they first came, SmartWatts'
         order of processing them."""
@@ -223,6 +226,18 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         """The newest tick received (default mode): where the sensor's stream is."""
         self.last_ms: int | None = None
         """The last tick processed (default mode): the next one's interval starts there."""
+
+    @property
+    def pending(self) -> HWPCFrame | None:
+        """The ticks received and not yet processed, as one frame."""
+        queued = self._queued
+        if len(queued) > 1:
+            self._queued = queued = [_joined(queued)]
+        return queued[0] if queued else None
+
+    @pending.setter
+    def pending(self, frame: HWPCFrame | None) -> None:
+        self._queued = [] if frame is None else [frame]
 
     @classmethod
     def prepare(cls, config: FormulaConfig) -> None:
@@ -324,20 +339,32 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         """Add a frame's ticks to the pending ones; in the default mode, a report of a tick
         already processed is a dead letter."""
         if not self.compat:
-            if self.last_ms is not None:
-                late, later = frame.after(self.last_ms)
-                if late is not None:
-                    self._late(late, out)
-                if later is None:
-                    return
-                frame = later
-            newest = _last_ms(frame)
-            self.latest_ms = newest if self.latest_ms is None else max(self.latest_ms, newest)
+            later = self._not_late(frame, out)
+            if later is None:
+                return
+            frame = later
         else:
             known = set(self.arrival)
             ticks = arrival if arrival is not None else _ticks(frame).tolist()
             self.arrival.extend(tick for tick in ticks if tick not in known)
+        if not self.compat and self._queued and _follows(self._queued, frame):
+            self._queued.append(frame)  # joined as pending would be, once that is needed
+            return
         self.pending = frame if self.pending is None else self._merged(self.pending, frame, out)
+
+    def _not_late(self, frame: HWPCFrame, out: Output) -> HWPCFrame | None:
+        """Default mode: the frame's ticks after the last one processed (``None`` if none),
+        the others dead letters; where the sensor's stream is moves to its newest tick."""
+        if self.last_ms is not None:
+            late, later = frame.after(self.last_ms)
+            if late is not None:
+                self._late(late, out)
+            if later is None:
+                return None
+            frame = later
+        newest = _last_ms(frame)
+        self.latest_ms = newest if self.latest_ms is None else max(self.latest_ms, newest)
+        return frame
 
     def _late(self, frame: HWPCFrame, out: Output) -> None:
         lateness = self.config.tick_lateness_ms
@@ -369,8 +396,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
 
     def _ripe(self, out: Output, *, final: bool) -> Produced:
         """Process the ticks that are ripe (all of them when ``final``)."""
-        pending = self.pending
-        if pending is None:
+        if not self._queued:
             return []
         if not self.compat:
             horizon = (
@@ -378,13 +404,32 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 if final or self.latest_ms is None
                 else (self.latest_ms - self.config.tick_lateness_ms)
             )
-            ripe, self.pending = (pending, None) if horizon is None else pending.after(horizon)
+            ripe = self._ripe_queued(horizon)
             return self._estimate(ripe, out) if ripe is not None else []
         produced: Produced = []
         keep = 0 if final else SMARTWATTS_BUFFERED_TICKS
         while len(self.arrival) > keep and self.pending is not None:
             produced += self._estimate(self._next_compat(len(self.arrival) - keep), out)
         return produced
+
+    def _ripe_queued(self, horizon: int | None) -> HWPCFrame | None:
+        """The pending ticks up to ``horizon`` (all of them for ``None``), taken off the
+        pending ones: the frames that end by it whole, as they came; a frame with ticks on
+        both sides of it makes the pending ticks one frame, cut at the horizon."""
+        queued = self._queued
+        if horizon is None:
+            ripe, self.pending = self.pending, None
+            return ripe
+        whole = 0
+        while whole < len(queued) and _last_ms(queued[whole]) <= horizon:
+            whole += 1
+        if whole < len(queued) and _first_ms(queued[whole]) <= horizon:
+            pending = self.pending
+            assert pending is not None
+            ripe, self.pending = pending.after(horizon)
+            return ripe
+        self._queued = queued[whole:]
+        return _joined(queued[:whole]) if whole else None
 
     def _next_compat(self, count: int) -> HWPCFrame:
         """The next ``count`` ticks in the order they came, taken from the pending ones: at
@@ -478,6 +523,28 @@ def _ticks(frame: HWPCFrame) -> IntArray:
 
 def _last_ms(frame: HWPCFrame) -> int:
     return max(int(t.millis[-1]) for t in frame.tables if len(t))
+
+
+def _first_ms(frame: HWPCFrame) -> int:
+    return min(int(t.millis[0]) for t in frame.tables if len(t))
+
+
+def _follows(queued: list[HWPCFrame], frame: HWPCFrame) -> bool:
+    """Whether a frame's ticks all come after the queued frames' (as a live sensor's next
+    tick does) and its groups have the events the queued frames give them: joining it to
+    them then is what :meth:`SmartWattsFormula._merged` would do, and cannot fail."""
+    if _first_ms(frame) <= _last_ms(queued[-1]):
+        return False
+    events = {t.group: t.events for queued_frame in queued for t in queued_frame.tables}
+    return all(events.get(t.group, t.events) == t.events for t in frame.tables)
+
+
+def _joined(frames: list[HWPCFrame]) -> HWPCFrame:
+    """Frames one after another (see :func:`_follows`) as one."""
+    joined = frames[0]
+    for frame in frames[1:]:
+        joined = joined.joined(frame)
+    return joined
 
 
 def _reports_in_both(first: HWPCFrame, later: HWPCFrame, millis: int) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 from pathlib import Path
 
 from wattflow.actors.errors import PushError, PushUnavailable
@@ -36,6 +37,19 @@ WRONG_PATH = frozenset(
 )
 """Errors that say the path cannot hold the output whatever happens meanwhile: not retried."""
 
+LOCAL_FILE_SYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs", "tmpfs", "ramfs", "overlay"}
+)
+"""File systems on a local disk or in memory: a small append to one of them returns in
+microseconds (it lands in the page cache), unlike one to a network mount, a FUSE file system
+or a FIFO, which can hang."""
+
+INLINE_WRITE_BYTES = 256 * 1024
+"""The largest append made on the event loop itself, to a regular file of a
+:data:`LOCAL_FILE_SYSTEMS` type: handing a small write to a thread and back costs more CPU
+(two wake-ups, the GIL handed over and back) than the write itself. A sensor's tick is a few
+kilobytes; a flood's batches are larger and still go to a thread."""
+
 
 def file_error(output: str, error: OSError, path: Path | None = None) -> PushError:
     """The error of a failed file write: retryable unless :data:`WRONG_PATH` says otherwise;
@@ -53,6 +67,32 @@ def append(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def file_system_type(fd: int) -> str | None:
+    """The type of the file system holding the file open on ``fd`` (``ext4``, ``nfs4``…),
+    from the mount table of this process (``/proc/self/mountinfo``); ``None`` if unknown."""
+    device = os.fstat(fd).st_dev
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        pass
+    return None
+
+
+def writes_inline(fd: int) -> bool:
+    """Whether small appends to the file open on ``fd`` may be made on the event loop: a
+    regular file on a :data:`LOCAL_FILE_SYSTEMS` type."""
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+    return regular and file_system_type(fd) in LOCAL_FILE_SYSTEMS
 
 
 def start_on_a_new_line(fd: int, path: Path) -> None:

@@ -19,7 +19,7 @@ from wattflow.actors.runtime import (
     QueueConfig,
     retry_with_backoff,
 )
-from wattflow.formats.frames import Frame, batch_size
+from wattflow.formats.frames import Frame, batch_size, holds_frame, reports_in
 from wattflow.formats.reports import Report
 
 
@@ -56,6 +56,10 @@ class Pusher(ABC, Generic[C]):
     config_model: ClassVar[type[PusherConfig]]
     takes_frames: ClassVar[bool] = False
     """Whether ``write`` also takes a batch of one frame; other pushers get its reports."""
+    takes_frame_runs: ClassVar[bool] = False
+    """Whether ``write`` also takes a batch of several frames (of :attr:`takes_frames`): the
+    frames queued together are then written in one go (one append to a file), not one write
+    each."""
 
     def __init__(self, config: C) -> None:
         self.config = config
@@ -177,6 +181,8 @@ class PusherActor(Actor):
                     self.checkpoints.ack(barrier)
                 continue
             self._busy = True
+            if self.pusher.takes_frame_runs and holds_frame(batch):
+                batch = await self._with_queued_frames(batch)
             self._in_flight = batch
             if self.given_up is not None:
                 self._reject(batch, self.given_up)
@@ -184,6 +190,14 @@ class PusherActor(Actor):
                 await self._write(batch)
             self._in_flight = []
             self._busy = False
+
+    async def _with_queued_frames(self, batch: list[Report | Frame]) -> list[Report | Frame]:
+        """A frame and the frames queued behind it, up to a mailbox batch of reports: one
+        write instead of one per frame (a live sensor's tick is a small frame of each
+        formula; many sensors' ticks queue while the sink is busy)."""
+        room = self.queue.max_batch - batch_size(batch)
+        more = await self.mailbox.get_frames(room) if room > 0 else []
+        return [*batch, *(item for queued in more for item in queued)] if more else batch
 
     async def _write(self, batch: list[Report | Frame]) -> None:
         try:
@@ -201,12 +215,12 @@ class PusherActor(Actor):
             self.unreachable = None
             for report, reason in refused:
                 self._reject([report], reason)
-            written = batch_size(batch) - len(refused)
+            written = reports_in(batch) - len(refused)
             self.ledger.delivered += written
             self.ledger.delivered_by_pusher[self.pusher.config.name] += written
 
     def _reject(self, batch: list[Report | Frame] | list[Report], reason: str) -> None:
-        self.ledger.dead_out += batch_size(batch)
+        self.ledger.dead_out += reports_in(batch)
         self.dead_letters.add_all(self.name, reason, batch)
 
     async def run_abandoned(self, reason: str) -> None:
