@@ -311,6 +311,11 @@ class GPUDevice(BaseModel):
         default=None, description="Whether the driver averages `power` over a window."
     )
     total_energy: float | None = Field(default=None, description="Energy counter in mJ.")
+    total_energy_us: Int64 | None = Field(
+        default=None,
+        description="When the driver read `total_energy` (Unix µs, its field value's own time): "
+        "a tick stamped before a stall can read its counter well after its timestamp.",
+    )
     util_gpu: float | None = Field(default=None, description="In %.")
     util_mem: float | None = Field(default=None, description="In %.")
     clock_gpu: float | None = Field(default=None, description="In MHz.")

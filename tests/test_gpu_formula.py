@@ -492,3 +492,39 @@ def test_a_gpu_state_of_another_version_is_logged_and_the_instance_starts_afresh
     )
     assert isinstance(instance, GpuFormula)
     assert instance.devices == {}
+
+
+def test_a_counter_read_late_after_a_stall_teaches_idle_by_the_reading_times() -> None:
+    """A resting GPU at 60 W, its counter read every second; one reading comes 260 ms after its
+    tick's timestamp (a sampler stalled between stamping the tick and reading the counter), so
+    that span holds 1.26 s of energy and the next 0.74 s. By the driver's own reading times
+    (``total_energy_us``) idle is 60 W, which a process then busy at 90 W leaves on the
+    device's target; by the ticks' timestamps idle read 57.4 W."""
+    late = {6: 0.26}
+    reports = []
+    energy_j = 0.0
+    for second in range(16):
+        busy = second >= 14
+        read_s = second + late.get(second, 0.0)
+        energy_j = 60.0 * min(read_s, 13.0) + 90.0 * max(read_s - 13.0, 0.0)
+        processes = [GPUProcess(pid=7, sm_util=100.0)] if busy else []
+        device = GPUDevice(
+            total_energy=energy_j * 1000,
+            total_energy_us=_us(read_s),
+            power=90_000.0 if busy else 60_000.0,
+            util_gpu=100.0 if busy else 0.0,
+            processes=processes,
+            process_window=(_us(max(second - 1, 0)), _us(second)),
+        )
+        reports.append(
+            GPUReport(
+                timestamp=START + timedelta(seconds=second),
+                sensor="node-1",
+                target="all",
+                devices={"0": device},
+            )
+        )
+    out = run(reports, gpu_targets="process")
+    powers = powers_at(out, 14)
+    assert powers["gpu0"] == pytest.approx(60.0)
+    assert powers["pid:7"] == pytest.approx(30.0)

@@ -182,6 +182,11 @@ def test_energy_counter_is_the_integral_of_power(run: SamplerRun) -> None:
     measured_mj = energies[-1] - energies[0]
     expected_mj = (energy_to(micros(last)) - energy_to(micros(first))) / 1e6
     assert measured_mj == pytest.approx(expected_mj, rel=0.03)
+    # each reading says when the driver took it: at or after its tick's timestamp, well
+    # before the next tick
+    for report in reports:
+        read_us = report["devices"]["0"]["total_energy_us"]
+        assert micros(report) <= read_us < micros(report) + 100_000
 
 
 def test_averaged_and_legacy_power_are_labelled(run: SamplerRun) -> None:

@@ -214,6 +214,9 @@ class _Tick:
     on their own readings): such a tick teaches no idle."""
     span_ticks: int = 0
     """How many ticks that span holds."""
+    span_read_s: float | None = None
+    """The span's length by the counter's own reading times, where the driver gave them: its
+    energy is the counter's increase between those, whatever the ticks' timestamps say."""
 
     @property
     def seconds(self) -> float:
@@ -227,6 +230,8 @@ class _Span:
 
     end_us: int
     ticks: int
+    read_s: float | None = None
+    """Its length between the counter's reading times (see :attr:`_Tick.span_read_s`)."""
     seen: int = 0
     energy_j: float = 0.0
     seconds: float = 0.0
@@ -241,6 +246,8 @@ class _DeviceState:
     counter_mj: float | None = None
     """The energy counter's last reading, and when (the tick's end, µs)."""
     counter_us: int | None = None
+    counter_read_us: int | None = None
+    """When the driver read the counter's last reading (its field value's time), if it said."""
     spent_mj: float = 0.0
     """Energy of the ticks released since the last counter reading before it settled them."""
     counter_w: float | None = None
@@ -355,7 +362,7 @@ class GpuFormula(Formula[GpuConfig]):
         elif device.instances is not None:
             self._add_instance_window(device, state, index, start_us, end_us)
         _hold(state, _Tick(report, start_us, end_us, reading_w, device.util_gpu, waits),
-              device.total_energy, first)  # fmt: skip
+              device.total_energy, first, device.total_energy_us)  # fmt: skip
         hold_us = self.config.gpu_hold_ms * 1000
         emitted = 0
         while state.held and (
@@ -526,6 +533,7 @@ def _save_device(state: _DeviceState) -> dict[str, Any]:
         "timestamp": None if state.timestamp is None else state.timestamp.isoformat(),
         "counter_mj": state.counter_mj,
         "counter_us": state.counter_us,
+        "counter_read_us": state.counter_read_us,
         "spent_mj": state.spent_mj,
         "counter_w": state.counter_w,
         "idle_w": pack_floats(list(state.idle_readings)),
@@ -601,12 +609,20 @@ def _save_tick(tick: _Tick) -> dict[str, Any]:
         "waits": tick.waits,
         "power_w": tick.power_w,
         "settled": tick.settled,
-        "span": None if tick.span_us is None else [tick.span_us, tick.span_ticks],
+        "span": None if tick.span_us is None else [tick.span_us, tick.span_ticks, tick.span_read_s],
     }
 
 
 def _save_span(span: _Span) -> list[Any]:
-    return [span.end_us, span.ticks, span.seen, span.energy_j, span.seconds, span.rested]
+    return [
+        span.end_us,
+        span.ticks,
+        span.seen,
+        span.energy_j,
+        span.seconds,
+        span.rested,
+        span.read_s,
+    ]
 
 
 def _restore_device(saved: dict[str, Any], idle_window: int, version: int) -> _DeviceState:
@@ -628,6 +644,7 @@ def _restore_device(saved: dict[str, Any], idle_window: int, version: int) -> _D
         timestamp=None if stamp is None else datetime.fromisoformat(stamp),
         counter_mj=_float_or_none(saved["counter_mj"]),
         counter_us=saved["counter_us"],
+        counter_read_us=saved.get("counter_read_us"),
         spent_mj=float(saved["spent_mj"]),
         counter_w=_float_or_none(saved["counter_w"]),
         idle_spans=idle_spans,
@@ -652,7 +669,7 @@ def _restore_tick(saved: dict[str, Any]) -> _Tick:
         metadata=dict(fields["metadata"]),
     )
     start_us, end_us = saved["us"]
-    span_us, span_ticks = saved.get("span") or (None, 0)
+    span_us, span_ticks, *read = saved.get("span") or (None, 0)
     return _Tick(
         report,
         int(start_us),
@@ -664,12 +681,16 @@ def _restore_tick(saved: dict[str, Any]) -> _Tick:
         bool(saved["settled"]),
         None if span_us is None else int(span_us),
         int(span_ticks),
+        _float_or_none(read[0]) if read else None,
     )
 
 
 def _restore_span(saved: list[Any]) -> _Span:
-    end_us, ticks, seen, energy_j, seconds, rested = saved
-    return _Span(int(end_us), int(ticks), int(seen), float(energy_j), float(seconds), bool(rested))
+    end_us, ticks, seen, energy_j, seconds, rested, *read = saved
+    read_s = _float_or_none(read[0]) if read else None
+    return _Span(
+        int(end_us), int(ticks), read_s, int(seen), float(energy_j), float(seconds), bool(rested)
+    )
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -827,12 +848,18 @@ def _interval_s(previous: datetime | None, timestamp: datetime) -> float | None:
     return interval_s
 
 
-def _hold(state: _DeviceState, tick: _Tick, energy_mj: float | None, first: bool) -> None:
+def _hold(
+    state: _DeviceState,
+    tick: _Tick,
+    energy_mj: float | None,
+    first: bool,
+    read_us: int | None = None,
+) -> None:
     """Hold a tick until it can be split; a counter reading settles the ticks before it."""
     if energy_mj is not None:
         if not (first and tick.reading_w is None):  # else the first reading only starts it
             state.held.append(tick)
-        _settle(state, energy_mj, tick.end_us)
+        _settle(state, energy_mj, tick.end_us, read_us)
     elif tick.reading_w is not None:
         if state.counter_us is None:  # a device without counter: the reading is its power
             tick.power_w, tick.settled = tick.reading_w, True
@@ -840,7 +867,7 @@ def _hold(state: _DeviceState, tick: _Tick, energy_mj: float | None, first: bool
         state.held.append(tick)
 
 
-def _settle(state: _DeviceState, energy_mj: float, end_us: int) -> None:
+def _settle(state: _DeviceState, energy_mj: float, end_us: int, read_us: int | None = None) -> None:
     """A counter reading at ``end_us``: the held ticks since the previous one share its
     increase, in proportion to their power readings (by length where a tick has none). The
     ticks released before it came used their own readings (``spent_mj``): the rest is shared.
@@ -850,7 +877,8 @@ def _settle(state: _DeviceState, energy_mj: float, end_us: int) -> None:
     """
     pending = [tick for tick in state.held if not tick.settled]
     previous_mj, previous_us = state.counter_mj, state.counter_us
-    state.counter_mj, state.counter_us = energy_mj, end_us
+    previous_read_us = state.counter_read_us
+    state.counter_mj, state.counter_us, state.counter_read_us = energy_mj, end_us, read_us
     spent_mj, state.spent_mj = state.spent_mj, 0.0
     if previous_mj is None or previous_us is None or energy_mj < previous_mj:
         for tick in pending:
@@ -861,8 +889,16 @@ def _settle(state: _DeviceState, energy_mj: float, end_us: int) -> None:
     if pending:
         _share(pending, max(energy_mj - previous_mj - spent_mj, 0.0) / 1000.0)
         if pending[0].start_us == previous_us:  # no tick of the span went on its own reading
+            read_s = _between_s(previous_read_us, read_us)
             for tick in pending:
-                tick.span_us, tick.span_ticks = end_us, len(pending)
+                tick.span_us, tick.span_ticks, tick.span_read_s = end_us, len(pending), read_s
+
+
+def _between_s(earlier_us: int | None, later_us: int | None) -> float | None:
+    """Seconds between two readings' own times, where both are known and in order."""
+    if earlier_us is None or later_us is None or later_us <= earlier_us:
+        return None
+    return (later_us - earlier_us) / 1e6
 
 
 def _share(pending: list[_Tick], left_j: float) -> None:
@@ -885,7 +921,7 @@ def _close_span(state: _DeviceState, tick: _Tick, rested: bool, idle_window: int
         return False
     span = state.span
     if span is None or span.end_us != tick.span_us:
-        span = state.span = _Span(tick.span_us, tick.span_ticks)
+        span = state.span = _Span(tick.span_us, tick.span_ticks, tick.span_read_s)
     span.seen += 1
     span.energy_j += tick.power_w * tick.seconds
     span.seconds += tick.seconds
@@ -895,7 +931,9 @@ def _close_span(state: _DeviceState, tick: _Tick, rested: bool, idle_window: int
     state.span = None
     if not span.rested or span.seconds <= 0:
         return False
-    state.idle_spans.append((span.energy_j, span.seconds, span.ticks))
+    # By the counter's own reading times where known: a reading taken late (a stalled
+    # sampler) holds more energy than the ticks' timestamps say the span lasted.
+    state.idle_spans.append((span.energy_j, span.read_s or span.seconds, span.ticks))
     _bound_spans(state.idle_spans, idle_window)
     return True
 

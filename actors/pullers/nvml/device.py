@@ -303,6 +303,8 @@ def _read_fields(state: DeviceState, energy: bool) -> dict[str, Any]:
             state.answered(reading)
         if reading == "energy":
             found["total_energy"] = union(value)
+            if value.timestamp > 0:  # the driver's own time of the reading
+                found["total_energy_us"] = int(value.timestamp)
         else:
             found["power"] = union(value)
             found["power_averaged"] = value.fieldId == nvml.NVML_FI_DEV_POWER_AVERAGE
