@@ -313,8 +313,7 @@ class GpuFormula(Formula[GpuConfig]):
             raise ValueError(f"GPU formula state of version {version}, not {STATE_VERSION}")
         window = self.config.gpu_idle_window
         self.devices = {
-            str(index): _restore_device(saved, window, int(version))
-            for index, saved in state["devices"].items()
+            str(index): _restore_device(saved, window) for index, saved in state["devices"].items()
         }
 
     def process(self, reports: list[Report], out: Output) -> None:
@@ -563,7 +562,7 @@ def _save_window(window: _Window) -> dict[str, Any]:
     }
 
 
-def _restore_window(saved: dict[str, Any] | list[Any], version: int) -> _Window:
+def _restore_window(saved: dict[str, Any] | list[Any]) -> _Window:
     """A window from :func:`_save_window`, or from version 1's ``[start, end, {target: SM %},
     busy]`` (split by time share: nothing was learned then)."""
     if isinstance(saved, list):
@@ -625,7 +624,7 @@ def _save_span(span: _Span) -> list[Any]:
     ]
 
 
-def _restore_device(saved: dict[str, Any], idle_window: int, version: int) -> _DeviceState:
+def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
     """A device's state from :func:`_save_device`, bounded as the running formula bounds it.
     A state saved before spans taught idle has only resting ticks: they teach idle until the
     first whole resting span, as for a device that has not rested a whole span yet."""
@@ -638,7 +637,7 @@ def _restore_device(saved: dict[str, Any], idle_window: int, version: int) -> _D
         idle_spans.append((energy_j, seconds, int(ticks)))
     _bound_spans(idle_spans, idle_window)
     span = saved.get("span")
-    windows = [_restore_window(window, version) for window in saved["windows"][-MAX_WINDOWS:]]
+    windows = [_restore_window(window) for window in saved["windows"][-MAX_WINDOWS:]]
     powers = saved.get("powers")
     return _DeviceState(
         timestamp=None if stamp is None else datetime.fromisoformat(stamp),

@@ -169,8 +169,6 @@ class _Fit:
     power_w: Floats
     stderr_w: Floats
     identified: npt.NDArray[np.bool_]
-    residual_w: float
-    """The least error assumed of a tick's energy per second (see :data:`RESIDUAL_FLOOR`)."""
     pooled_w: float
 
 
@@ -223,8 +221,6 @@ class ProcessPowers:
         self.energy_j = 0.0
         self.engine_s = 0.0
         self._fit: _Fit | None = None
-        self._last: dict[str, float] | None = None
-        """Each process's active power by the newest fit, for the next windows' weights."""
 
     # --- learning ----------------------------------------------------------------------------
 
@@ -275,13 +271,13 @@ class ProcessPowers:
         self.windows *= decay
         self.energy_j *= decay
         self.engine_s *= decay
-        for key in (*window.shares, *window.noise):
+        for key in window.shares:  # a process of ``noise`` only is known already
             self._row(key, targets.get(key, key), end_us, keep=window.shares)
         index = {key: row for row, key in enumerate(self.processes)}
         engine = np.zeros(len(index))
         for key, share in window.shares.items():
             engine[index[key]] = share * window.seconds
-        weight = self._weight(window, engine, active_j, index)
+        weight = self._weight(window)
         self.gram += weight * np.outer(engine, engine)
         self.cross += weight * engine * active_j
         self.energy_sq += weight * active_j * active_j
@@ -324,13 +320,11 @@ class ProcessPowers:
         process.solo_s.append(engine_s)
         del process.solo_w[:-SOLO_WINDOWS], process.solo_s[:-SOLO_WINDOWS]
 
-    def _weight(
-        self, window: ProcessWindow, engine: Floats, active_j: float, index: dict[str, int]
-    ) -> float:
+    def _weight(self, window: ProcessWindow) -> float:
         """1 / the variance expected of the window's shares, from the draws of who held the
         engine (plus :data:`WEIGHT_FLOOR`): a window that one process had alone is exact and
-        weighs most. The variance is
-        taken at the processes' shares BEFORE this window (a process new in it, at its own), so
+        weighs most. The variance is taken at the processes' shares BEFORE this window (a
+        process new in it, at its own), so
         the weight does not follow this window's draws, which would bias the fit; and it does
         not depend on the fit, so early windows weigh as later ones do.
         """
@@ -346,16 +340,6 @@ class ProcessPowers:
             shares = np.fromiter(drawn.values(), dtype=np.float64) * busy / total
             variance = float((shares * (busy - shares)).sum()) / window.samples
         return 1.0 / ((variance + WEIGHT_FLOOR) * window.seconds**2)
-
-    def _current_powers(self, index: dict[str, int]) -> Floats:
-        """Each known process's active power by the newest fit; the pooled figure for a
-        process new to it."""
-        powers = np.full(len(index), self._pooled_w())
-        for key, row in index.items():
-            learned = (self._last or {}).get(key)
-            if learned is not None:
-                powers[row] = learned
-        return powers
 
     def _pooled_w(self) -> float:
         return self.energy_j / self.engine_s if self.engine_s > 0 else 0.0
@@ -419,13 +403,10 @@ class ProcessPowers:
             & (stderr_w <= MAX_RELATIVE_STDERR * np.maximum(power_w, pooled_w))
             & (power_w >= MIN_STDERRS_ABOVE_ZERO * stderr_w)
         )
-        residual_w = max(RESIDUAL_FLOOR * pooled_w, 1.0)
-        self._last = {}
-        for row, (key, process) in enumerate(self.processes.items()):
-            self._last[key] = float(power_w[row])
+        for row, process in enumerate(self.processes.values()):
             if identified[row]:
                 process.learned = Learned(float(power_w[row]), float(stderr_w[row]))
-        self._fit = _Fit(power_w, stderr_w, identified, residual_w, pooled_w)
+        self._fit = _Fit(power_w, stderr_w, identified, pooled_w)
         return self._fit
 
     def _fit_free(
@@ -521,8 +502,7 @@ class ProcessPowers:
         innovation_j = active_j - float(power_w @ engine)
         excess_w2 = (innovation_j**2 - spread_j2) / seconds**2
         self.model_error_w2 += TICK_MEMORY * (excess_w2 - self.model_error_w2)
-        fit = self._fit
-        floor_w = fit.residual_w if fit is not None else 1.0
+        floor_w = max(RESIDUAL_FLOOR * self._pooled_w(), 1.0)
         return max(self.model_error_w2, floor_w**2) * seconds**2
 
     # --- checkpoints ---------------------------------------------------------------------------
@@ -551,7 +531,6 @@ class ProcessPowers:
                 self.energy_j,
                 self.engine_s,
             ],
-            "last": self._last,
         }
 
     @classmethod
@@ -578,8 +557,6 @@ class ProcessPowers:
         sums = [float(value) for value in saved["sums"]]
         powers.energy_sq, powers.model_error_w2, powers.windows, powers.energy_j = sums[:4]
         powers.engine_s = sums[4]
-        last = saved.get("last")
-        powers._last = None if last is None else {str(k): float(v) for k, v in last.items()}
         return powers
 
 
