@@ -385,7 +385,8 @@ class NodeFormula(Formula[NodeConfig]):
         out: Output,
     ) -> bool:
         """Keep the GPUs' counters when every device read its own at this tick; take the
-        interval from them when they were read at the previous tick too. Whether they did."""
+        interval from their increase when they were read at the previous tick too (a counter
+        that went back, a driver reload, gives none). Whether they did."""
         counters = [device.total_energy for device in report.devices.values()]
         if any(counter is None for counter in counters):
             return False
@@ -394,28 +395,13 @@ class NodeFormula(Formula[NodeConfig]):
         self.previous[_GPU_COUNTER] = (end, {_GPU_COUNTER: energy_j})
         if counted is None or previous is None or counted[0] != previous[0]:
             return False
-        self._counter_interval("gpu", report, counted, energy_j, out)
-        return True
-
-    def _counter_interval(
-        self,
-        name: str,
-        report: Report,
-        counted: tuple[int, dict[str, float]],
-        energy_j: float,
-        out: Output,
-    ) -> None:
-        """The source's power from its counter's increase since ``counted`` (the reading at
-        the source's previous tick); a counter that went back (a driver reload) gives none."""
-        end = _millis(report.timestamp)
-        start, (earlier_j,) = counted[0], counted[1].values()
-        self.previous[name] = (end, {name: 0.0})
-        if end <= start or energy_j < earlier_j:
-            out.absorb()
-            return
-        self.series[name].add(start, end, (energy_j - earlier_j) / ((end - start) / 1000.0))
-        self._anchor(name, start, end)
+        earlier_j = counted[1][_GPU_COUNTER]
+        if energy_j >= earlier_j:
+            self._reading("gpu", end, {"gpu": energy_j - earlier_j}, deltas=True)
+        else:
+            self.previous["gpu"] = (end, {"gpu": 0.0})
         out.absorb()
+        return True
 
     def _anchor(self, name: str, start: int, end: int) -> None:
         """Intervals follow hwpc-sensor's ticks if any come, else the GPU's, else the meter's."""
