@@ -425,12 +425,12 @@ class GpuFormula(Formula[GpuConfig]):
         for target, share in sorted(shares.items()):
             power_w = share.energy_j / tick.seconds
             attributed_w += power_w
-            out.emit(self._report(tick.report, target, index, power_w, share))
+            out.emit(self._report(tick.report, target, index, power_w, share.ratio, share))
         device_w = tick.power_w - attributed_w
         if device_w < ROUNDING * tick.power_w:  # what the split's sums leave in rounding
             device_w = 0.0
         device_ratio = device_w / tick.power_w if tick.power_w > 0 else 1.0
-        out.emit(self._device_report(tick.report, index, device_w, device_ratio))
+        out.emit(self._report(tick.report, f"gpu{index}", index, device_w, device_ratio))
         return len(shares) + 1
 
     def _count_uncovered(self, state: _DeviceState, index: str) -> None:
@@ -485,44 +485,34 @@ class GpuFormula(Formula[GpuConfig]):
         return shares, targets
 
     def _report(
-        self, report: GPUReport, target: str, index: str, power_w: float, share: _TargetShare
+        self,
+        report: GPUReport,
+        target: str,
+        index: str,
+        power_w: float,
+        ratio: float,
+        share: _TargetShare | None = None,
     ) -> PowerReport:
-        """A process's (container's, GPU instance's) report: its power, its part of the tick's
-        active energy (``ratio``) and how it was split (see :class:`_TargetShare`)."""
+        """A target's report: its power and ``ratio`` (a process's, container's or GPU
+        instance's part of the tick's active energy; the device's part of its power), and for
+        all but the device how it was split (see :class:`_TargetShare`)."""
         metadata: dict[str, Any] = {
             **report.metadata,
             "scope": "gpu",
             "device": index,
             "formula": FORMULA_NAME,
-            "ratio": share.ratio,
-            "split": share.split,
-            "active_power_w": share.active_power_w,
-            "active_power_stderr_w": share.active_power_stderr_w,
+            "ratio": ratio,
         }
+        if share is not None:
+            metadata["split"] = share.split
+            metadata["active_power_w"] = share.active_power_w
+            metadata["active_power_stderr_w"] = share.active_power_stderr_w
         return PowerReport(
             timestamp=report.timestamp,
             sensor=report.sensor,
             target=target,
             power=power_w,
             metadata=metadata,
-        )
-
-    def _device_report(
-        self, report: GPUReport, index: str, power_w: float, ratio: float
-    ) -> PowerReport:
-        """The device's own report: idle, and what no process took."""
-        return PowerReport(
-            timestamp=report.timestamp,
-            sensor=report.sensor,
-            target=f"gpu{index}",
-            power=power_w,
-            metadata={
-                **report.metadata,
-                "scope": "gpu",
-                "device": index,
-                "formula": FORMULA_NAME,
-                "ratio": ratio,
-            },
         )
 
 
