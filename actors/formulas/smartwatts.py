@@ -775,13 +775,8 @@ class Estimates:
             return tick
         coef_power = self._coef_power(steps, model, tick)
         first = coef_power.first
-        filled = self.filled[steps.socket_at]
         rapl_power_w = steps.rapl_power_w
-        chosen = [
-            at
-            for at in range(tick, first + len(coef_power.dynamic_w))
-            if filled[at] and rapl_power_w[at] == rapl_power_w[at]
-        ]
+        chosen = self._steppable(steps, tick, first + len(coef_power.dynamic_w))
         if len(chosen) < RUN_AT_LEAST:
             return tick
         intercept_w = model.intercept
@@ -801,6 +796,15 @@ class Estimates:
             return tick
         self._keep_run(steps, model, (coef_power.coef_code, samples), run, errors_w)
         return chosen[len(errors_w) - 1] + 1
+
+    def _steppable(self, steps: ScopeSteps, start: int, stop: int) -> list[int]:
+        """The ticks from ``start`` to ``stop`` that get a model step: those with targets and
+        energy (the others are skipped, as :meth:`steps` does)."""
+        filled = self.filled[steps.socket_at]
+        rapl_power_w = steps.rapl_power_w
+        return [
+            at for at in range(start, stop) if filled[at] and rapl_power_w[at] == rapl_power_w[at]
+        ]
 
     def _keep_run(
         self,
