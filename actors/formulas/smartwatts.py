@@ -652,6 +652,25 @@ class ScopeSteps:
     """By ``id`` of the coefficients (kept alive in :attr:`Estimates.coefs`)."""
 
 
+class EstimateLists(NamedTuple):
+    """A frame's estimates (:class:`Estimate`) as they are made, a list per field: a run of
+    steps extends each at C speed (:meth:`Estimates._keep_run`)."""
+
+    tick: list[int]
+    socket_at: list[int]
+    scope_at: list[int]
+    coef_code: list[int]
+    rapl_power_w: list[float]
+    hash_code: list[int]
+    intercept_w: list[float]
+    global_dynamic_w: list[float]
+    global_power_w: list[float]
+
+    def every(self) -> tuple[list[Any], ...]:
+        """The lists, in :class:`Estimate`'s order of fields."""
+        return tuple(self)
+
+
 class EstimateColumns(NamedTuple):
     """A frame's estimates (:class:`Estimate`) in report order, as columns."""
 
@@ -702,7 +721,7 @@ class Estimates:
         self.frequency = ticks.frequency.tolist()
         self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
         self.millis = ticks.millis.tolist()
-        self.done: list[Estimate] = []
+        self.done = EstimateLists([], [], [], [], [], [], [], [], [])
         self.coefs: list[list[FloatArray]] = [[] for _ in formula.scopes]
         """The coefficients the estimates of each scope used, each model's once."""
         self.hashes: list[str] = []
@@ -723,7 +742,7 @@ class Estimates:
                     self.steps(socket_at, scope_at, scope, energy[:, socket_at] * RAPL_UNIT_J)
         failed = self.drop_failed()
         estimated = np.zeros(len(self.millis), dtype=np.bool_)
-        estimated[[estimate.tick for estimate in self.done]] = True
+        estimated[self.done.tick] = True
         estimated[failed] = True
         out.absorb(int((1 + ticks.targets)[~estimated].sum()))
         produced = self.frames(frame)
@@ -822,14 +841,13 @@ class Estimates:
         ticks = run.ticks[:taken]
         socket_at, scope_at = steps.socket_at, steps.scope_at
         intercept_w = model.intercept
-        self.done.extend(
-            map(
-                Estimate,
-                ticks, repeat(socket_at), repeat(scope_at), repeat(coef_code),
-                run.rapl_power_w, repeat(self._hash_code(model.hash)), repeat(intercept_w),
-                run.dynamic_w, run.global_power_w,
-            )
+        columns = (
+            ticks, repeat(socket_at, taken), repeat(scope_at, taken), repeat(coef_code, taken),
+            run.rapl_power_w[:taken], repeat(self._hash_code(model.hash), taken),
+            repeat(intercept_w, taken), run.dynamic_w[:taken], run.global_power_w[:taken],
         )  # fmt: skip
+        for kept, values in zip(self.done.every(), columns, strict=True):
+            kept.extend(values)
         window = model.samples.maxlen or 0
         held = list(range(samples + 1, min(samples + taken, window) + 1))
         held += [window] * (taken - len(held))  # the window full
@@ -883,7 +901,8 @@ class Estimates:
             global_power_w,
         )
         # Both at once, once nothing can raise: they stay entry for entry.
-        self.done.append(estimate)
+        for kept, value in zip(self.done.every(), estimate, strict=True):
+            kept.append(value)
         self.described.append((self.millis[tick], model.hash, description))
 
     def _coef_power(self, steps: ScopeSteps, model: PowerModel, tick: int) -> CoefPower:
@@ -924,8 +943,8 @@ class Estimates:
         """Forget the estimates of the ticks that failed; return those ticks."""
         failed = self.failed
         if failed:
-            kept = [at for at, estimate in enumerate(self.done) if estimate.tick not in failed]
-            self.done = [self.done[at] for at in kept]
+            kept = [at for at, tick in enumerate(self.done.tick) if tick not in failed]
+            self.done = EstimateLists._make([column[at] for at in kept] for column in self.done)
             self.described = [self.described[at] for at in kept]
         return sorted(failed)
 
@@ -944,12 +963,13 @@ class Estimates:
     def frames(self, frame: HWPCFrame) -> Produced:
         """Every estimate's global and target PowerReports, in the order of ticks, sockets and
         scopes (the global report, then the targets), and its FormulaReport."""
-        if not self.done:
-            return []
         done = self.done
-        order = sorted(range(len(done)), key=lambda at: done[at][:3])  # tick, socket, scope
-        columns = EstimateColumns(*map(np.array, zip(*(done[at] for at in order), strict=True)))
-        described = [self.described[at] for at in order]
+        if not done.tick:
+            return []
+        made = EstimateColumns(*map(np.array, done))
+        order = np.lexsort((made.scope_at, made.socket_at, made.tick))  # tick, socket, scope
+        columns = EstimateColumns(*(column[order] for column in made))
+        described = list(map(self.described.__getitem__, order.tolist()))
         return [
             self._power_frame(frame, columns, self._shares(columns)),
             FormulaFrame(self.formula.sensor, FORMULA_KEYS, described),
