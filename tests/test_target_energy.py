@@ -21,6 +21,7 @@ from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.energy import EnergyConfig, EnergyFormula
 from wattflow.actors.naming import TargetNaming
 from wattflow.formats.frames import Column, PowerFrame
+from wattflow.formats.lineprotocol import lines
 from wattflow.formats.reports import PowerReport, Report, TargetEnergyReport
 from wattflow.formats.targets import LABEL_KEYS
 
@@ -332,6 +333,31 @@ def test_the_state_survives_a_restart_and_a_paused_stream_ends_everything() -> N
     assert isinstance(ended, TargetEnergyReport)
     assert (ended.reason, ended.energy["cpu"]) == ("silent", 10.0)
     assert second.deadline() is None
+    # after the pause, a tick's clock starts afresh: the pause is no one's energy
+    assert _run(second, _power(500, JOB_CPU, "cpu", 6.0), _power(501, JOB_CPU, "cpu", 6.0)) == []
+    assert second.workloads["slurm/101"].energy["cpu"] == 6.0
+
+
+def test_a_gap_in_the_stream_is_not_integrated_over() -> None:
+    formula = EnergyFormula(EnergyConfig(target_energy=True, target_end_silence_s=30), "node-1")
+    _run(formula, _power(0, "a", "cpu", 1.0), _power(1, "a", "cpu", 1.0))
+    (ended,) = _run(formula, _power(100, "b", "cpu", 1.0))  # 99 s later: "a" has ended
+    assert (ended.target, ended.energy["cpu"]) == ("a", 1.0)
+    assert formula.workloads["b"].energy["cpu"] == 0.0
+
+
+def test_a_workloads_record_is_an_influxdb_point() -> None:
+    formula = EnergyFormula(EnergyConfig(target_energy=True), "node-1")
+    _run(formula, _power(0, JOB_CPU, "cpu", 2.0), _power(1, JOB_CPU, "cpu", 2.0))
+    out = Output()
+    formula.flush(out)
+    (record,) = out.items()
+    assert isinstance(record, TargetEnergyReport)
+    (line,) = lines(record)
+    assert line.startswith("target_energy,reason=running,")
+    assert ",slurm_job=101," in line
+    assert " cpu_j=2,dram_j=0,duration_s=1,gpu_j=0,start_ms=" in line
+    assert ",pod_uid=" not in line  # empty names are left out of the tags
 
 
 def test_what_is_not_a_target_is_not_counted() -> None:

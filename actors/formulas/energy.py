@@ -10,7 +10,8 @@ its start and its end.
 **Energy.** A report's power holds over its tick, the interval since the sensor's previous
 tick of that scope (SmartWatts' and the GPU formula's power is a tick's energy over the tick's
 length), so its energy is power × that interval. The first tick of each scope only starts the
-clock: its interval is not known (as for the Prometheus output's energy counter). Every
+clock: its interval is not known (as for the Prometheus output's energy counter); nor is a gap
+longer than ``--target-end-silence-s`` integrated over. Every
 target is counted, ``rapl`` and ``global`` excepted (the measured and the modelled total of a
 socket, not targets): the GPUs' own targets (``gpu0``, idle and unattributed power), the
 system's cgroups, the containers. So on a node the records' sum is the CPU, DRAM and GPU
@@ -205,6 +206,8 @@ class EnergyFormula(Formula[EnergyConfig]):
         scope = str(report.metadata["scope"])
         millis = to_millis(report.timestamp)
         interval = self.clocks.setdefault(scope, _Clock()).interval_ms(millis)
+        if interval > self.config.target_end_silence_s * 1000:
+            interval = 0  # a gap in the stream is not integrated over (the tick only restarts)
         name = workload_name(report)
         workload = self.workloads.get(name)
         if workload is None:
@@ -256,7 +259,9 @@ class EnergyFormula(Formula[EnergyConfig]):
         return self.last_input + self.config.target_end_silence_s
 
     def wake(self, out: Output) -> None:
-        """The stream paused for ``target_end_silence_s``: every workload it held has ended."""
+        """The stream paused for ``target_end_silence_s``: every workload it held has ended,
+        and the ticks after the pause start their clocks afresh."""
+        self.clocks.clear()
         for name in list(self.workloads):
             out.emit(self._record(name, self.workloads.pop(name), "silent"))
 
