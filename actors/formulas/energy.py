@@ -301,9 +301,10 @@ class EnergyFormula(Formula[EnergyConfig]):
         self.newest_ms = state["newest_ms"]
 
 
-_LABEL_PREFIXES = ("target_", "container_", "pod_", "vm", "slurm_", "service", "k8s_")
-"""The metadata a workload's record carries: its names (the naming step's labels, and those
-a Kubernetes lookup adds), none of the per-report figures (ratio, formula, socket)."""
+_LABEL_PREFIXES = ("target_", "container_", "pod_", "vm", "slurm_", "service", "k8s")
+"""The metadata a workload's record carries: its names (the naming step's labels, and what a
+Kubernetes lookup adds: PowerAPI 2.10's nested ``k8s`` table or flat ``k8s_*`` keys), none of
+the per-report figures (ratio, formula, socket)."""
 
 
 def _exists(root: Path, cgroup: str) -> bool:
