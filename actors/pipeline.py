@@ -23,7 +23,8 @@ from operator import attrgetter
 from typing import Any
 
 from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
-from wattflow.actors.formulas.base import Formula, FormulaActor, FormulaConfig
+from wattflow.actors.formulas.base import Dispatch, Formula, FormulaActor, FormulaConfig
+from wattflow.actors.naming import TargetNaming
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pushers.base import Pusher, PusherActor
@@ -69,6 +70,15 @@ def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
         "formula %s not started: no input gives %s", formula.name, ", ".join(sorted(needs))
     )
     return False
+
+
+def _named(naming: TargetNaming, dispatch: Dispatch) -> Dispatch:
+    """``dispatch`` with ``naming`` applied to what it is handed first."""
+
+    async def named(produced: list[Report | Frame]) -> None:
+        await dispatch(naming(produced))
+
+    return named
 
 
 def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partition | None:
@@ -216,6 +226,7 @@ class Pipeline:
         label: str = "pipeline",
         state_store: StateStore | None = None,
         checkpoint_interval_s: float | None = None,
+        name_targets: bool = False,
     ) -> None:
         self.label = label
         """What the log calls this pipeline (``worker 1/2`` under ``--workers``)."""
@@ -241,6 +252,8 @@ class Pipeline:
         self._pushers_by_kind: dict[str, list[PusherActor]] = {}
         self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
         self._wire_second_stage()
+        if name_targets:
+            self._name_targets()
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
@@ -342,7 +355,7 @@ class Pipeline:
         """An actor for each formula that the inputs (which give the kinds ``given``) feed."""
         actors = []
         for formula, config in formulas:
-            if not _fed(formula, given):
+            if not formula.enabled(config) or not _fed(formula, given):
                 continue
             formula.prepare(config)
             actor = FormulaActor(
@@ -475,6 +488,14 @@ class Pipeline:
 
             actor.dispatch = dispatch
             actor.on_done = done
+
+    def _name_targets(self) -> None:
+        """Put :class:`~wattflow.actors.naming.TargetNaming` between every formula and what
+        takes its output (the outputs, and the formulas that read other formulas'), so that
+        every output and every reader sees the same names."""
+        naming = TargetNaming()
+        for actor in self.formulas:
+            actor.dispatch = _named(naming, actor.dispatch)
 
     async def pass_through(self, batch: list[Report]) -> None:
         """Hand input reports to the outputs that take their kind, as they are.
