@@ -21,12 +21,15 @@ targets themselves, and those expire with their target as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from wattflow.formats.frames import Frame, PowerFrame
 from wattflow.formats.reports import PowerReport, Report
 from wattflow.formats.targets import resolve_cgroup
+
+KNOWN_TARGETS = 65_536
+"""Targets whose labels :class:`TargetNaming` keeps (a node's containers, a cluster's pods)."""
 
 UNNAMED_KINDS = frozenset({"system", "other"})
 """Kinds whose name is their target itself: nothing is added to their reports."""
@@ -44,17 +47,32 @@ class TargetNaming:
     """Adds the name labels to the PowerReports and PowerFrames of a formula's output.
 
     Reports are rebuilt, never changed in place: a formula's report may still be held by the
-    formula or by another stage.
+    formula or by another stage. Each target is resolved once: a live node sends the same
+    targets every tick, and their labels are kept, up to :data:`KNOWN_TARGETS` of them (then
+    forgotten all at once and resolved again as they come).
     """
+
+    def __init__(self) -> None:
+        self.known: dict[str, dict[str, str] | None] = {}
+
+    def labels(self, target: str) -> dict[str, str] | None:
+        """:func:`target_labels`, resolved once per target."""
+        try:
+            return self.known[target]
+        except KeyError:
+            if len(self.known) >= KNOWN_TARGETS:
+                self.known.clear()
+            found = self.known[target] = target_labels(target)
+            return found
 
     def __call__(self, items: Sequence[Report | Frame]) -> list[Report | Frame]:
         return [self._named(item) for item in items]
 
     def _named(self, item: Report | Frame) -> Report | Frame:
         if isinstance(item, PowerFrame):
-            return _named_frame(item)
+            return _named_frame(item, self.labels)
         if isinstance(item, PowerReport):
-            labels = target_labels(item.target)
+            labels = self.labels(item.target)
             if labels is None:
                 return item
             return PowerReport.trusted(
@@ -67,13 +85,15 @@ class TargetNaming:
         return item
 
 
-def _named_frame(frame: PowerFrame) -> PowerFrame:
+def _named_frame(
+    frame: PowerFrame, labels_of: Callable[[str], dict[str, str] | None]
+) -> PowerFrame:
     """The frame with each named row's labels as its own metadata (the frame's
     ``report_metadata``, which comes before the columns); the frame itself where no row is
     named, so SmartWatts' frames of unnamed targets stay on the outputs' column path."""
     codes = frame.targets.tolist()
     by_code: dict[int, dict[str, str] | None] = {
-        code: target_labels(frame.target_names[code]) for code in set(codes)
+        code: labels_of(frame.target_names[code]) for code in set(codes)
     }
     if not any(by_code.values()):
         return frame

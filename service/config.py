@@ -160,12 +160,14 @@ class ServiceConfig(BaseModel):
         "positions); unset: the MongoDB input's --checkpoint-interval-s, else 5.",
     )
     target_names: Literal["on", "off"] = Field(
-        default="on",
+        default="off",
         description="on: every PowerReport whose target is a workload (a container, a pod's "
         "container, a VM, a Slurm job, a service) gains its names as metadata keys "
         "(target_kind, target_name, slurm_job, pod_uid…), the same for CPU, DRAM and GPU, "
         "so that a job's or a pod's power can be summed; other targets and every key "
-        "already there are left as they are. off: reports as the formulas make them.",
+        "already there are left as they are. off (the default): the documents PowerAPI "
+        "writes, key for key (--target-energy names the targets all the same: it sums by "
+        "name).",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
