@@ -9,6 +9,7 @@ pushers: Registry[type[Pusher[Any]]] = Registry("output")
 
 for _name in (
     "csv",
+    "filedb",
     "influxdb",
     "influxdb2",
     "jsonl",
@@ -16,6 +17,7 @@ for _name in (
     "opentsdb",
     "prometheus",
     "table",
+    "virtiofs",
     "zeromq",
 ):
     pushers.declare(_name, f"wattflow.actors.pushers.{_name}")
