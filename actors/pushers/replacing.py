@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 
 TEMPORARY_PREFIX = ".wattflow-"
@@ -27,7 +28,10 @@ def replace_file(path: Path, data: bytes) -> None:
     Raises:
         OSError: the file could not be written; ``path`` keeps its old content.
     """
-    temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{os.getpid()}.tmp")
+    # Named after the process and the thread: two outputs of one process (or two workers)
+    # writing the same file at once each write their own temporary file.
+    writer = f"{os.getpid()}.{threading.get_ident()}"
+    temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{writer}.tmp")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

@@ -169,12 +169,14 @@ class VirtioFSPusher(Pusher[VirtioFSPusherConfig]):
         for path, reports in files.items():
             last = reports[-1]
             assert isinstance(last, PowerReport)
+            gone = f"{self.where}: the VM's directory {path.parent} does not exist"
             if not path.parent.is_dir():
-                reason = f"{self.where}: the VM's directory {path.parent} does not exist"
-                refused += [(report, reason) for report in reports]
+                refused += [(report, gone) for report in reports]
                 continue
             try:
                 replace_file(path, str(last.power).encode())
+            except FileNotFoundError:  # the VM went away meanwhile: not worth a retry
+                refused += [(report, gone) for report in reports]
             except OSError as error:
                 problem = file_error(self.config.name, error, path)
                 if problem.retryable:
