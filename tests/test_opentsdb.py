@@ -246,3 +246,15 @@ def test_an_absent_server_is_retried() -> None:
             await pusher.write(list(estimates(1)[:1]))
 
     run_async(scenario())
+
+
+def test_check_finds_a_server_that_takes_puts(
+    opentsdb_victoria: tuple[ServerProcess, int],
+) -> None:
+    """VictoriaMetrics' listener refuses /api/version (OpenTSDB's), and takes an empty put."""
+    _, put_port = opentsdb_victoria
+    config = OpenTSDBPusherConfig(uri="127.0.0.1", port=put_port, metric_name="power")
+    assert "takes /api/put" in run_async(OpenTSDBPusher(config).probe())
+    absent = OpenTSDBPusherConfig(uri="127.0.0.1", port=free_port(), metric_name="power")
+    with pytest.raises(PushUnavailable):
+        run_async(OpenTSDBPusher(absent).probe())

@@ -163,11 +163,20 @@ class OpenTSDBPusher(Pusher[OpenTSDBPusherConfig]):
         self._http = urllib3.PoolManager(timeout=timeout, retries=False)
 
     async def probe(self) -> str:
+        """OpenTSDB answers ``/api/version``; a server that only takes puts (VictoriaMetrics'
+        listener refuses any other path) is tried with an empty put, which writes nothing."""
         await self.open()
         status, body = await asyncio.to_thread(self._request, "GET", "/api/version", None)
-        if status >= 300:
-            raise PushError(f"{self.where}: /api/version answered {status} {body[:200]}")
-        return f"OpenTSDB API answered: {body[:80]}"
+        if status < 300:
+            return f"OpenTSDB {body[:80]}"
+        empty = gzip.compress(b"[]")
+        put, answer = await asyncio.to_thread(self._request, "POST", "/api/put", empty)
+        if put < 300:
+            return f"takes /api/put (answered {put}; /api/version: {status})"
+        raise PushError(
+            f"{self.where}: /api/version answered {status} {body[:100]}, an empty /api/put "
+            f"{put} {answer[:100]}"
+        )
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         refused: list[tuple[Report, str]] = []
