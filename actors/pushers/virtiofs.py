@@ -101,10 +101,11 @@ class VirtioFSPusherConfig(PusherConfig):
 
     @classmethod
     def example(cls) -> VirtioFSPusherConfig:
-        """libvirt's QEMU machines (``machine-qemu\\x2d1\\x2dvm1.scope``) into /var/lib/power."""
+        """libvirt's QEMU machines (``machine-qemu\\x2d1\\x2dvm1.scope``, the scope alone)
+        into /var/lib/power."""
         return cls(
             type="virtiofs",
-            vm_name_regexp=r".*machine-qemu\\x2d[0-9]+\\x2d([^/]+)\.scope",
+            vm_name_regexp=r".*machine-qemu\\x2d[0-9]+\\x2d([^/.]+)\.scope$",
             root_directory_name=Path("/var/lib/power"),
         )
 
