@@ -292,6 +292,13 @@ static inline int read_integer(const char **text, const char *end, int64_t *valu
         return DECLINE;
     }
     uint64_t number = 0;
+    /* Eighteen digits are at most 10^18 - 1, under INT64_MAX: no check until then (a counter
+     * has a dozen digits, and the check's division was a tenth of reading a row). */
+    const char *unchecked = end - at > 18 ? at + 18 : end;
+    while (at < unchecked && *at >= '0' && *at <= '9') {
+        number = number * 10 + (uint64_t)(*at - '0');
+        at++;
+    }
     while (at < end && *at >= '0' && *at <= '9') {
         uint64_t digit = (uint64_t)(*at - '0');
         if (number > ((uint64_t)INT64_MAX - digit) / 10) {

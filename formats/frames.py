@@ -22,7 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -700,6 +700,10 @@ class PowerFrame(Frame):
         ]
 
 
+FormulaRow: TypeAlias = tuple[int, str, tuple[Any, ...]]
+"""A FormulaReport in a :class:`FormulaFrame`: timestamp ms, target, metadata values."""
+
+
 class FormulaFrame(Frame):
     """FormulaReports kept as the few values they are built from, built only when asked for.
 
@@ -711,18 +715,37 @@ class FormulaFrame(Frame):
 
     kind: ClassVar[str] = FormulaReport.kind
 
-    __slots__ = ("keys", "rows", "sensor")
+    __slots__ = ("_count", "_make", "_rows", "keys", "sensor")
 
     def __init__(
-        self, sensor: str, keys: tuple[str, ...], rows: list[tuple[int, str, tuple[Any, ...]]]
+        self,
+        sensor: str,
+        keys: tuple[str, ...],
+        rows: list[FormulaRow] | None = None,
+        *,
+        later: tuple[int, Callable[[], list[FormulaRow]]] | None = None,
     ) -> None:
+        """``rows``, or ``later``: how many rows there are and what makes them, called the
+        first time they are read (SmartWatts keeps a replay's descriptions as columns, and
+        making a row of each is most of their cost)."""
         self.sensor = sensor
         self.keys = keys
-        self.rows = rows
+        self._rows = rows
+        self._make: Callable[[], list[FormulaRow]] | None = None
+        self._count = len(rows or ())
+        if later is not None:
+            self._count, self._make = later
+
+    @property
+    def rows(self) -> list[FormulaRow]:
         """(timestamp ms, target, metadata values in ``keys``' order) of each report."""
+        if self._rows is None:
+            assert self._make is not None
+            self._rows, self._make = self._make(), None
+        return self._rows
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._count
 
     def reports(self) -> list[Report]:
         keys = self.keys

@@ -40,7 +40,7 @@ error; the formula goes on with the next tick, from the models as the failed one
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, ClassVar, Literal, NamedTuple, Self
@@ -78,6 +78,7 @@ from wattflow.actors.formulas.smartwatts_frames import (
 from wattflow.formats.frames import (
     Column,
     FormulaFrame,
+    FormulaRow,
     Frame,
     HWPCFrame,
     IntArray,
@@ -671,6 +672,39 @@ class EstimateLists(NamedTuple):
         return tuple(self)
 
 
+class DescribedLists(NamedTuple):
+    """Each estimate's FormulaReport, a list per value, entry for entry with
+    :class:`EstimateLists`: its rows are made only if an output or the status asks for them
+    (:class:`FormulaFrame`), which most deployments never do."""
+
+    millis: list[int]
+    target: list[str]
+    """The model's hash."""
+    scope: list[str]
+    socket: list[str]
+    layer_frequency: list[int]
+    pkg_frequency: list[int]
+    samples: list[int]
+    id: list[int]
+    error: list[float]
+    intercept: list[float]
+    coef: list[Any]
+
+    def every(self) -> tuple[list[Any], ...]:
+        """The lists, in order: timestamp, target, then :data:`FORMULA_KEYS`' values."""
+        return tuple(self)
+
+    def rows_later(self, order: list[int]) -> tuple[int, Callable[[], list[FormulaRow]]]:
+        """How many rows, and what makes them in ``order`` (a :class:`FormulaFrame`'s
+        ``later``)."""
+
+        def rows() -> list[FormulaRow]:
+            millis, target, *values = (list(map(column.__getitem__, order)) for column in self)
+            return list(zip(millis, target, zip(*values, strict=True), strict=True))
+
+        return len(order), rows
+
+
 class EstimateColumns(NamedTuple):
     """A frame's estimates (:class:`Estimate`) in report order, as columns."""
 
@@ -726,7 +760,7 @@ class Estimates:
         """The coefficients the estimates of each scope used, each model's once."""
         self.hashes: list[str] = []
         self.hash_codes: dict[str, int] = {}
-        self.described: list[tuple[int, str, tuple[Any, ...]]] = []
+        self.described = DescribedLists([], [], [], [], [], [], [], [], [], [], [])
         """Each estimate's FormulaReport, entry for entry with ``done``."""
         self.failed: dict[int, BaseException] = {}
         """The ticks whose model step raised, and the error: each is a dead letter whole."""
@@ -851,15 +885,16 @@ class Estimates:
         window = model.samples.maxlen or 0
         held = list(range(samples + 1, min(samples + taken, window) + 1))
         held += [window] * (taken - len(held))  # the window full
-        described = zip(
-            repeat(steps.scope.name), repeat(self.ticks.sockets[socket_at]),
+        described: tuple[Iterable[Any], ...] = (
+            map(self.millis.__getitem__, ticks), repeat(model.hash, taken),
+            repeat(steps.scope.name, taken), repeat(self.ticks.sockets[socket_at], taken),
             map(steps.layer_mhz.__getitem__, ticks),
             map(steps.package_frequency_mhz.__getitem__, ticks),
-            held, repeat(model.id), errors_w, repeat(intercept_w), repeat(model.coef),
+            held, repeat(model.id, taken), errors_w, repeat(intercept_w, taken),
+            repeat(model.coef, taken),
         )  # fmt: skip
-        self.described.extend(
-            zip(map(self.millis.__getitem__, ticks), repeat(model.hash), described)
-        )
+        for kept, made in zip(self.described.every(), described, strict=True):
+            kept.extend(made)
 
     def _step(self, steps: ScopeSteps, tick: int) -> None:
         """One tick's model step: learn, predict, relearn, and keep the estimate. In compat
@@ -903,7 +938,10 @@ class Estimates:
         # Both at once, once nothing can raise: they stay entry for entry.
         for kept, value in zip(self.done.every(), estimate, strict=True):
             kept.append(value)
-        self.described.append((self.millis[tick], model.hash, description))
+        for kept, value in zip(
+            self.described.every(), (self.millis[tick], model.hash, *description), strict=True
+        ):
+            kept.append(value)
 
     def _coef_power(self, steps: ScopeSteps, model: PowerModel, tick: int) -> CoefPower:
         """What the model's coefficients predict for ``tick`` and the ticks after it, up to
@@ -945,7 +983,9 @@ class Estimates:
         if failed:
             kept = [at for at, tick in enumerate(self.done.tick) if tick not in failed]
             self.done = EstimateLists._make([column[at] for at in kept] for column in self.done)
-            self.described = [self.described[at] for at in kept]
+            self.described = DescribedLists._make(
+                [column[at] for at in kept] for column in self.described
+            )
         return sorted(failed)
 
     def reject_failed(self, frame: HWPCFrame, out: Output, rejected: set[tuple[int, str]]) -> None:
@@ -969,10 +1009,10 @@ class Estimates:
         made = EstimateColumns(*map(np.array, done))
         order = np.lexsort((made.scope_at, made.socket_at, made.tick))  # tick, socket, scope
         columns = EstimateColumns(*(column[order] for column in made))
-        described = list(map(self.described.__getitem__, order.tolist()))
+        described = self.described.rows_later(order.tolist())
         return [
             self._power_frame(frame, columns, self._shares(columns)),
-            FormulaFrame(self.formula.sensor, FORMULA_KEYS, described),
+            FormulaFrame(self.formula.sensor, FORMULA_KEYS, later=described),
         ]
 
     def _shares(self, columns: EstimateColumns) -> TargetShares:
