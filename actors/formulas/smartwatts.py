@@ -820,7 +820,7 @@ class Estimates:
         """The model steps from ``tick`` on that leave the model as it is, all at once
         (:meth:`FrequencyModel.track_run`), when at least :data:`RUN_AT_LEAST` ticks can go;
         the tick after the last one done (``tick`` when none was: :meth:`_step` takes it)."""
-        if self.compat:
+        if self.compat or len(steps.rapl_power_w) - tick < RUN_AT_LEAST:  # a live tick
             return tick
         model = steps.layers.model(steps.layer_mhz[tick])
         model.use_events(self.ticks.events)
