@@ -1,0 +1,369 @@
+"""The k8s pre-processor against a Kubernetes API: the official client and ``kubectl`` both
+talk to :mod:`tests.kube_api_replay`, which serves recorded pod lists and watch events in the
+API's wire format. ``kubectl`` reading the replay as it reads a real API server is what makes
+the watcher's tests worth something."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until, wattflow
+from tests.kube_api_replay import RECORDING, KubeApiReplay, kube_api_replay, kubeconfig
+from wattflow.actors.preprocessors.k8s import K8sConfig, api_factory
+from wattflow.actors.preprocessors.pods import PodCache, PodWatcher, containers_of
+from wattflow.actors.runtime import Backoff
+from wattflow.formats.errors import WattflowError
+from wattflow.service import config as service_config
+
+pytest.importorskip("kubernetes")
+
+NODE = "worker-1"
+KUBECTL = shutil.which("kubectl")
+
+
+def container_id(seed: str) -> str:
+    """The recording's container IDs are the SHA-256 of a name (tests/data/kubernetes)."""
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+LISTED = json.loads((RECORDING / "api-v1-pods.list.json").read_text())
+WEB_UID = "5e1f3c9a-1b2d-4c8e-9f00-a1b2c3d4e5f6"
+DNS_UID = "0a8c2f4e-6d1b-4e3a-8c5d-77aa88bb99cc"
+DB_UID = "9b7e6d5c-4a3f-4b2e-8d1c-0f9e8d7c6b5a"
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiReplay]:
+    with kube_api_replay() as server:
+        yield server
+
+
+def manual(server: KubeApiReplay, **settings: Any) -> K8sConfig:
+    return K8sConfig(
+        puller="puller_jsonl",
+        api_mode="manual",
+        api_host=server.url,
+        api_key="replay-token",
+        node_name=NODE,
+        **settings,
+    )
+
+
+def watcher(server: KubeApiReplay, cache: PodCache | None = None) -> PodWatcher:
+    make = api_factory(manual(server))
+    return PodWatcher(
+        make,
+        NODE,
+        PodCache() if cache is None else cache,
+        watch_timeout_s=60,
+        backoff=Backoff(0.01, 0.1),
+    )
+
+
+def kubectl(config: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    assert KUBECTL is not None
+    command = [KUBECTL, "--kubeconfig", str(config), "--cache-dir", str(config.parent / "c")]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+def json_stream(text: str) -> list[dict[str, Any]]:
+    """kubectl's watch output: JSON documents one after the other."""
+    decoder, found, index = json.JSONDecoder(), [], 0
+    while index < len(text):
+        if text[index].isspace():
+            index += 1
+            continue
+        item, index = decoder.raw_decode(text, index)
+        found.append(item)
+    return found
+
+
+# --- the replay is the API as kubectl knows it ----------------------------------------------
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_lists_this_nodes_pods_as_the_client_does(
+    api: KubeApiReplay, tmp_path: Path
+) -> None:
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    done = kubectl(
+        config, "get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}", "-o", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)
+    names = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed["items"]]
+    assert names == [
+        ("kube-system", "coredns-668d6bf9bc-7wq5m"),
+        ("shop", "web-7d9f8b6c5d-x2x9k"),
+    ]
+    assert {p["kind"] for p in listed["items"]} == {"Pod"}
+    pods = [r for r in api.requests if r.path == "/api/v1/pods"]
+    assert pods[-1].query["fieldSelector"] == f"spec.nodeName={NODE}"
+    # The client's list of the same request: the same pods, the same statuses.
+    client = api_factory(manual(api))()
+    body = json.loads(
+        client.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={NODE}", _preload_content=False
+        ).data
+    )
+    assert api.requests[-1].authorization == "Bearer replay-token"  # --api-key, as a Bearer
+    assert [p["status"] for p in body["items"]] == [p["status"] for p in listed["items"]]
+    assert body["metadata"]["resourceVersion"] == LISTED["metadata"]["resourceVersion"]
+    refused = kubectl(config, "get", "pods", "-A", "--field-selector", "spec.restartPolicy=Never")
+    assert refused.returncode != 0
+    assert "field label not supported" in refused.stderr
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubectl_watches_the_released_events_of_this_node(
+    api: KubeApiReplay, tmp_path: Path
+) -> None:
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    assert KUBECTL is not None
+    command = [KUBECTL, "--kubeconfig", str(config), "--cache-dir", str(tmp_path / "c")]
+    watch = [
+        "get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}",
+        "--watch-only", "--output-watch-events", "-o", "json",
+    ]  # fmt: skip
+    with subprocess.Popen(
+        [*command, *watch], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            wait_until(lambda: bool(api.watches()), 30, "kubectl's watch")
+            assert api.release() == 5
+            api.drop_watches()  # the API server ends the watch: kubectl exits
+            out, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 0, err
+    events = [(e["type"], e["object"]["metadata"]["name"]) for e in json_stream(out)]
+    assert events == [
+        ("ADDED", "report-29123456-abcde"),
+        ("MODIFIED", "report-29123456-abcde"),
+        ("DELETED", "web-7d9f8b6c5d-x2x9k"),
+    ]
+    request = api.watches()[0]
+    assert request.query["fieldSelector"] == f"spec.nodeName={NODE}"
+    assert request.query["resourceVersion"] == LISTED["metadata"]["resourceVersion"]
+
+
+# --- the watcher --------------------------------------------------------------------------
+
+
+def test_the_watcher_lists_then_follows_only_this_nodes_pods(api: KubeApiReplay) -> None:
+    cache = PodCache()
+    pods = watcher(api, cache)
+    pods.start()
+    try:
+        assert pods.ready.wait(30), pods.stats
+        listed = {c.container_name: c for c in (cache.get(i) for i in ids(cache)) if c}
+        assert set(listed) == {"nginx", "log-shipper", "init-config", "coredns"}
+        nginx = listed["nginx"]
+        assert (nginx.namespace, nginx.pod_name, nginx.pod_uid) == (
+            "shop", "web-7d9f8b6c5d-x2x9k", WEB_UID,
+        )  # fmt: skip
+        assert nginx.container_id == container_id("web-nginx")
+        assert cache.get(container_id("db-postgres")) is None  # worker-2's
+        wait_until(lambda: bool(api.watches()), 30, "the watch")
+        api.release()
+        wait_until(lambda: pods.stats.resource_version == "1305", 30, "the last event")
+    finally:
+        pods.stop()
+    job = cache.get(container_id("job-report"))
+    assert job is not None
+    assert (job.namespace, job.container_name) == ("batch", "report")
+    # A deleted pod's containers stay: its last reports are still on their way.
+    assert cache.get(container_id("web-nginx")) is not None
+    assert pods.stats.events == {"ADDED": 1, "MODIFIED": 1, "BOOKMARK": 1, "DELETED": 1}
+    watch = api.watches()[0]
+    assert watch.query["resourceVersion"] == "1300"
+    assert watch.query["fieldSelector"] == f"spec.nodeName={NODE}"
+    assert watch.query["allowWatchBookmarks"] == "true"
+    assert {r.query.get("fieldSelector") for r in api.requests} == {f"spec.nodeName={NODE}"}
+    assert not pods.stats.failures
+
+
+def ids(cache: PodCache) -> list[str]:
+    return list(cache._containers)
+
+
+def test_a_dropped_watch_resumes_and_a_too_old_version_lists_again(api: KubeApiReplay) -> None:
+    cache = PodCache()
+    pods = watcher(api, cache)
+    pods.start()
+    try:
+        wait_until(lambda: len(api.watches()) == 1, 30, "the first watch")
+        api.release(2)  # the job's pod, Pending then Running
+        wait_until(lambda: pods.stats.resource_version == "1302", 30, "version 1302")
+        api.drop_watches()  # a network fault: resume from the last version seen
+        wait_until(lambda: len(api.watches()) == 2, 30, "the second watch")
+        assert api.watches()[1].query["resourceVersion"] == "1302"
+        api.release(1)  # worker-2's pod changes: this watch never sees it
+        api.compact()  # and the API server forgets what came before it
+        api.drop_watches()
+        # 1302 is now too old: 410 Gone, so the watcher lists again and watches from there.
+        wait_until(lambda: pods.stats.lists == 2, 30, "the second list")
+        wait_until(lambda: len(api.watches()) == 4, 30, "the watch after the list")
+        assert [w.query["resourceVersion"] for w in api.watches()] == [
+            "1300", "1302", "1302", "1303",
+        ]  # fmt: skip
+        api.release()
+        wait_until(lambda: pods.stats.resource_version == "1305", 30, "the last event")
+    finally:
+        pods.stop()
+    assert pods.stats.failures == {"http_410": 1}
+    assert cache.get(container_id("job-report")) is not None
+
+
+def test_the_cache_keeps_the_newest_containers_within_its_bound() -> None:
+    cache = PodCache(max_containers=3)
+    cache.replace(LISTED["items"])  # coredns, postgres, then web's three containers
+    assert len(cache) == 3
+    assert cache.evicted == 2
+    kept = {c.container_name for c in (cache.get(i) for i in ids(cache)) if c}
+    assert kept == {"nginx", "log-shipper", "init-config"}
+
+
+def test_containers_without_an_id_have_no_cgroup_and_are_left_out() -> None:
+    recorded = [json.loads(line) for line in (RECORDING / "api-v1-pods.watch.jsonl").open()]
+    pending = recorded[0]["object"]
+    assert pending["status"]["phase"] == "Pending"
+    assert containers_of(pending) == []
+    assert [c.container_name for c in containers_of(recorded[1]["object"])] == ["report"]
+
+
+# --- the API modes --------------------------------------------------------------------------
+
+
+def test_local_mode_reads_the_kubeconfig(
+    api: KubeApiReplay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", api.url)))
+    client = api_factory(K8sConfig(puller="p", api_mode="local"))()
+    client.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE}")
+    assert api.requests[-1].authorization == "Bearer replay-token"
+
+
+def test_cluster_mode_outside_a_pod_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(WattflowError, match="--api-mode cluster: "):
+        api_factory(K8sConfig(puller="p"))()
+
+
+def test_a_node_without_a_name_is_refused_before_the_start(
+    api: KubeApiReplay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text(hwpc_lines(1))
+    done = wattflow(
+        "run", "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(tmp_path / "copy.jsonl"),
+        "--pre-processor", "k8s", "-a", "manual", "-h", api.url, "-p", "puller_jsonl",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "wattflow: error: pre_processor_k8s: the node's name is unknown: give --node-name or "
+        "set NODE_NAME (the DaemonSet sets it from spec.nodeName)"
+    ]
+    assert not any(r.path == "/api/v1/pods" for r in api.requests)
+
+
+# --- the pre-processor in a running service -------------------------------------------------
+
+POD_SLICE = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice"
+NGINX = POD_SLICE.format(uid=WEB_UID.replace("-", "_")) + (
+    f"/cri-containerd-{container_id('web-nginx')}.scope"
+)
+PAUSE = POD_SLICE.format(uid=WEB_UID.replace("-", "_")) + (
+    f"/cri-containerd-{container_id('web-pause')}.scope"
+)
+COREDNS = (
+    f"/kubepods.slice/kubepods-pod{DNS_UID.replace('-', '_')}.slice"
+    f"/cri-containerd-{container_id('coredns')}.scope"
+)
+ELSEWHERE = POD_SLICE.format(uid=DB_UID.replace("-", "_")) + (
+    f"/cri-containerd-{container_id('db-postgres')}.scope"
+)
+DOCKER = f"/system.slice/docker-{'ab' * 32}.scope"
+TARGETS = ["all", NGINX, PAUSE, COREDNS, ELSEWHERE, DOCKER]
+
+
+def hwpc_lines(ticks: int = 3) -> str:
+    lines = []
+    for tick in range(ticks):
+        for target in TARGETS:
+            group = "rapl" if target == "all" else "core"
+            event = "RAPL_ENERGY_PKG" if target == "all" else "CPU_CLK_THREAD_UNHALTED:REF_P"
+            report = {
+                "timestamp": 1_767_225_600_000 + 1000 * tick,
+                "sensor": "node-1",
+                "target": target,
+                "groups": {group: {"0": {"0": {event: (tick + 1) * 1000}}}},
+            }
+            lines.append(json.dumps(report) + "\n")
+    return "".join(lines)
+
+
+def run_with_k8s(api: KubeApiReplay, tmp_path: Path, *layout: str) -> tuple[list[Any], str]:
+    source, copy = tmp_path / "hwpc.jsonl", tmp_path / "copy.jsonl"
+    source.write_text(hwpc_lines())
+    disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
+    done = wattflow(
+        "run", "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(copy),
+        "--pre-processor", "k8s", "-a", "manual", "-h", api.url, "-k", "replay-token",
+        "-p", "puller_jsonl", "--node-name", NODE, *layout, *disable,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in copy.read_text().splitlines()], done.stderr
+
+
+def test_the_powerapi_layout_names_containers_and_counts_what_it_drops(
+    api: KubeApiReplay, tmp_path: Path
+) -> None:
+    reports, log = run_with_k8s(api, tmp_path, "--layout", "powerapi-2.10")
+    targets = sorted({r["target"] for r in reports})
+    # Not /kubepods: as they came. Known containers: their name. The pause container and the
+    # other node's pod: let go, three ticks each, counted in the exit line.
+    assert targets == sorted(["all", DOCKER, "nginx", "coredns"])
+    assert len(reports) == 4 * 3
+    nginx = next(r for r in reports if r["target"] == "nginx")
+    assert nginx["metadata"]["k8s"] == {
+        "container_id": container_id("web-nginx"),
+        "container_name": "nginx",
+        "namespace": "shop",
+        "pod_name": "web-7d9f8b6c5d-x2x9k",
+        "pod_labels": {"app": "web", "pod-template-hash": "7d9f8b6c5d"},
+    }
+    assert "dropped=6" in log
+    assert all("k8s" not in r["metadata"] for r in reports if r["target"] in ("all", DOCKER))
+
+
+def test_the_wattflow_layout_keeps_every_target_and_adds_flat_keys(
+    api: KubeApiReplay, tmp_path: Path
+) -> None:
+    reports, log = run_with_k8s(api, tmp_path)
+    assert sorted({r["target"] for r in reports}) == sorted(TARGETS)
+    assert len(reports) == len(TARGETS) * 3
+    assert "dropped=0" in log
+    by_target = {r["target"]: r["metadata"] for r in reports}
+    assert by_target[COREDNS] == {
+        "k8s_pod_namespace": "kube-system",
+        "k8s_pod_name": "coredns-668d6bf9bc-7wq5m",
+        "k8s_container_name": "coredns",
+        "k8s_container_image": "registry.k8s.io/coredns/coredns:v1.11.3",
+    }
+    assert by_target[NGINX]["k8s_container_name"] == "nginx"
+    assert by_target[PAUSE] == by_target[ELSEWHERE] == by_target[DOCKER] == {}
