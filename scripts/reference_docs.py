@@ -506,18 +506,23 @@ def backend_page(group: str, kind: str) -> Page:
     )
 
 
+def pre_processor_settings(kind: str) -> list[Setting]:
+    """The rows of a pre-processor's table."""
+    return model_settings(
+        preprocessors.get(kind).config_model,
+        skip={"type"},
+        env=lambda name: f"{ENV_PREFIX}PRE_PROCESSOR_<NAME>_{name.upper()}",
+        defaults={"name": code(_toml_value(f"pre_processor_{kind}"))},
+    )
+
+
 def pre_processor_page(kind: str) -> Page:
     """``docs/pre-processors/<type>.md``: its settings as PowerAPI's ``--pre-processor`` group
     takes them. Its table's flags, keys and variables are checked by the pre-processor's own
     tests (``tests/test_k8s_config.py``), not by the backends' (which build whole commands
     around an input or output)."""
     model = preprocessors.get(kind).config_model
-    settings = model_settings(
-        model,
-        skip={"type"},
-        env=lambda name: f"{ENV_PREFIX}PRE_PROCESSOR_<NAME>_{name.upper()}",
-        defaults={"name": code(_toml_value(f"pre_processor_{kind}"))},
-    )
+    settings = pre_processor_settings(kind)
     notes = (
         f"Flags go after `--pre-processor {kind}`. In a config file the keys go in a "
         f'`[pre_processor.<name>]` table with `type = "{kind}"` (PowerAPI\'s JSON: '
