@@ -23,7 +23,8 @@ from operator import attrgetter
 from typing import Any
 
 from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
-from wattflow.actors.formulas.base import Formula, FormulaActor, FormulaConfig
+from wattflow.actors.formulas.base import Dispatch, Formula, FormulaActor, FormulaConfig
+from wattflow.actors.naming import TargetNaming
 from wattflow.actors.partition import Partition
 from wattflow.actors.preprocessors.base import PreProcessor
 from wattflow.actors.pullers.base import Puller
@@ -70,6 +71,15 @@ def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
         "formula %s not started: no input gives %s", formula.name, ", ".join(sorted(needs))
     )
     return False
+
+
+def _named(naming: TargetNaming, dispatch: Dispatch) -> Dispatch:
+    """``dispatch`` with ``naming`` applied to what it is handed first."""
+
+    async def named(produced: list[Report | Frame]) -> None:
+        await dispatch(naming(produced))
+
+    return named
 
 
 def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partition | None:
@@ -233,12 +243,13 @@ class Pipeline:
         label: str = "pipeline",
         state_store: StateStore | None = None,
         checkpoint_interval_s: float | None = None,
+        name_targets: bool = False,
         pre_processors: Sequence[PreProcessor[Any]] = (),
     ) -> None:
         self.label = label
+        """What the log calls this pipeline (``worker 1/2`` under ``--workers``)."""
         self.pre_processors = {p.config.puller: p for p in pre_processors}
         """Each input's pre-processor, by the input's name."""
-        """What the log calls this pipeline (``worker 1/2`` under ``--workers``)."""
         self.queue = queue or QueueConfig()
         self.partition = _assign(partition, pullers)
         """The sensors this instance takes (``--partition``); None: every sensor."""
@@ -261,6 +272,8 @@ class Pipeline:
         self._pushers_by_kind: dict[str, list[PusherActor]] = {}
         self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
         self._wire_second_stage()
+        if name_targets:
+            self._name_targets()
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
@@ -362,7 +375,7 @@ class Pipeline:
         """An actor for each formula that the inputs (which give the kinds ``given``) feed."""
         actors = []
         for formula, config in formulas:
-            if not _fed(formula, given):
+            if not formula.enabled(config) or not _fed(formula, given):
                 continue
             formula.prepare(config)
             actor = FormulaActor(
@@ -495,6 +508,14 @@ class Pipeline:
 
             actor.dispatch = dispatch
             actor.on_done = done
+
+    def _name_targets(self) -> None:
+        """Put :class:`~wattflow.actors.naming.TargetNaming` between every formula and what
+        takes its output (the outputs, and the formulas that read other formulas'), so that
+        every output and every reader sees the same names."""
+        naming = TargetNaming()
+        for actor in self.formulas:
+            actor.dispatch = _named(naming, actor.dispatch)
 
     async def pass_through(self, batch: list[Report]) -> None:
         """Hand input reports to the outputs that take their kind, as they are.

@@ -15,7 +15,7 @@ import json
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -164,6 +164,14 @@ class ServiceConfig(BaseModel):
         gt=0,
         description="Seconds between checkpoints of the formulas' state (and the inputs' "
         "positions); unset: the MongoDB input's --checkpoint-interval-s, else 5.",
+    )
+    target_names: Literal["on", "off"] = Field(
+        default="on",
+        description="on: every PowerReport whose target is a workload (a container, a pod's "
+        "container, a VM, a Slurm job, a service) gains its names as metadata keys "
+        "(target_kind, target_name, slurm_job, pod_uid…), the same for CPU, DRAM and GPU, "
+        "so that a job's or a pod's power can be summed; other targets and every key "
+        "already there are left as they are. off: reports as the formulas make them.",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 

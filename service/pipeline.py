@@ -61,6 +61,7 @@ def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
         label=label,
         state_store=None if config.state_file is None else FileStateStore(config.state_file),
         checkpoint_interval_s=config.state_interval_s,
+        name_targets=config.target_names == "on",
         pre_processors=pre_processors,
     )
 

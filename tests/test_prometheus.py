@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from wattflow.actors.pushers.prometheus import PrometheusPusher, PrometheusPusherConfig
+from wattflow.actors.naming import TargetNaming
+from wattflow.actors.pushers.prometheus import (
+    BOUNDED_LABELS,
+    PrometheusPusher,
+    PrometheusPusherConfig,
+)
 from wattflow.formats import powerapi
 from wattflow.formats.reports import PowerReport, Report
 
@@ -92,6 +97,28 @@ def test_power_is_the_newest_report_and_energy_its_integral_over_time() -> None:
     # ratio and formula are no labels, nor is anything but the bounded keys
     assert "ratio" not in text
     assert "f00d" not in text
+
+
+def test_a_workloads_names_label_its_series_and_add_none() -> None:
+    """The naming step's keys (a Slurm job's) are labels; a target without them has the same
+    labels, empty, so one job's series sum by ``slurm_job``, and each target is one series."""
+    job = "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"
+    names = TargetNaming()([power(0, 5.0, target=job), power(1, 5.0, target=job)])
+
+    async def go() -> str:
+        async with Exposed() as out:
+            assert await out.write(*[r for r in names if isinstance(r, PowerReport)]) == []
+            assert await out.write(power(1, 2.0, target="postgres")) == []
+            return scrape(out.url)
+
+    families = {f.name: f for f in text_string_to_metric_families(run_async(go()))}
+    samples = families["wattflow_power_watts"].samples
+    assert len(samples) == 2
+    by_target = {sample.labels["target"]: sample.labels for sample in samples}
+    assert by_target[job]["slurm_job"] == "7"
+    assert by_target[job]["target_name"] == "slurm/7"
+    assert by_target[job]["target_kind"] == "slurm_job"
+    assert by_target["postgres"].get("slurm_job", "") == ""
 
 
 def test_tags_that_leave_a_key_out_add_its_parts_and_a_repeat_replaces_itself() -> None:
@@ -202,7 +229,8 @@ def test_powerapi_2_10_flags_and_keys_are_taken() -> None:
     )
     assert (config.addr, config.port) == ("0.0.0.0", 9100)
     assert config.metric_name == "powerapi_energy_consumption"
-    assert config.tags == ["scope", "socket", "device"]  # none given: every bounded key
+    assert config.tags == list(BOUNDED_LABELS)  # none given: every bounded key
+    assert config.tags[:3] == ["scope", "socket", "device"]
 
 
 def test_a_port_in_use_stops_the_command_before_it_starts(tmp_path: Path) -> None:

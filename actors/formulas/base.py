@@ -167,6 +167,12 @@ class Formula(ABC, Generic[C]):
         """Load what the instances will need (a library), before the pipeline starts."""
 
     @classmethod
+    def enabled(cls, config: FormulaConfig) -> bool:
+        """Whether the settings ask for this formula at all (a formula that is off unless
+        asked for, such as the energy formula, says so here): one that is not is not started."""
+        return True
+
+    @classmethod
     def takes_formula_output(cls, config: FormulaConfig) -> bool:
         """Whether this formula also reads what the other formulas produce (the node formula
         sharing node power among the targets the CPU and GPU formulas estimated)."""

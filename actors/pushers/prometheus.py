@@ -12,8 +12,11 @@ two metrics per series instead of PowerAPI's one:
 
 Labels are bounded on purpose. PowerAPI 2.10 makes every metadata key a label, ``ratio`` (a
 float) included, so each report opens a new series that is never removed, and Prometheus'
-memory grows without end. Here a series is labelled only by ``sensor``, ``target`` and the
-metadata keys ``scope``, ``socket`` and ``device`` (``--tags`` picks among those three), and a
+memory grows without end. Here a series is labelled only by ``sensor``, ``target``, the
+metadata keys ``scope``, ``socket`` and ``device``, and the target's names that
+``--target-names`` adds (``target_kind``, ``target_name``, ``container_runtime``,
+``container_id``, ``pod_uid``, ``vm``, ``slurm_job``, ``service``: empty, so absent, for a
+target that names no workload); ``--tags`` picks among those. A
 series that has had no report for ``--series-expiry-s`` is removed from the endpoint, so
 containers that come and go do not pile up. ``--max-series`` bounds the rest: a report that would
 open a series beyond it is refused (a dead letter) rather than dropped unseen.
@@ -51,11 +54,14 @@ from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.pushers.csv import TagList
 from wattflow.formats.reports import PowerReport, Report
+from wattflow.formats.targets import LABEL_KEYS
 
 logger = logging.getLogger(__name__)
 
-BOUNDED_LABELS = ("scope", "socket", "device")
-"""The metadata keys that may become labels: each has a handful of values per node."""
+BOUNDED_LABELS = ("scope", "socket", "device", *LABEL_KEYS)
+"""The metadata keys that may become labels: ``scope``, ``socket`` and ``device`` have a
+handful of values per node; the target's names (:mod:`wattflow.actors.naming`:
+``target_kind``, ``slurm_job``, ``pod_uid``…) one value per target, so they add no series."""
 
 POWER_METRIC = "wattflow_power_watts"
 ENERGY_METRIC = "wattflow_energy_joules"

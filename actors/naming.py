@@ -1,0 +1,94 @@
+"""Names a user recognises on the formulas' output: the one place targets are named.
+
+SmartWatts' targets are cgroup paths and the GPU formula's are the cgroups of the processes
+on the GPU; both are PowerReports (or SmartWatts' PowerFrames) by the time a formula hands
+them on. :class:`TargetNaming` runs there, between every formula and what takes its output
+(the outputs and the formulas that read other formulas', such as the node and energy
+formulas), so one Slurm job's or one pod's CPU, DRAM and GPU reports carry the same names and
+can be summed in any output.
+
+A report whose target :func:`~wattflow.formats.targets.resolve_cgroup` recognises as a
+workload (a container, a pod's container, a VM, a Slurm job, a service) gets the resolver's
+labels as metadata keys (:data:`~wattflow.formats.targets.LABEL_KEYS`: ``target_kind``,
+``target_name``, ``slurm_job``, ``pod_uid``…). Its ``target`` stays the cgroup path and nothing
+it carried changes, so a PowerAPI document only gains keys; a target that names no workload
+(``rapl``, ``global``, ``all``, a GPU's own ``gpu0``, a bare name) gains none, and its
+documents stay byte for byte as before. The keys come before the formula's own (``scope``,
+``socket``…), where PowerAPI's pre-processors put what they add. Each label's value is fixed
+for the life of its target, so the labels add no series to InfluxDB or Prometheus beyond the
+targets themselves, and those expire with their target as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from wattflow.formats.frames import Frame, PowerFrame
+from wattflow.formats.reports import PowerReport, Report
+from wattflow.formats.targets import resolve_cgroup
+
+UNNAMED_KINDS = frozenset({"system", "other"})
+"""Kinds whose name is their target itself: nothing is added to their reports."""
+
+
+def target_labels(target: str) -> dict[str, str] | None:
+    """The labels a report of ``target`` gains, or ``None`` when it names no workload."""
+    resolved = resolve_cgroup(target)
+    if resolved.kind in UNNAMED_KINDS:
+        return None
+    return resolved.labels()
+
+
+class TargetNaming:
+    """Adds the name labels to the PowerReports and PowerFrames of a formula's output.
+
+    Reports are rebuilt, never changed in place: a formula's report may still be held by the
+    formula or by another stage.
+    """
+
+    def __call__(self, items: Sequence[Report | Frame]) -> list[Report | Frame]:
+        return [self._named(item) for item in items]
+
+    def _named(self, item: Report | Frame) -> Report | Frame:
+        if isinstance(item, PowerFrame):
+            return _named_frame(item)
+        if isinstance(item, PowerReport):
+            labels = target_labels(item.target)
+            if labels is None:
+                return item
+            return PowerReport.trusted(
+                timestamp=item.timestamp,
+                sensor=item.sensor,
+                target=item.target,
+                power=item.power,
+                metadata={**labels, **item.metadata},
+            )
+        return item
+
+
+def _named_frame(frame: PowerFrame) -> PowerFrame:
+    """The frame with each named row's labels as its own metadata (the frame's
+    ``report_metadata``, which comes before the columns); the frame itself where no row is
+    named, so SmartWatts' frames of unnamed targets stay on the outputs' column path."""
+    codes = frame.targets.tolist()
+    by_code: dict[int, dict[str, str] | None] = {
+        code: target_labels(frame.target_names[code]) for code in set(codes)
+    }
+    if not any(by_code.values()):
+        return frame
+    own = frame.report_metadata
+    rows: list[dict[str, Any]] = []
+    for row, code in enumerate(codes):
+        labels = by_code[code]
+        before = {} if own is None else own[row]
+        rows.append(before if labels is None else {**labels, **before})
+    return PowerFrame(
+        sensor=frame.sensor,
+        millis=frame.millis,
+        targets=frame.targets,
+        target_names=frame.target_names,
+        power=frame.power,
+        metadata=frame.metadata,
+        report_metadata=rows,
+    )
