@@ -9,14 +9,16 @@ import hashlib
 import json
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until, wattflow
+from tests.conftest import Service, wait_until, wattflow
 from tests.kube_api_replay import RECORDING, KubeApiReplay, kube_api_replay, kubeconfig
+from tests.servers import free_port
 from wattflow.actors.preprocessors.k8s import K8sConfig, api_factory
 from wattflow.actors.preprocessors.pods import PodCache, PodWatcher, containers_of
 from wattflow.actors.runtime import Backoff
@@ -367,3 +369,49 @@ def test_the_wattflow_layout_keeps_every_target_and_adds_flat_keys(
     }
     assert by_target[NGINX]["k8s_container_name"] == "nginx"
     assert by_target[PAUSE] == by_target[ELSEWHERE] == by_target[DOCKER] == {}
+
+
+def test_pods_label_their_prometheus_series(api: KubeApiReplay, tmp_path: Path) -> None:
+    """What the Grafana recipe queries: a pod's container's series carries its namespace, pod,
+    container and image as labels. (PowerReports read from a file reach the output as they
+    are: the naming step that adds ``pod_uid``… runs on the formulas' output only.)"""
+    source, port = tmp_path / "power.jsonl", free_port()
+    lines = [
+        {"timestamp": 1_767_225_600_000, "sensor": "node-1", "target": target, "power": watts,
+         "metadata": {"scope": "cpu", "socket": -1}}
+        for target, watts in ((NGINX, 3.5), (COREDNS, 1.25), (PAUSE, 0.5))
+    ]  # fmt: skip
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
+    with Service(
+        tmp_path / "service.log",
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source), "--follow",
+        "--output", "prometheus", "--port", str(port),
+        "--pre-processor", "k8s", "-a", "manual", "-h", api.url, "-p", "puller_jsonl",
+        "--node-name", NODE, *disable,
+    ) as service:  # fmt: skip
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_until(lambda: service.alive() and 'k8s_pod_name="' in scrape(url), 60, "pod labels")
+        text = scrape(url)
+        service.stop()
+    (nginx,) = [line for line in text.splitlines() if line.startswith("wattflow_power_watts{")
+                and 'k8s_container_name="nginx"' in line]  # fmt: skip
+    for label in (
+        'k8s_pod_namespace="shop"',
+        'k8s_pod_name="web-7d9f8b6c5d-x2x9k"',
+        'k8s_container_image="docker.io/library/nginx:1.27"',
+        'scope="cpu"',
+    ):
+        assert label in nginx, nginx
+    assert nginx.endswith(" 3.5")
+    (pause,) = [line for line in text.splitlines() if line.startswith("wattflow_power_watts{")
+                and container_id("web-pause") in line]  # fmt: skip
+    assert 'k8s_pod_name=""' in pause  # kept, under its path, without a pod's names
+
+
+def scrape(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""

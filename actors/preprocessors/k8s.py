@@ -45,6 +45,9 @@ LAYOUT_POWERAPI = "powerapi-2.10"
 LAYOUT_WATTFLOW = "wattflow"
 UNKNOWN_CONTAINER = "k8s: container unknown to the API (a pause container, or a pod not listed)"
 """The reason the PowerAPI 2.10 layout gives for the reports it lets go."""
+FLAT_KEYS = ("k8s_pod_namespace", "k8s_pod_name", "k8s_container_name", "k8s_container_image")
+"""The metadata keys of wattflow's layout: each fixed for the life of its container, so outputs
+may make them tags or labels without adding series beyond the targets themselves."""
 LOGGED_TARGETS = 1024
 """Targets of unknown containers logged, at most."""
 
@@ -309,9 +312,5 @@ def powerapi_metadata(container: PodContainer) -> dict[str, Any]:
 def flat(container: PodContainer) -> dict[str, str]:
     """wattflow's keys: one level, so every output can make them tags or labels; the names
     PowerAPI's release after 2.10 uses. Pod labels stay out (unbounded keys and values)."""
-    return {
-        "k8s_pod_namespace": container.namespace,
-        "k8s_pod_name": container.pod_name,
-        "k8s_container_name": container.container_name,
-        "k8s_container_image": container.image,
-    }
+    values = (container.namespace, container.pod_name, container.container_name, container.image)
+    return dict(zip(FLAT_KEYS, values, strict=True))
