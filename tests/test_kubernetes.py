@@ -19,10 +19,11 @@ import pytest
 from tests.conftest import Service, wait_until, wattflow
 from tests.kube_api_replay import RECORDING, KubeApiReplay, kube_api_replay, kubeconfig
 from tests.servers import free_port
-from wattflow.actors.preprocessors.k8s import K8sConfig, api_factory
+from wattflow.actors.preprocessors.k8s import NAME_TAKEN, K8sConfig, K8sPreProcessor, api_factory
 from wattflow.actors.preprocessors.pods import PodCache, PodWatcher, containers_of
 from wattflow.actors.runtime import Backoff
 from wattflow.formats.errors import WattflowError
+from wattflow.formats.reports import HWPCReport
 from wattflow.service import config as service_config
 
 pytest.importorskip("kubernetes")
@@ -415,3 +416,45 @@ def scrape(url: str) -> str:
             return str(response.read().decode())
     except OSError:
         return ""
+
+
+def pod_uid(seed: str) -> str:
+    digits = container_id(seed)
+    return "-".join(digits[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
+
+
+def two_pods_with_an_app_container() -> list[dict[str, Any]]:
+    return [
+        {
+            "metadata": {"name": f"api-{n}", "namespace": "shop", "uid": pod_uid(n)},
+            "status": {"containerStatuses": [
+                {"name": "app", "image": "app:1", "containerID": f"cri-o://{container_id(n)}"}
+            ]},
+        }
+        for n in ("a", "b")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["powerapi-2.10", "wattflow"])
+def test_two_pods_containers_of_one_name_in_one_tick(layout: str) -> None:
+    pre = K8sPreProcessor(K8sConfig(puller="p", layout=layout))
+    for pod in two_pods_with_an_app_container():
+        pre.cache.put_pod(pod)
+    paths = [f"/kubepods/besteffort/pod{pod_uid(n)}/crio-{container_id(n)}" for n in ("a", "b")]
+    reports = [
+        HWPCReport.model_validate(
+            {"timestamp": 1_767_225_600_000, "sensor": "node-1", "target": path,
+             "groups": {"core": {"0": {"0": {"CYCLES": 1}}}}}
+        )
+        for path in paths
+    ]  # fmt: skip
+    processed, dropped = pre.process(reports)
+    kept = [r for r in processed if isinstance(r, HWPCReport)]
+    if layout == "powerapi-2.10":
+        assert [r.target for r in kept] == ["app"]
+        assert kept[0].metadata["k8s"]["pod_name"] == "api-a"
+        assert dropped == {NAME_TAKEN: 1}
+    else:
+        assert [r.target for r in kept] == paths
+        assert [r.metadata["k8s_pod_name"] for r in kept] == ["api-a", "api-b"]
+        assert not dropped

@@ -45,6 +45,10 @@ LAYOUT_POWERAPI = "powerapi-2.10"
 LAYOUT_WATTFLOW = "wattflow"
 UNKNOWN_CONTAINER = "k8s: container unknown to the API (a pause container, or a pod not listed)"
 """The reason the PowerAPI 2.10 layout gives for the reports it lets go."""
+NAME_TAKEN = "k8s: container name already a target of this tick (another pod's container)"
+"""The PowerAPI 2.10 layout makes a container's name the target, and names are not unique
+across pods: the second report of one name in a tick is let go, counted, where SmartWatts
+2.4.1 keeps one of the two without a word."""
 FLAT_KEYS = ("k8s_pod_namespace", "k8s_pod_name", "k8s_container_name", "k8s_container_image")
 """The metadata keys of wattflow's layout: each fixed for the life of its container, so outputs
 may make them tags or labels without adding series beyond the targets themselves."""
@@ -219,7 +223,8 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         """Whether this target is one the layout renames, enriches or lets go."""
         if self.powerapi_layout:
             return target.startswith("/kubepods")  # PowerAPI 2.10's own test
-        return resolve_cgroup(target).kind == "pod"
+        # Any container the resolver finds: the cache holds only pods' containers.
+        return resolve_cgroup(target).container_id is not None
 
     def _touches(self, batch: Batch) -> bool:
         for item in batch:
@@ -237,12 +242,18 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         if not self._touches(batch):
             return batch, dropped
         kept: list[Report] = []
+        taken: set[tuple[Any, str, str]] = set()
         for report in expand(batch):
             named = self._named(report)
             if named is None:
                 dropped[UNKNOWN_CONTAINER] += 1
-            else:
-                kept.append(named)
+                continue
+            key = (named.timestamp, named.sensor, named.target)
+            if self.powerapi_layout and named is not report and key in taken:
+                dropped[NAME_TAKEN] += 1
+                continue
+            taken.add(key)
+            kept.append(named)
         self.dropped.update(dropped)
         return kept, dropped
 
