@@ -458,3 +458,23 @@ def test_two_pods_containers_of_one_name_in_one_tick(layout: str) -> None:
         assert [r.target for r in kept] == paths
         assert [r.metadata["k8s_pod_name"] for r in kept] == ["api-a", "api-b"]
         assert not dropped
+
+
+def test_check_lists_this_nodes_pods_or_says_why_not(api: KubeApiReplay, tmp_path: Path) -> None:
+    source = tmp_path / "hwpc.jsonl"
+    source.write_text(hwpc_lines(1))
+    dead = f"http://127.0.0.1:{free_port()}"
+    runs = {}
+    for host in (api.url, dead):
+        runs[host] = wattflow(
+            "check", "--input", "jsonl", "--files", str(source),
+            "--output", "jsonl", "--file", str(tmp_path / "out.jsonl"),
+            "--pre-processor", "k8s", "-a", "manual", "-h", host, "-p", "puller_jsonl",
+            "--node-name", NODE, env={"COLUMNS": "300"},  # one table row a line
+        )  # fmt: skip
+    works, fails = runs[api.url], runs[dead]
+    assert works.returncode == 0, works.stdout + works.stderr
+    assert "2 pods on node worker-1 (4 containers)" in " ".join(works.stdout.split())
+    assert fails.returncode == 1, fails.stdout + fails.stderr
+    assert "listing the pods of node worker-1" in " ".join(fails.stdout.split())
+    assert "Traceback" not in works.stderr + fails.stderr

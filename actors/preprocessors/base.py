@@ -68,6 +68,14 @@ class PreProcessor(ABC, Generic[C]):
         """Fail (a :class:`~wattflow.formats.errors.WattflowError`, exit 2) when it cannot
         work here, before the pipeline starts."""
 
+    async def probe(self) -> str:
+        """Contact what it reads from, for ``wattflow check``: one line of what it found.
+
+        Raises:
+            WattflowError: it cannot work here.
+        """
+        return "nothing to contact"
+
     async def start(self) -> None:
         """Start what it reads from (the k8s pre-processor's watch of the pods)."""
 

@@ -23,6 +23,7 @@ official client, this node's only (:mod:`wattflow.actors.preprocessors.pods`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections import Counter
@@ -33,7 +34,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from wattflow.actors.preprocessors import preprocessors
 from wattflow.actors.preprocessors.base import Batch, PreProcessor, PreProcessorConfig
-from wattflow.actors.preprocessors.pods import PodCache, PodContainer, PodWatcher
+from wattflow.actors.preprocessors.pods import PodCache, PodContainer, PodWatcher, containers_of
 from wattflow.formats.errors import WattflowError
 from wattflow.formats.frames import HWPCFrame, expand
 from wattflow.formats.reports import Report
@@ -52,6 +53,8 @@ across pods: the second report of one name in a tick is let go, counted, where S
 FLAT_KEYS = ("k8s_pod_namespace", "k8s_pod_name", "k8s_container_name", "k8s_container_image")
 """The metadata keys of wattflow's layout: each fixed for the life of its container, so outputs
 may make them tags or labels without adding series beyond the targets themselves."""
+PROBE_TIMEOUT_S = 10.0
+"""Longest wait for ``wattflow check``'s list of pods."""
 LOGGED_TARGETS = 1024
 """Targets of unknown containers logged, at most."""
 
@@ -192,6 +195,20 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
             )
         self._api = api_factory(self.config)()
 
+    async def probe(self) -> str:
+        """List this node's pods once, as the watcher will (``wattflow check``)."""
+        await self.check()
+        api, node = self._api, self.config.node()
+        try:
+            pods = await asyncio.to_thread(list_pods, api, f"spec.nodeName={node}")
+        except Exception as error:  # the API's errors and the network's, said in one line
+            status = getattr(error, "status", None)
+            reason = f"HTTP {status} {getattr(error, 'reason', '')}" if status else str(error)
+            raise WattflowError(f"listing the pods of node {node}: {reason.strip()}") from None
+        containers = sum(len(containers_of(pod)) for pod in pods)
+        host = api.api_client.configuration.host
+        return f"{len(pods)} pods on node {node} ({containers} containers) at {host}"
+
     async def start(self) -> None:
         """Start watching, and wait up to ``startup_wait_s`` for the first list."""
         node = self.config.node()
@@ -307,6 +324,18 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
             figures["watches_total"] = float(watcher.stats.watches)
             figures["watch_failures_total"] = float(sum(watcher.stats.failures.values()))
         return figures
+
+
+def list_pods(api: Any, field_selector: str) -> list[dict[str, Any]]:
+    """The pods a field selector takes, as the API's JSON (blocking)."""
+    response = api.list_pod_for_all_namespaces(
+        field_selector=field_selector, _preload_content=False, _request_timeout=PROBE_TIMEOUT_S
+    )
+    try:
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    finally:
+        response.release_conn()
+    return items
 
 
 def powerapi_metadata(container: PodContainer) -> dict[str, Any]:
