@@ -21,7 +21,7 @@ targets themselves, and those expire with their target as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from wattflow.formats.frames import Frame, PowerFrame
@@ -40,21 +40,41 @@ def target_labels(target: str) -> dict[str, str] | None:
     return resolved.labels()
 
 
+Labeller = Callable[[str], Mapping[str, str] | None]
+"""More names for a target, from outside the cgroup path (the k8s pre-processor's pod names
+from the Kubernetes API), or ``None``."""
+
+
 class TargetNaming:
     """Adds the name labels to the PowerReports and PowerFrames of a formula's output.
 
-    Reports are rebuilt, never changed in place: a formula's report may still be held by the
-    formula or by another stage.
+    ``resolver``: the resolver's labels (``--target-names on``); ``extra``: the labellers of
+    the pre-processors that name outputs (``--pre-processor k8s``'s wattflow layout), whose
+    keys are added to the same reports. Reports are rebuilt, never changed in place: a
+    formula's report may still be held by the formula or by another stage.
     """
+
+    def __init__(self, *, resolver: bool = True, extra: Sequence[Labeller] = ()) -> None:
+        self.resolver = resolver
+        self.extra = tuple(extra)
+
+    def labels(self, target: str) -> dict[str, str] | None:
+        """Every label ``target``'s reports gain, or ``None`` for none."""
+        labels = target_labels(target) if self.resolver else None
+        for labeller in self.extra:
+            more = labeller(target)
+            if more:
+                labels = {**(labels or {}), **more}
+        return labels
 
     def __call__(self, items: Sequence[Report | Frame]) -> list[Report | Frame]:
         return [self._named(item) for item in items]
 
     def _named(self, item: Report | Frame) -> Report | Frame:
         if isinstance(item, PowerFrame):
-            return _named_frame(item)
+            return _named_frame(item, self.labels)
         if isinstance(item, PowerReport):
-            labels = target_labels(item.target)
+            labels = self.labels(item.target)
             if labels is None:
                 return item
             return PowerReport.trusted(
@@ -67,13 +87,13 @@ class TargetNaming:
         return item
 
 
-def _named_frame(frame: PowerFrame) -> PowerFrame:
+def _named_frame(frame: PowerFrame, labels_of: Labeller) -> PowerFrame:
     """The frame with each named row's labels as its own metadata (the frame's
     ``report_metadata``, which comes before the columns); the frame itself where no row is
     named, so SmartWatts' frames of unnamed targets stay on the outputs' column path."""
     codes = frame.targets.tolist()
-    by_code: dict[int, dict[str, str] | None] = {
-        code: target_labels(frame.target_names[code]) for code in set(codes)
+    by_code: dict[int, Mapping[str, str] | None] = {
+        code: labels_of(frame.target_names[code]) for code in set(codes)
     }
     if not any(by_code.values()):
         return frame

@@ -272,8 +272,7 @@ class Pipeline:
         self._pushers_by_kind: dict[str, list[PusherActor]] = {}
         self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
         self._wire_second_stage()
-        if name_targets:
-            self._name_targets()
+        self._name_targets(name_targets, pre_processors)
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
@@ -509,11 +508,17 @@ class Pipeline:
             actor.dispatch = dispatch
             actor.on_done = done
 
-    def _name_targets(self) -> None:
+    def _name_targets(
+        self, name_targets: bool, pre_processors: Sequence[PreProcessor[Any]]
+    ) -> None:
         """Put :class:`~wattflow.actors.naming.TargetNaming` between every formula and what
         takes its output (the outputs, and the formulas that read other formulas'), so that
-        every output and every reader sees the same names."""
-        naming = TargetNaming()
+        every output and every reader sees the same names: the resolver's (``name_targets``)
+        and those of the pre-processors that name outputs (the k8s one's pods)."""
+        labellers = [p.output_labels for p in pre_processors if p.names_outputs]
+        if not name_targets and not labellers:
+            return
+        naming = TargetNaming(resolver=name_targets, extra=labellers)
         for actor in self.formulas:
             actor.dispatch = _named(naming, actor.dispatch)
 

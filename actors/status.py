@@ -81,8 +81,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge",
         ("pre_processor", "figure"),
         "A pre-processor's own figures: for k8s, containers (cached), containers_evicted_total, "
-        "reports_named_total, reports_unknown_container_total, lists_total, watches_total, "
-        "watch_failures_total.",
+        "lists_total, watches_total, watch_failures_total, and reports_named_total, "
+        "reports_unknown_container_total (PowerAPI 2.10 layout) or targets_named, "
+        "targets_unknown_container (wattflow's).",
     ),
     "wattflow_reports_unrequested_total": (
         "counter",

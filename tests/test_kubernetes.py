@@ -23,6 +23,7 @@ from wattflow.actors.preprocessors.k8s import NAME_TAKEN, K8sConfig, K8sPreProce
 from wattflow.actors.preprocessors.pods import PodCache, PodWatcher, containers_of
 from wattflow.actors.runtime import Backoff
 from wattflow.formats.errors import WattflowError
+from wattflow.formats.powerapi import read_hwpc_csv
 from wattflow.formats.reports import HWPCReport
 from wattflow.service import config as service_config
 
@@ -354,60 +355,106 @@ def test_the_powerapi_layout_names_containers_and_counts_what_it_drops(
     assert all("k8s" not in r["metadata"] for r in reports if r["target"] in ("all", DOCKER))
 
 
-def test_the_wattflow_layout_keeps_every_target_and_adds_flat_keys(
+def test_the_wattflow_layout_leaves_the_input_as_it_came(
     api: KubeApiReplay, tmp_path: Path
 ) -> None:
     reports, log = run_with_k8s(api, tmp_path)
-    assert sorted({r["target"] for r in reports}) == sorted(TARGETS)
-    assert len(reports) == len(TARGETS) * 3
+    assert [(r["target"], r["metadata"]) for r in reports] == [
+        (json.loads(line)["target"], {}) for line in hwpc_lines().splitlines()
+    ]
     assert "dropped=0" in log
-    by_target = {r["target"]: r["metadata"] for r in reports}
-    assert by_target[COREDNS] == {
-        "k8s_pod_namespace": "kube-system",
-        "k8s_pod_name": "coredns-668d6bf9bc-7wq5m",
-        "k8s_container_name": "coredns",
-        "k8s_container_image": "registry.k8s.io/coredns/coredns:v1.11.3",
-    }
-    assert by_target[NGINX]["k8s_container_name"] == "nginx"
-    assert by_target[PAUSE] == by_target[ELSEWHERE] == by_target[DOCKER] == {}
+
+
+SMARTWATTS_INPUT = Path(__file__).parent / "data" / "smartwatts-2.4.1" / "input"
+IN_PODS = {"web-frontend": NGINX, "postgres": COREDNS, "ml-training": PAUSE}
+"""SmartWatts' recording, its containers moved into pods: two the API names, and one it does
+not (a pause container's cgroup)."""
+SMARTWATTS_FLAGS = [
+    "--cpu-base-freq", "2100", "--cpu-tdp", "400", "--sensor-reports-frequency", "1000",
+    "--learn-min-samples-required", "10", "--learn-history-window-size", "20",
+]  # fmt: skip
+
+
+def kube_recording(path: Path) -> tuple[Path, int]:
+    """SmartWatts' recording as hwpc-sensor's JSON lines on a Kubernetes node; and the
+    number of the pause container's reports."""
+    files = [SMARTWATTS_INPUT / name for name in ("rapl.csv", "msr.csv", "core.csv")]
+    pause = 0
+    with path.open("w") as out:
+        for report in read_hwpc_csv(files):
+            assert isinstance(report, HWPCReport)
+            target = IN_PODS.get(report.target, report.target)
+            pause += target == PAUSE
+            out.write(report.model_copy(update={"target": target}).model_dump_json() + "\n")
+    return path, pause
+
+
+@pytest.mark.parametrize("compat", [False, True], ids=["wattflow", "powerapi-2.10"])
+def test_smartwatts_power_of_pods_in_both_layouts(
+    api: KubeApiReplay, tmp_path: Path, compat: bool
+) -> None:
+    source, pause = kube_recording(tmp_path / "hwpc.jsonl")
+    power = tmp_path / "power.jsonl"
+    done = wattflow(
+        "run", "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--file", str(power),
+        "--pre-processor", "k8s", "-a", "manual", "-h", api.url, "-p", "puller_jsonl",
+        "--node-name", NODE, *SMARTWATTS_FLAGS, *(["--compat", "smartwatts-2.4"] if compat else []),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reports = [json.loads(line) for line in power.read_text().splitlines()]
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for report in reports:
+        by_target.setdefault(report["target"], []).append(report)
+    if compat:  # PowerAPI 2.10's layout: the containers' names, the pause container let go
+        assert {"nginx", "coredns"} <= set(by_target)
+        assert not {NGINX, COREDNS, PAUSE} & set(by_target)
+        assert {r["metadata"]["k8s"]["pod_name"] for r in by_target["nginx"]} == {
+            "web-7d9f8b6c5d-x2x9k"
+        }
+        assert f"dropped={pause}" in done.stderr
+        return
+    assert {NGINX, COREDNS, PAUSE} <= set(by_target)  # every target kept
+    for report in by_target[NGINX]:
+        assert report["metadata"]["k8s_pod_name"] == "web-7d9f8b6c5d-x2x9k"
+        assert report["metadata"]["k8s_container_name"] == "nginx"
+        assert report["metadata"]["pod_uid"] == WEB_UID  # the resolver's names beside them
+        assert report["metadata"]["scope"] in ("cpu", "dram")
+    assert {r["metadata"]["k8s_pod_namespace"] for r in by_target[COREDNS]} == {"kube-system"}
+    assert not any("k8s_pod_name" in r["metadata"] for r in by_target[PAUSE])
+    assert "dropped=0" in done.stderr
 
 
 def test_pods_label_their_prometheus_series(api: KubeApiReplay, tmp_path: Path) -> None:
-    """What the Grafana recipe queries: a pod's container's series carries its namespace, pod,
-    container and image as labels. (PowerReports read from a file reach the output as they
-    are: the naming step that adds ``pod_uid``… runs on the formulas' output only.)"""
-    source, port = tmp_path / "power.jsonl", free_port()
-    lines = [
-        {"timestamp": 1_767_225_600_000, "sensor": "node-1", "target": target, "power": watts,
-         "metadata": {"scope": "cpu", "socket": -1}}
-        for target, watts in ((NGINX, 3.5), (COREDNS, 1.25), (PAUSE, 0.5))
-    ]  # fmt: skip
-    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
+    """What the Grafana recipe queries: SmartWatts' power of a pod's container, in a live
+    service, labelled with its namespace, pod, container and image."""
+    source, _ = kube_recording(tmp_path / "hwpc.jsonl")
+    port = free_port()
     with Service(
         tmp_path / "service.log",
-        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source), "--follow",
+        "run", "--input", "jsonl", "--files", str(source), "--follow",
         "--output", "prometheus", "--port", str(port),
         "--pre-processor", "k8s", "-a", "manual", "-h", api.url, "-p", "puller_jsonl",
-        "--node-name", NODE, *disable,
+        "--node-name", NODE, *SMARTWATTS_FLAGS,
     ) as service:  # fmt: skip
         url = f"http://127.0.0.1:{port}/metrics"
         wait_until(lambda: service.alive() and 'k8s_pod_name="' in scrape(url), 60, "pod labels")
         text = scrape(url)
         service.stop()
-    (nginx,) = [line for line in text.splitlines() if line.startswith("wattflow_power_watts{")
-                and 'k8s_container_name="nginx"' in line]  # fmt: skip
-    for label in (
-        'k8s_pod_namespace="shop"',
-        'k8s_pod_name="web-7d9f8b6c5d-x2x9k"',
-        'k8s_container_image="docker.io/library/nginx:1.27"',
-        'scope="cpu"',
-    ):
-        assert label in nginx, nginx
-    assert nginx.endswith(" 3.5")
-    (pause,) = [line for line in text.splitlines() if line.startswith("wattflow_power_watts{")
-                and container_id("web-pause") in line]  # fmt: skip
-    assert 'k8s_pod_name=""' in pause  # kept, under its path, without a pod's names
+    series = [line for line in text.splitlines() if line.startswith("wattflow_power_watts{")]
+    nginx = [line for line in series if 'k8s_container_name="nginx"' in line]
+    assert nginx
+    for line in nginx:
+        for label in (
+            'k8s_pod_namespace="shop"',
+            'k8s_pod_name="web-7d9f8b6c5d-x2x9k"',
+            'k8s_container_image="docker.io/library/nginx:1.27"',
+            f'pod_uid="{WEB_UID}"',
+        ):
+            assert label in line, line
+    pause = [line for line in series if container_id("web-pause") in line]
+    assert pause
+    assert all('k8s_pod_name=""' in line for line in pause)  # kept, without a pod's names
 
 
 def scrape(url: str) -> str:
@@ -454,10 +501,11 @@ def test_two_pods_containers_of_one_name_in_one_tick(layout: str) -> None:
         assert [r.target for r in kept] == ["app"]
         assert kept[0].metadata["k8s"]["pod_name"] == "api-a"
         assert dropped == {NAME_TAKEN: 1}
-    else:
-        assert [r.target for r in kept] == paths
-        assert [r.metadata["k8s_pod_name"] for r in kept] == ["api-a", "api-b"]
+    else:  # the input as it came; the formulas' reports of each path get its own pod's names
+        assert processed is reports
         assert not dropped
+        names = [pre.output_labels(path) for path in paths]
+        assert [n and n["k8s_pod_name"] for n in names] == ["api-a", "api-b"]
 
 
 def test_check_lists_this_nodes_pods_or_says_why_not(api: KubeApiReplay, tmp_path: Path) -> None:

@@ -86,6 +86,15 @@ class PreProcessor(ABC, Generic[C]):
     def process(self, batch: Batch) -> tuple[Batch, Counter[str]]:
         """The batch as the formulas should see it, and the reports let go by reason."""
 
+    names_outputs: bool = False
+    """Whether it names the formulas' output (:meth:`output_labels`) rather than, or besides,
+    its input's reports."""
+
+    def output_labels(self, target: str) -> dict[str, str] | None:
+        """Keys for the formulas' reports of ``target``
+        (:class:`~wattflow.actors.naming.TargetNaming` adds them), or ``None``."""
+        return None
+
     def metrics(self) -> dict[str, float]:
         """Its own figures for ``/metrics`` (``wattflow_pre_processor_<key>``)."""
         return {}

@@ -8,12 +8,16 @@ PowerAPI 2.10's group, flags, JSON keys and variables are taken unchanged
 report of a container the API does not name (a pod's pause container, a pod not yet listed) is
 let go. Every other target passes unchanged.
 
-wattflow's own layout (``--layout wattflow``) keeps the target, so that two pods' containers
-of the same name stay two series and a dashboard built on cgroup paths keeps working, adds
-flat keys (``k8s_pod_namespace``, ``k8s_pod_name``, ``k8s_container_name``,
-``k8s_container_image``, those PowerAPI's next release adds) that every output can carry as
-tags or labels, and never lets a report go: a pause container's or an unknown pod's energy is
-still part of the node's, under its path.
+wattflow's own layout (``--layout wattflow``) leaves the input as it is and names the
+formulas' output instead (:class:`~wattflow.actors.naming.TargetNaming` asks
+:meth:`K8sPreProcessor.output_labels`): the target is kept, so that two pods' containers of the
+same name stay two series and a dashboard built on cgroup paths keeps working; flat keys
+(``k8s_pod_namespace``, ``k8s_pod_name``, ``k8s_container_name``, ``k8s_container_image``,
+those PowerAPI's next release adds) go on the CPU, DRAM and GPU power alike, for every output
+to carry as tags or labels; nothing is let go (a pause container's or an unknown pod's energy
+is still part of the node's, under its path); and hwpc-sensor's frames keep their fast path
+(naming the input would turn each into reports: 25 µs a report, three times the live path's
+whole cost).
 
 The container ID is read from the cgroup path by the one resolver every target goes through
 (:func:`wattflow.formats.targets.resolve_cgroup`); the pods come from the API through the
@@ -176,12 +180,15 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         super().__init__(config)
         layout = config.layout or (LAYOUT_POWERAPI if compat else LAYOUT_WATTFLOW)
         self.powerapi_layout = layout == LAYOUT_POWERAPI
+        self.names_outputs = not self.powerapi_layout
         self.cache = PodCache(config.max_containers)
         self.watcher: PodWatcher | None = None
         self._api: Any = None
         self.named = 0
         """Reports whose container the API named."""
         self._logged: set[str] = set()
+        self._named_targets: set[str] = set()
+        self._unknown_targets: set[str] = set()
         self.unknown = 0
         """Reports of a pod's container the API did not name (kept, or let go under the
         PowerAPI 2.10 layout)."""
@@ -237,11 +244,27 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
             self.watcher.stop()
 
     def _concerns(self, target: str) -> bool:
-        """Whether this target is one the layout renames, enriches or lets go."""
-        if self.powerapi_layout:
-            return target.startswith("/kubepods")  # PowerAPI 2.10's own test
-        # Any container the resolver finds: the cache holds only pods' containers.
-        return resolve_cgroup(target).container_id is not None
+        """Whether the PowerAPI 2.10 layout renames or lets go this target (its own test)."""
+        return target.startswith("/kubepods")
+
+    def output_labels(self, target: str) -> dict[str, str] | None:
+        """wattflow's layout: the pod's names for the formulas' reports of a container the
+        API names (any container the resolver finds: the cache holds only pods' ones)."""
+        container_id = resolve_cgroup(target).container_id
+        if container_id is None:
+            return None
+        container = self.cache.get(container_id)
+        if container is None:
+            self._count(self._unknown_targets, target)
+            self._say_unknown(target, container_id)
+            return None
+        self._count(self._named_targets, target)
+        return flat(container)
+
+    def _count(self, targets: set[str], target: str) -> None:
+        """Distinct targets named or not, for ``/metrics``, up to a bound."""
+        if len(targets) < self.config.max_containers:
+            targets.add(target)
 
     def _touches(self, batch: Batch) -> bool:
         for item in batch:
@@ -253,10 +276,13 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         return False
 
     def process(self, batch: Batch) -> tuple[Batch, Counter[str]]:
-        """Reports of pods' containers named; a frame that holds one becomes its reports
-        (they carry metadata now, which frames do not), the others pass as they came."""
+        """The PowerAPI 2.10 layout: reports of pods' containers renamed or let go; a frame
+        that holds one becomes its reports (they carry metadata now, which frames do not), the
+        others pass as they came. wattflow's layout leaves the input as it is (and names the
+        formulas' output instead: :meth:`output_labels`), so hwpc-sensor's frames keep their
+        fast path."""
         dropped: Counter[str] = Counter()
-        if not self._touches(batch):
+        if not self.powerapi_layout or not self._touches(batch):
             return batch, dropped
         kept: list[Report] = []
         taken: set[tuple[Any, str, str]] = set()
@@ -266,7 +292,7 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
                 dropped[UNKNOWN_CONTAINER] += 1
                 continue
             key = (named.timestamp, named.sensor, named.target)
-            if self.powerapi_layout and named is not report and key in taken:
+            if named is not report and key in taken:
                 dropped[NAME_TAKEN] += 1
                 continue
             taken.add(key)
@@ -282,16 +308,14 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         if container is None:
             self.unknown += 1
             self._say_unknown(report.target, container_id)
-            return None if self.powerapi_layout else report
+            return None
         self.named += 1
-        if self.powerapi_layout:
-            return report.model_copy(
-                update={
-                    "target": container.container_name,
-                    "metadata": {**report.metadata, "k8s": powerapi_metadata(container)},
-                }
-            )
-        return report.model_copy(update={"metadata": {**report.metadata, **flat(container)}})
+        return report.model_copy(
+            update={
+                "target": container.container_name,
+                "metadata": {**report.metadata, "k8s": powerapi_metadata(container)},
+            }
+        )
 
     def _say_unknown(self, target: str, container_id: str | None) -> None:
         """Log each target whose container the API does not name, once (up to
@@ -300,7 +324,7 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         if target in self._logged or len(self._logged) >= LOGGED_TARGETS:
             return
         self._logged.add(target)
-        what = "let go" if self.powerapi_layout else "kept as it is"
+        what = "let go" if self.powerapi_layout else "not named"
         logger.info(
             "%s: container %s is not one of node %s's pods the API named (a pause container, "
             "or a pod not listed yet): reports of %s %s",
@@ -316,9 +340,13 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         figures = {
             "containers": float(len(self.cache)),
             "containers_evicted_total": float(self.cache.evicted),
-            "reports_named_total": float(self.named),
-            "reports_unknown_container_total": float(self.unknown),
         }
+        if self.powerapi_layout:
+            figures["reports_named_total"] = float(self.named)
+            figures["reports_unknown_container_total"] = float(self.unknown)
+        else:
+            figures["targets_named"] = float(len(self._named_targets))
+            figures["targets_unknown_container"] = float(len(self._unknown_targets))
         if watcher is not None:
             figures["lists_total"] = float(watcher.stats.lists)
             figures["watches_total"] = float(watcher.stats.watches)
