@@ -23,7 +23,9 @@ the model can be read back whole. (PowerAPI 2.10 defines this point but fails to
 
 wattflow's own kinds: GPUReport → ``gpu``, one point per device (tag ``device``), each numeric
 reading a field, absent readings left out; MeterReport → ``meter``, one point per channel (tag
-``channel``, field ``power_mw``); EventReport → ``event``, field ``event`` (and ``data``).
+``channel``, field ``power_mw``); EventReport → ``event``, field ``event`` (and ``data``);
+TargetEnergyReport → ``target_energy``, tags ``sensor``, ``target``, ``reason`` and the
+workload's names, fields ``cpu_j``, ``dram_j``, ``gpu_j``, ``start_ms`` and ``duration_s``.
 
 Times are Unix milliseconds: write them with ``precision=ms``. Everything here is pure: no I/O.
 """
@@ -46,6 +48,7 @@ from wattflow.formats.reports import (
     MeterReport,
     PowerReport,
     Report,
+    TargetEnergyReport,
     to_millis,
 )
 
@@ -375,9 +378,26 @@ def _other_lines(
     elif isinstance(report, EventReport):
         tags = {"sensor": report.sensor, "target": report.target}
         found = [point("event", tags, {"event": report.event, "data": report.data}, millis)]
+    elif isinstance(report, TargetEnergyReport):
+        found = [_target_energy_line(report, millis)]
     else:
         raise ValueError(f"no InfluxDB point layout for {report.kind}")
     return [line for line in found if line is not None]
+
+
+def _target_energy_line(report: TargetEnergyReport, millis: int) -> str | None:
+    """A workload's record: its names as tags (one value each for the workload's life), its
+    energy per scope, in J, and its span as fields."""
+    tags = {
+        "sensor": report.sensor,
+        "target": report.target,
+        "reason": report.reason,
+        **flatten_tags(report.metadata),
+    }
+    fields: dict[str, Any] = {f"{scope}_j": float(j) for scope, j in report.energy.items()}
+    fields["start_ms"] = to_millis(report.start)
+    fields["duration_s"] = (report.end - report.start).total_seconds()
+    return point("target_energy", tags, fields, millis)
 
 
 Request = tuple[list[Report], list[str]]

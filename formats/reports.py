@@ -8,6 +8,7 @@ why formulas build their outputs with :meth:`Report.trusted`.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
@@ -424,6 +425,35 @@ class EventReport(Report):
     )
 
 
+EnergyScope = Literal["cpu", "dram", "gpu"]
+EndReason = Literal["silent", "gone", "evicted", "running"]
+
+
+def _finite_joules(energy: dict[str, float]) -> dict[str, float]:
+    for scope, joules in energy.items():
+        if not math.isfinite(joules) or joules < 0:
+            raise ValueError(f"energy of {scope}: {joules!r} is not a finite, non-negative J")
+    return energy
+
+
+class TargetEnergyReport(Report):
+    """A workload's energy once it has ended (wattflow's own, from the ``energy`` formula):
+    a Slurm job, a pod's container, a VM, a container or a service, named by ``target`` as
+    the naming step names it (``slurm/1234``), with its names in ``metadata``."""
+
+    kind: ClassVar[str] = "TargetEnergyReport"
+    start: Timestamp = Field(description="Start of the first interval it drew power in.")
+    end: Timestamp = Field(description="End of the last interval it drew power in.")
+    energy: Annotated[dict[EnergyScope, float], AfterValidator(_finite_joules)] = Field(
+        description="Energy per scope (cpu, dram, gpu), in J."
+    )
+    reason: EndReason = Field(
+        description="Why it was reported: silent (no report for the configured time), gone "
+        "(its cgroups no longer exist), evicted (more workloads than the formula keeps), "
+        "running (the service stopped first: its energy so far)."
+    )
+
+
 REPORT_KINDS: dict[str, type[Report]] = {
     cls.kind: cls
     for cls in (
@@ -434,6 +464,7 @@ REPORT_KINDS: dict[str, type[Report]] = {
         GPUReport,
         MeterReport,
         EventReport,
+        TargetEnergyReport,
     )
 }
 """Every report kind by the name PowerAPI's ``--model`` flag uses."""

@@ -21,7 +21,13 @@ from rich.table import Table
 from wattflow.actors.exporters import exporters
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.reports import EventName, EventReport, Report, report_kind
+from wattflow.formats.reports import (
+    EventName,
+    EventReport,
+    Report,
+    TargetEnergyReport,
+    report_kind,
+)
 from wattflow.formats.runs import (
     RecordedSystem,
     Run,
@@ -39,6 +45,7 @@ KIND_BY_PAYLOAD = (
     ("devices", "GPUReport"),
     ("channels", "MeterReport"),
     ("event", "EventReport"),
+    ("energy", "TargetEnergyReport"),
     ("usage", "ProcfsReport"),
 )
 """A JSON report's kind, told by its payload's key (PowerAPI's JSON layout names no kind)."""
@@ -261,7 +268,7 @@ def _parameters(pairs: Sequence[str]) -> dict[str, float]:
 
 
 def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
-    """``wattflow runs import|list|show|mark``."""
+    """``wattflow runs import|list|show|energy|mark``."""
     console = console or Console()
     parser = _Parser(prog="wattflow runs")
     parser.add_argument("--store", help="sqlite:///path or mongodb://host/db (default: "
@@ -287,6 +294,11 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     showing = commands.add_parser("show", help="one run in detail")
     showing.add_argument("run", help="experiment/benchmark/settings/repetition")
     showing.add_argument("--store", dest="store_", default=None)
+    energy = commands.add_parser(
+        "energy", help="each workload's energy, as the energy formula reported it when it ended"
+    )
+    energy.add_argument("run", help="experiment/benchmark/settings/repetition")
+    energy.add_argument("--store", dest="store_", default=None)
     marking = commands.add_parser("mark", help="record an event in a run, now")
     marking.add_argument("event", choices=EVENT_NAMES)
     marking.add_argument("data", nargs="?", help="the event's index (an epoch number, say)")
@@ -325,20 +337,57 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
                 )
                 for run in store.runs(args.experiment, args.benchmark)
             ]
-            if console.is_terminal:
-                table = Table(*header)
-                for row in rows:
-                    table.add_row(*row)
-                console.print(table)
-            else:  # for scripts: one run per line, tab-separated
-                for row in (header, *rows):
-                    print("\t".join(row))
+            print_rows(console, header, rows)
         elif args.action == "show":
             show(store, store.get(args.run), console)
+        elif args.action == "energy":
+            print_rows(console, *workload_energy(store, store.get(args.run)))
         else:
             mark(store, args.event, args.data, args.run)
             console.print(f"marked {args.event}")
     return 0
+
+
+ENERGY_HEADER = (
+    "sensor", "workload", "kind", "start (UTC)", "end (UTC)", "duration s",
+    "cpu J", "dram J", "gpu J", "total J", "reason",
+)  # fmt: skip
+
+
+def workload_energy(store: RunStore, run: Run) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The run's TargetEnergyReports as rows (the energy formula's record of each workload
+    that ended), in the order they ended."""
+    rows = []
+    for report in store.reports(run, [TargetEnergyReport.kind]):
+        assert isinstance(report, TargetEnergyReport)
+        energy = report.energy
+        total = sum(energy.values())
+        rows.append(
+            (
+                report.sensor,
+                report.target,
+                str(report.metadata.get("target_kind", "")),
+                report.start.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                report.end.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                f"{(report.end - report.start).total_seconds():.3f}",
+                *(f"{energy.get(scope, 0.0):.3f}" for scope in ("cpu", "dram", "gpu")),
+                f"{total:.3f}",
+                report.reason,
+            )
+        )
+    return ENERGY_HEADER, rows
+
+
+def print_rows(console: Console, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table on a terminal; tab-separated lines, the header first, for scripts."""
+    if console.is_terminal:
+        table = Table(*header)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    for row in (header, *rows):
+        print("\t".join(row))
 
 
 def show(store: RunStore, run: Run, console: Console) -> None:

@@ -31,6 +31,7 @@ from tests.nvml_fake import (
     run_sampler,
     write_scenario,
 )
+from wattflow.actors.pullers.nvml.processes import cgroup_of
 
 PERIOD_US = 1_000_000
 STEPS = ((0, 100_000), (250_000, 250_000), (750_000, 100_000))
@@ -72,10 +73,11 @@ def micros(report: dict[str, Any]) -> int:
 
 
 def own_cgroup() -> str:
-    """This process's cgroup as /proc/self/cgroup states it: the v2 line, else the first."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    unified = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
-    return unified[0] if unified else lines[0].split(":", 2)[2]
+    """This process's cgroup as the NVML input picks it from /proc/self/cgroup: the v2
+    line; on v1, perf_event's, else the deepest (``processes.cgroup_of``)."""
+    picked = cgroup_of(Path("/proc/self/cgroup").read_text())
+    assert picked is not None
+    return picked
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from wattflow.actors.pullers.nvml.processes import cgroup_of
 from wattflow.formats.targets import (
     KINDS,
     LABEL_KEYS,
@@ -143,3 +144,21 @@ def test_unescape_and_hierarchy_prefix() -> None:
     assert path_of_line("12:cpu,cpuacct:/slurm/uid_1/job_2\n") == "/slurm/uid_1/job_2"
     assert path_of_line("0::/init.scope") == "/init.scope"
     assert path_of_line("/docker/x") == "/docker/x"
+
+
+def test_a_gpu_processs_cgroup_is_the_one_hwpc_sensor_names() -> None:
+    """The NVML input's pick among a process's cgroups: v2's line; on v1, perf_event's (the
+    hierarchy hwpc-sensor reads), else the deepest (Slurm's v1 jobs are in some controllers
+    only), so the GPU formula's target resolves as the CPU's does."""
+    v1 = (
+        "12:rdma:/\n11:cpuset:/slurm/uid_1001/job_123/step_0\n"
+        "4:perf_event:/slurm/uid_1001/job_123/step_0/task_1\n1:name=systemd:/system.slice\n"
+    )
+    assert cgroup_of(v1) == "/slurm/uid_1001/job_123/step_0/task_1"
+    no_perf = "12:rdma:/\n7:memory:/slurm/uid_1001/job_123/step_0/task_0\n5:pids:/user.slice\n"
+    assert cgroup_of(no_perf) == "/slurm/uid_1001/job_123/step_0/task_0"
+    assert resolve_cgroup(cgroup_of(no_perf) or "").job == "123"
+    assert cgroup_of("0::/system.slice/slurmstepd.scope/job_9/step_0/user/task_0\n") == (
+        "/system.slice/slurmstepd.scope/job_9/step_0/user/task_0"
+    )
+    assert cgroup_of("garbage") is None

@@ -7,6 +7,12 @@ from wattflow.actors.registry import Registry
 
 formulas: Registry[type[Formula[Any]]] = Registry("formula")
 
-from wattflow.actors.formulas import gpu, node, rapl, smartwatts  # noqa: E402 - register themselves
+from wattflow.actors.formulas import (  # noqa: E402 - register themselves
+    energy,
+    gpu,
+    node,
+    rapl,
+    smartwatts,
+)
 
-__all__ = ["formulas", "gpu", "node", "rapl", "smartwatts"]
+__all__ = ["energy", "formulas", "gpu", "node", "rapl", "smartwatts"]

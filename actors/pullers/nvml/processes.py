@@ -22,7 +22,10 @@ once closed is never reopened."""
 
 
 def read_cgroup(root: str, pid: int) -> str | None:
-    """The cgroup of a process: the unified (v2) hierarchy's path, else the first one listed.
+    """The cgroup of a process: the unified (v2) hierarchy's path; on cgroup v1, the
+    ``perf_event`` hierarchy's (the one hwpc-sensor reads, so that a process's GPU target is
+    the cgroup its CPU target is), else the deepest path listed (Slurm's v1 plugin builds the
+    job's directories in some controllers only, the others say ``/``).
 
     ``None`` when the process has gone or its file cannot be read: a process that ended
     between NVML's sample and this read still has its utilisation reported.
@@ -32,16 +35,23 @@ def read_cgroup(root: str, pid: int) -> str | None:
             text = file.read()
     except OSError:
         return None
-    first: str | None = None
+    return cgroup_of(text)
+
+
+def cgroup_of(text: str) -> str | None:
+    """The cgroup :func:`read_cgroup` picks from a ``/proc/<pid>/cgroup`` file's text."""
+    deepest: str | None = None
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         if parts[0] == "0" and parts[1] == "":
             return parts[2]
-        if first is None:
-            first = parts[2]
-    return first
+        if "perf_event" in parts[1].split(","):
+            return parts[2]
+        if deepest is None or parts[2].count("/") > deepest.count("/"):
+            deepest = parts[2]
+    return deepest
 
 
 def read_start_ticks(root: str, pid: int) -> int | None:

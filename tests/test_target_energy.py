@@ -1,0 +1,367 @@
+"""Targets named as users know them, the same for CPU, DRAM and GPU, and each workload's energy
+when it ends: the naming step (``actors/naming.py``) and the energy formula
+(``actors/formulas/energy.py``), on the bundled demo node's recordings turned into a shared
+Slurm node (two jobs, a Docker container, a service of no workload) and replayed through
+``wattflow run`` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, wattflow
+from wattflow.actors.formulas.base import Output
+from wattflow.actors.formulas.energy import EnergyConfig, EnergyFormula
+from wattflow.actors.naming import TargetNaming
+from wattflow.formats.frames import Column, PowerFrame
+from wattflow.formats.lineprotocol import lines
+from wattflow.formats.reports import PowerReport, Report, TargetEnergyReport
+from wattflow.formats.targets import LABEL_KEYS
+
+DEMO = ROOT / "service" / "data"
+JOB_CPU = "/system.slice/slurmstepd.scope/job_101/step_0/user/task_0"
+JOB_GPU = "/system.slice/slurmstepd.scope/job_101/step_0/user/task_1"
+"""Job 101's CPU task and the task that runs its GPU process: two cgroups, one job."""
+SHORT_JOB = "/system.slice/slurmstepd.scope/job_102/step_batch/user/task_0"
+"""Job 102 ends at :data:`SHORT_JOB_END` (its cgroup's reports and GPU process stop)."""
+SHORT_JOB_END = "2026-01-05T09:00:15"
+CONTAINER = "/system.slice/docker-" + "ab" * 32 + ".scope"
+FIRST_ATTRIBUTED = "2026-01-05T09:00:05"
+"""The first tick SmartWatts shares among the targets (its model needs 5 ticks first): the
+GPU recording is cut to start there, so that every source covers the same ticks."""
+
+
+def _second(timestamp: str) -> str:
+    """hwpc-sensor's tick rounded to the second (its ticks jitter by a millisecond or two),
+    so that its ticks, the GPU sampler's and the meter's intervals meet exactly."""
+    moment = datetime.fromisoformat(timestamp)
+    return datetime.fromtimestamp(round(moment.timestamp()), moment.tzinfo).isoformat(
+        timespec="milliseconds"
+    )
+
+
+def _hwpc(line: str) -> str | None:
+    report = json.loads(line)
+    report["timestamp"] = _second(report["timestamp"])
+    target = {"ml-training": JOB_CPU, "web-frontend": SHORT_JOB, "redis": CONTAINER}.get(
+        report["target"], report["target"]
+    )
+    if target == SHORT_JOB and report["timestamp"] > SHORT_JOB_END:
+        return None
+    report["target"] = target
+    return json.dumps(report)
+
+
+def _gpu(line: str, last: str) -> str | None:
+    report = json.loads(line)
+    if not FIRST_ATTRIBUTED <= report["timestamp"][:19] <= last:
+        return None
+    late = report["timestamp"][:19] > SHORT_JOB_END
+    for device in report["devices"].values():
+        processes = []
+        for process in device.get("processes") or []:
+            cgroup = {"/ml-training": JOB_GPU, "/web-frontend": SHORT_JOB}[process["cgroup"]]
+            if cgroup == SHORT_JOB and late:
+                continue
+            processes.append({**process, "cgroup": cgroup})
+        device["processes"] = processes
+    return json.dumps(report)
+
+
+@dataclass
+class Node:
+    """What ``wattflow run`` wrote for the shared node."""
+
+    power: list[dict[str, Any]]
+    energy: list[dict[str, Any]]
+    store: str
+    log: str
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Node:
+    out = tmp_path_factory.mktemp("shared-node")
+    hwpc = [_hwpc(line) for line in (DEMO / "demo-hwpc.jsonl").read_text().splitlines()]
+    hwpc_lines = [line for line in hwpc if line]
+    last = max(json.loads(line)["timestamp"][:19] for line in hwpc_lines)
+    gpu = [_gpu(line, last) for line in (DEMO / "demo-gpu.jsonl").read_text().splitlines()]
+    (out / "hwpc.jsonl").write_text("\n".join(hwpc_lines) + "\n")
+    (out / "gpu.jsonl").write_text("\n".join(line for line in gpu if line) + "\n")
+    store = f"sqlite:///{out / 'runs.db'}"
+    result = wattflow(
+        "run",
+        "--input", "jsonl", "--model", "HWPCReport", "--name", "hwpc",
+        "--files", str(out / "hwpc.jsonl"),
+        "--input", "jsonl", "--model", "GPUReport", "--name", "gpus",
+        "--files", str(out / "gpu.jsonl"),
+        "--input", "meter", "--name", "meter", "--files", str(DEMO / "demo-meter.csv"),
+        "--sensor", "demo-node",
+        "--output", "jsonl", "--model", "PowerReport", "--name", "power",
+        "--file", str(out / "power.jsonl"),
+        "--output", "jsonl", "--model", "TargetEnergyReport", "--name", "energy",
+        "--file", str(out / "energy.jsonl"),
+        "--learn-min-samples-required", "5",
+        "--target-energy", "--target-end-silence-s", "5",
+        "--run", "shared/node/jobs/1", "--store", store,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    read = [json.loads(line) for line in (out / "power.jsonl").read_text().splitlines()]
+    energy = [json.loads(line) for line in (out / "energy.jsonl").read_text().splitlines()]
+    return Node(read, energy, store, result.stderr)
+
+
+def _seconds(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp).timestamp()
+
+
+def test_a_jobs_cpu_dram_and_gpu_reports_carry_the_same_names(node: Node) -> None:
+    job = [p for p in node.power if p["metadata"].get("slurm_job") == "101"]
+    assert {p["metadata"]["scope"] for p in job} == {"cpu", "dram", "gpu"}
+    assert {p["target"] for p in job} == {JOB_CPU, JOB_GPU}  # targets stay the cgroups
+    names = {tuple(p["metadata"][key] for key in LABEL_KEYS) for p in job}
+    assert names == {("slurm_job", "slurm/101", "", "", "", "", "101", "")}
+    # the names come first, and nothing the formulas wrote is changed
+    cpu = next(p for p in job if p["metadata"]["scope"] == "cpu")
+    assert list(cpu["metadata"])[: len(LABEL_KEYS)] == list(LABEL_KEYS)
+    assert {"scope", "socket", "formula", "ratio"} <= set(cpu["metadata"])
+    container = {p["metadata"].get("container_id") for p in node.power if p["target"] == CONTAINER}
+    assert container == {"ab" * 32}
+    # targets that name no workload gain nothing: PowerAPI's documents stay as they were
+    for target in ("rapl", "global", "postgres", "gpu0", "node", "rest"):
+        rows = [p for p in node.power if p["target"] == target]
+        assert rows, target
+        assert not set(LABEL_KEYS) & {k for p in rows for k in p["metadata"]}, target
+
+
+def test_each_workload_is_reported_once_with_its_energy_per_scope(node: Node) -> None:
+    by_target = defaultdict(list)
+    for record in node.energy:
+        by_target[record["target"]].append(record)
+    assert set(by_target) == {
+        "slurm/101", "slurm/102", "docker/" + "ab" * 32, "postgres", "gpu0", "gpu1",
+    }  # fmt: skip
+    assert all(len(records) == 1 for records in by_target.values())
+    short = by_target["slurm/102"][0]
+    assert short["reason"] == "silent"  # ended in the stream's own time, not at the stop
+    assert short["end"].startswith(SHORT_JOB_END)
+    long = by_target["slurm/101"][0]
+    assert long["reason"] == "running"  # still running when the recording ended
+    assert all(long["energy"][scope] > 0 for scope in ("cpu", "dram", "gpu"))
+    assert long["metadata"]["slurm_job"] == "101"
+    # a record's energy is its reports' power over each tick of their scope
+    ticks: dict[str, list[float]] = defaultdict(list)
+    for p in node.power:
+        if p["metadata"].get("scope") in ("cpu", "dram", "gpu") and p["target"] != "rapl":
+            ticks[p["metadata"]["scope"]].append(_seconds(p["timestamp"]))
+    interval = {
+        scope: dict(zip(sorted(set(t))[1:], np.diff(sorted(set(t))), strict=True))
+        for scope, t in ticks.items()
+    }
+    for name, (record,) in by_target.items():
+        for scope in ("cpu", "dram", "gpu"):
+            expected = sum(
+                p["power"] * interval[scope].get(_seconds(p["timestamp"]), 0.0)
+                for p in node.power
+                if p["metadata"].get("scope") == scope
+                and p["target"] not in ("rapl", "global")
+                and p["metadata"].get("target_name", p["target"]) == name
+            )
+            assert record["energy"][scope] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_jobs_idle_and_the_rest_of_the_system_add_up_to_the_meter(node: Node) -> None:
+    """On a shared node: the workloads' records (the jobs, the container, the other cgroups,
+    each GPU's own target with its idle power) plus the node formula's rest of the system
+    are the energy the meter measured, over the ticks every source covers."""
+    attributed = min(
+        p["timestamp"] for p in node.power if p["metadata"].get("scope") == "cpu"
+        and p["target"] not in ("rapl", "global")
+    )  # fmt: skip
+    assert attributed.startswith(FIRST_ATTRIBUTED)  # the GPU recording was cut there
+    reports = sorted(
+        (p for p in node.power if p["metadata"].get("scope") == "node"),
+        key=lambda p: p["timestamp"],
+    )
+    meter = rest = 0.0
+    previous: dict[str, float] = {}
+    for p in reports:
+        moment = _seconds(p["timestamp"])
+        if p["target"] in previous and p["timestamp"] > attributed:
+            joules = p["power"] * (moment - previous[p["target"]])
+            if p["target"] == "node":
+                meter += joules
+                assert p["metadata"]["gpu"] is not None
+            else:
+                rest += joules
+        previous[p["target"]] = moment
+    records = sum(sum(record["energy"].values()) for record in node.energy)
+    assert meter > 10_000  # 24 s of a node drawing 700 W
+    assert records + rest == pytest.approx(meter, rel=1e-6)
+    jobs = sum(sum(r["energy"].values()) for r in node.energy if r["target"].startswith("slurm/"))
+    assert 0.5 * meter < jobs < meter
+
+
+def test_runs_lists_each_workloads_energy(node: Node) -> None:
+    result = wattflow("runs", "--store", node.store, "energy", "shared/node/jobs/1")
+    assert result.returncode == 0, result.stderr
+    header, *rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert header[:3] == ["sensor", "workload", "kind"]
+    by_name = {row[1]: dict(zip(header, row, strict=True)) for row in rows}
+    assert set(by_name) == {record["target"] for record in node.energy}
+    job = by_name["slurm/102"]
+    assert (job["kind"], job["reason"]) == ("slurm_job", "silent")
+    record = next(r for r in node.energy if r["target"] == "slurm/102")
+    assert float(job["total J"]) == pytest.approx(sum(record["energy"].values()), abs=1e-3)
+
+
+def test_target_names_off_leaves_reports_as_the_formulas_make_them(tmp_path: Path) -> None:
+    hwpc = [_hwpc(line) for line in (DEMO / "demo-hwpc.jsonl").read_text().splitlines()]
+    (tmp_path / "hwpc.jsonl").write_text("\n".join(line for line in hwpc if line) + "\n")
+    result = wattflow(
+        "run", "--input", "jsonl", "--model", "HWPCReport", "--files", str(tmp_path / "hwpc.jsonl"),
+        "--output", "jsonl", "--model", "PowerReport", "--file", str(tmp_path / "out.jsonl"),
+        "--learn-min-samples-required", "5", "--target-names", "off",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert any(row["target"] == JOB_CPU for row in rows)
+    assert not any("target_kind" in row["metadata"] for row in rows)
+    refused = wattflow("run", "--target-names", "maybe", "--input", "jsonl", "--files", "x")
+    assert refused.returncode == 2
+    assert "target-names" in refused.stderr
+
+
+# --- the parts, in this process -------------------------------------------------------------
+
+
+def _power(second: int, target: str, scope: str, watts: float) -> PowerReport:
+    return PowerReport(
+        timestamp=1_767_600_000_000 + second * 1000,
+        sensor="node-1",
+        target=target,
+        power=watts,
+        metadata={"scope": scope, "socket": 0},
+    )
+
+
+def _named(*reports: Report) -> list[Report]:
+    named = TargetNaming()(list(reports))
+    return [item for item in named if isinstance(item, Report)]
+
+
+def test_naming_a_frame_names_only_its_workloads_rows() -> None:
+    names = ["rapl", JOB_CPU, "postgres"]
+    frame = PowerFrame(
+        sensor="node-1",
+        millis=np.array([1000, 1000, 1000, 2000], dtype=np.int64),
+        targets=np.array([0, 1, 2, 1], dtype=np.int64),
+        target_names=names,
+        power=np.array([10.0, 6.0, 4.0, 7.0]),
+        metadata={"scope": Column(np.zeros(4, dtype=np.int64), ["cpu"])},
+    )
+    (named,) = TargetNaming()([frame])
+    assert isinstance(named, PowerFrame)
+    reports = named.reports()
+    assert [r.metadata.get("slurm_job") for r in reports] == [None, "101", None, "101"]
+    assert [r.metadata["scope"] for r in reports] == ["cpu"] * 4
+    assert reports[0].metadata == {"scope": "cpu"}
+    unnamed = PowerFrame(
+        sensor="node-1",
+        millis=frame.millis[:1],
+        targets=frame.targets[:1],
+        target_names=names,
+        power=frame.power[:1],
+        metadata={"scope": Column(np.zeros(1, dtype=np.int64), ["cpu"])},
+    )
+    assert TargetNaming()([unnamed])[0] is unnamed  # stays on the outputs' column path
+
+
+def _run(formula: EnergyFormula, *reports: Report) -> list[TargetEnergyReport]:
+    out = Output()
+    formula.process(_named(*reports), out)
+    assert not out.rejected
+    return [r for r in out.items() if isinstance(r, TargetEnergyReport)]
+
+
+def test_a_workload_whose_cgroups_are_gone_ends_at_the_next_tick(tmp_path: Path) -> None:
+    for path in (JOB_CPU, JOB_GPU, CONTAINER):
+        (tmp_path / path.lstrip("/")).mkdir(parents=True)
+    formula = EnergyFormula(EnergyConfig(target_energy=True, target_cgroup_root=tmp_path), "node-1")
+    assert _run(formula, _power(0, JOB_CPU, "cpu", 5.0), _power(0, JOB_GPU, "gpu", 50.0)) == []
+    assert _run(formula, _power(1, JOB_CPU, "cpu", 5.0), _power(1, JOB_GPU, "gpu", 50.0)) == []
+    (tmp_path / JOB_CPU.lstrip("/")).rmdir()
+    # one of its cgroups is gone, the other still there: the job goes on
+    assert _run(formula, _power(2, CONTAINER, "cpu", 1.0)) == []
+    (tmp_path / JOB_GPU.lstrip("/")).rmdir()
+    (ended,) = _run(formula, _power(3, CONTAINER, "cpu", 1.0))
+    assert (ended.target, ended.reason) == ("slurm/101", "gone")
+    assert ended.energy == {"cpu": 5.0, "dram": 0.0, "gpu": 50.0}  # the second tick's
+    assert (ended.end - ended.start).total_seconds() == 1.0
+    assert ended.metadata["slurm_job"] == "101"
+
+
+def test_workloads_are_bounded_and_an_evicted_one_is_reported_not_lost() -> None:
+    formula = EnergyFormula(EnergyConfig(target_energy=True, target_max=2), "node-1")
+    _run(formula, _power(0, "a", "cpu", 1.0), _power(0, "b", "cpu", 1.0))
+    _run(formula, _power(1, "a", "cpu", 1.0), _power(1, "b", "cpu", 2.0))
+    (evicted,) = _run(formula, _power(2, "a", "cpu", 1.0), _power(2, "c", "cpu", 3.0))
+    assert (evicted.target, evicted.reason, evicted.energy["cpu"]) == ("b", "evicted", 2.0)
+    assert set(formula.workloads) == {"a", "c"}
+
+
+def test_the_state_survives_a_restart_and_a_paused_stream_ends_everything() -> None:
+    config = EnergyConfig(target_energy=True, target_end_silence_s=30)
+    first = EnergyFormula(config, "node-1")
+    _run(first, _power(0, JOB_CPU, "cpu", 4.0), _power(1, JOB_CPU, "cpu", 4.0))
+    state = json.loads(json.dumps(first.state()))
+    second = EnergyFormula(config, "node-1")
+    second.restore(state)
+    _run(second, _power(2, JOB_CPU, "cpu", 6.0))
+    deadline = second.deadline()
+    assert deadline is not None
+    assert deadline == pytest.approx(second.last_input + 30)
+    out = Output()
+    second.wake(out)  # what the actor calls once the deadline has passed
+    (ended,) = out.items()
+    assert isinstance(ended, TargetEnergyReport)
+    assert (ended.reason, ended.energy["cpu"]) == ("silent", 10.0)
+    assert second.deadline() is None
+    # after the pause, a tick's clock starts afresh: the pause is no one's energy
+    assert _run(second, _power(500, JOB_CPU, "cpu", 6.0), _power(501, JOB_CPU, "cpu", 6.0)) == []
+    assert second.workloads["slurm/101"].energy["cpu"] == 6.0
+
+
+def test_a_gap_in_the_stream_is_not_integrated_over() -> None:
+    formula = EnergyFormula(EnergyConfig(target_energy=True, target_end_silence_s=30), "node-1")
+    _run(formula, _power(0, "a", "cpu", 1.0), _power(1, "a", "cpu", 1.0))
+    (ended,) = _run(formula, _power(100, "b", "cpu", 1.0))  # 99 s later: "a" has ended
+    assert (ended.target, ended.energy["cpu"]) == ("a", 1.0)
+    assert formula.workloads["b"].energy["cpu"] == 0.0
+
+
+def test_a_workloads_record_is_an_influxdb_point() -> None:
+    formula = EnergyFormula(EnergyConfig(target_energy=True), "node-1")
+    _run(formula, _power(0, JOB_CPU, "cpu", 2.0), _power(1, JOB_CPU, "cpu", 2.0))
+    out = Output()
+    formula.flush(out)
+    (record,) = out.items()
+    assert isinstance(record, TargetEnergyReport)
+    (line,) = lines(record)
+    assert line.startswith("target_energy,reason=running,")
+    assert ",slurm_job=101," in line
+    assert " cpu_j=2,dram_j=0,duration_s=1,gpu_j=0,start_ms=" in line
+    assert ",pod_uid=" not in line  # empty names are left out of the tags
+
+
+def test_what_is_not_a_target_is_not_counted() -> None:
+    assert EnergyFormula.dispatch_key(_power(0, "rapl", "cpu", 1.0)) is None
+    assert EnergyFormula.dispatch_key(_power(0, "node", "node", 1.0)) is None
+    assert EnergyFormula.dispatch_key(_power(0, "gpu0", "gpu", 1.0)) == "node-1"
+    assert not EnergyFormula.enabled(EnergyConfig())
