@@ -526,3 +526,21 @@ def test_check_lists_this_nodes_pods_or_says_why_not(api: KubeApiReplay, tmp_pat
     assert fails.returncode == 1, fails.stdout + fails.stderr
     assert "listing the pods of node worker-1" in " ".join(fails.stdout.split())
     assert "Traceback" not in works.stderr + fails.stderr
+
+
+def test_an_api_that_does_not_answer_delays_the_start_a_bounded_time(tmp_path: Path) -> None:
+    """The inputs start after --startup-wait-s without a list; the reports go on, unnamed
+    (wattflow's layout), and the watcher's failures are said once."""
+    source, copy = tmp_path / "hwpc.jsonl", tmp_path / "copy.jsonl"
+    source.write_text(hwpc_lines(2))
+    disable = [f"--disable-{name}-formula" for name in service_config.formula_settings()]
+    done = wattflow(
+        "run", "--input", "jsonl", "--files", str(source),
+        "--output", "jsonl", "--model", "HWPCReport", "--file", str(copy),
+        "--pre-processor", "k8s", "-a", "manual", "-h", f"http://127.0.0.1:{free_port()}",
+        "-p", "puller_jsonl", "--node-name", NODE, "--startup-wait-s", "0.5", *disable,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(copy.read_text().splitlines()) == len(TARGETS) * 2
+    assert "no list of node worker-1's pods after 0.5 s" in done.stderr
+    assert done.stderr.count("pods of node worker-1: MaxRetryError") == 1
