@@ -28,6 +28,9 @@ from wattflow.formats.frames import Frame, PowerFrame
 from wattflow.formats.reports import PowerReport, Report
 from wattflow.formats.targets import resolve_cgroup
 
+KNOWN_TARGETS = 65_536
+"""Targets whose labels :class:`TargetNaming` keeps (a node's containers, a cluster's pods)."""
+
 UNNAMED_KINDS = frozenset({"system", "other"})
 """Kinds whose name is their target itself: nothing is added to their reports."""
 
@@ -51,21 +54,36 @@ class TargetNaming:
     ``resolver``: the resolver's labels (``--target-names on``); ``extra``: the labellers of
     the pre-processors that name outputs (``--pre-processor k8s``'s wattflow layout), whose
     keys are added to the same reports. Reports are rebuilt, never changed in place: a
-    formula's report may still be held by the formula or by another stage.
+    formula's report may still be held by the formula or by another stage. Each target is
+    resolved once: a live node sends the same targets every tick, and their labels are kept, up
+    to :data:`KNOWN_TARGETS` of them (then forgotten all at once and resolved again as they
+    come). The labellers are asked every time (a pod the API lists later gets its names then);
+    they keep what they know themselves.
     """
 
     def __init__(self, *, resolver: bool = True, extra: Sequence[Labeller] = ()) -> None:
         self.resolver = resolver
         self.extra = tuple(extra)
+        self.known: dict[str, dict[str, str] | None] = {}
 
     def labels(self, target: str) -> dict[str, str] | None:
         """Every label ``target``'s reports gain, or ``None`` for none."""
-        labels = target_labels(target) if self.resolver else None
+        labels = self._resolved(target) if self.resolver else None
         for labeller in self.extra:
             more = labeller(target)
             if more:
                 labels = {**(labels or {}), **more}
         return labels
+
+    def _resolved(self, target: str) -> dict[str, str] | None:
+        """:func:`target_labels`, resolved once per target."""
+        try:
+            return self.known[target]
+        except KeyError:
+            if len(self.known) >= KNOWN_TARGETS:
+                self.known.clear()
+            found = self.known[target] = target_labels(target)
+            return found
 
     def __call__(self, items: Sequence[Report | Frame]) -> list[Report | Frame]:
         return [self._named(item) for item in items]

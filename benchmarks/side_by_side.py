@@ -179,17 +179,34 @@ class Shape:
 
 
 def shapes_to_run(
-    base: Shape, sockets: list[int], cpus: list[int], containers: list[int], *, grid: bool
+    base: Shape,
+    sockets: list[int],
+    cpus: list[int],
+    containers: list[int],
+    *,
+    grid: bool,
+    small_nodes: bool = True,
 ) -> list[Shape]:
     """Every combination of the values (``grid``), or the base shape and then one dimension
-    varied at a time, the others at the base's values."""
+    varied at a time, the others at the base's values; then, with ``small_nodes``,
+    :data:`SMALL_NODES`."""
     if grid:
-        return [Shape(*values) for values in itertools.product(sockets, cpus, containers)]
-    found = [base]
-    found += [replace(base, sockets=n) for n in sockets]
-    found += [replace(base, cpus_per_socket=n) for n in cpus]
-    found += [replace(base, containers=n) for n in containers]
+        found = [Shape(*values) for values in itertools.product(sockets, cpus, containers)]
+    else:
+        found = [base]
+        found += [replace(base, sockets=n) for n in sockets]
+        found += [replace(base, cpus_per_socket=n) for n in cpus]
+        found += [replace(base, containers=n) for n in containers]
+    if small_nodes:
+        found += SMALL_NODES
     return list(dict.fromkeys(found))
+
+
+SMALL_NODES = [
+    Shape(1, cpus, containers) for cpus, containers in itertools.product((4, 8), (2, 5, 10))
+]
+"""Most HPC and edge nodes: one socket of 4 or 8 cpus with a few containers, where a tick has
+few reports and what each tick costs whatever its size weighs most."""
 
 
 def shape_ticks(shape: Shape, args: argparse.Namespace) -> int:
@@ -345,12 +362,14 @@ def startup(name: str, python: Path, work: Path, args: argparse.Namespace) -> li
     return runs
 
 
-def full_run(name: str, python: Path, work: Path, args: argparse.Namespace) -> Run:
-    """One run on the whole input."""
+def full_run(
+    name: str, python: Path, work: Path, args: argparse.Namespace, inputs: str = "input"
+) -> Run:
+    """One run on the whole input (``inputs``: its folder in ``work``)."""
     output = work / f"{name}-out"
     shutil.rmtree(output, ignore_errors=True)  # both formulas append to existing CSV files
     return run_measured(
-        command(name, python, work / "input", output, args), ENV, work / f"{name}.log"
+        command(name, python, work / inputs, output, args), ENV, work / f"{name}.log"
     )
 
 
@@ -360,19 +379,29 @@ def median_or_zero(values: list[float]) -> float:
 
 
 def measure(
-    names: list[str], python: Path, work: Path, args: argparse.Namespace, reports: int
+    names: list[str],
+    python: Path,
+    work: Path,
+    args: argparse.Namespace,
+    reports: int,
+    longer: dict[str, int] | None = None,
 ) -> list[Outcome]:
     """Start-ups, then ``--repeat`` rounds of full runs, the formulas taking turns in each.
 
     Taking turns puts both formulas' runs of a round in the same stretch of the machine's
     speed, which on a shared or virtual machine drifts by more than the difference being
     measured; each outcome's wall time is the median of its rounds.
+
+    ``longer``: the formulas whose full runs read the longer recording in ``work/longer``
+    instead, and its report count (see ``--wattflow-longer``).
     """
+    longer = longer or {}
     startups = {name: startup(name, python, work, args) for name in names}
     runs: dict[str, list[Run]] = {name: [] for name in names}
     for _ in range(args.repeat):
         for name in names:
-            runs[name].append(full_run(name, python, work, args))
+            inputs = "longer" if name in longer else "input"
+            runs[name].append(full_run(name, python, work, args, inputs))
     outcomes = []
     for name in names:
         output = work / f"{name}-out"
@@ -383,7 +412,7 @@ def measure(
         outcomes.append(
             Outcome(
                 name,
-                reports,
+                longer.get(name, reports),
                 statistics.median(walls),
                 median_or_zero(starts),
                 max(run.largest_rss_mb for run in runs[name]),
@@ -596,6 +625,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shapes.add_argument(
         "--shape-min-ticks", type=int, default=30, help="ticks per shape at least (30)"
     )
+    shapes.add_argument(
+        "--small-nodes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add one socket of 4 and 8 cpus with 2, 5 and 10 containers to the shapes (on by "
+        "default: most HPC and edge nodes)",
+    )
+    shapes.add_argument(
+        "--wattflow-longer",
+        type=int,
+        default=10,
+        metavar="K",
+        help="wattflow's rate is measured on a recording of the shape K times as long (10): "
+        "on the shape's own, small shapes take wattflow less time than its start-up, and "
+        "the rate left after the start-up is noise; its outputs are still compared on the "
+        "shape's own recording",
+    )
     parser.add_argument("--venv", type=Path, default=SMARTWATTS_VENV)
     parser.add_argument(
         "--wattflow-python",
@@ -733,7 +779,14 @@ def measure_shape(shape: Shape, python: Path, work: Path, args: argparse.Namespa
     ticks = shape_ticks(shape, args)
     reports = write_input(work / "input", args, ticks, shape, everything=False)
     write_input(work / "tiny", args, 1, shape, everything=False)
-    smartwatts, wattflow = measure(["SmartWatts", "wattflow"], python, work, args, reports)
+    longer = {}
+    if args.wattflow_longer > 1:
+        scaled = ticks * args.wattflow_longer
+        longer["wattflow"] = write_input(work / "longer", args, scaled, shape, everything=False)
+    names = ["SmartWatts", "wattflow"]
+    smartwatts, wattflow = measure(names, python, work, args, reports, longer)
+    if longer:  # the outputs compared are of the same recording
+        full_run("wattflow", python, work, args)
     found = disagreements([smartwatts, wattflow])
     files = len(files_written(wattflow.output))
     return ShapeResult(shape, ticks, smartwatts, wattflow, files, found, os.getloadavg()[0])
@@ -748,6 +801,7 @@ def run_shapes(python: Path, work: Path, args: argparse.Namespace) -> list[Shape
         args.shape_cpus_per_socket,
         args.shape_containers,
         grid=args.shapes == "grid",
+        small_nodes=args.small_nodes,
     )
     print(
         f"{len(shapes)} shapes ({args.shapes}), about {args.shape_reports:,} input reports each "
@@ -777,6 +831,12 @@ def run_shapes(python: Path, work: Path, args: argparse.Namespace) -> list[Shape
     )
     if any(r.short for r in results):
         print("*: a run took less than twice its start-up, so its rate is mostly noise")
+    if results:
+        worst = min(results, key=lambda r: r.ratio)
+        print(
+            f"worst ratio: {worst.ratio:.1f}× ({worst.shape}); by CPU time: "
+            f"{min(r.cpu_ratio for r in results):.1f}×"
+        )
     for result in results:
         for line in result.disagreements:
             print(f"{result.shape}: {line}")

@@ -49,6 +49,8 @@ class ReportTable:
     kinds: Column
     """Each row's kind (``PowerReport``…)."""
     timestamps: Column
+    """Each row's code into the distinct timestamps: datetimes, or Unix ms where
+    ``timestamps_in_millis`` (a frame's ticks, which the CSV output writes as they are)."""
     sensors: Column
     targets: Column
     metadata: dict[str, Values] | list[dict[str, Any]]
@@ -59,6 +61,7 @@ class ReportTable:
     PowerReport (its own field is its power)."""
     source: PowerFrame | Sequence[Report]
     """What the table was made of, to give back the reports of rows an output refuses."""
+    timestamps_in_millis: bool = False
 
     def __len__(self) -> int:
         return len(self.timestamps.codes)
@@ -84,13 +87,14 @@ class ReportTable:
         )
         return cls(
             kinds=Column(np.zeros(rows, dtype=np.int64), [PowerReport.kind]),
-            timestamps=Column(tick_codes, list(map(powerapi.datetime_of, ticks.tolist()))),
+            timestamps=Column(tick_codes, ticks.tolist()),
             sensors=Column(np.zeros(rows, dtype=np.int64), [frame.sensor]),
             targets=Column(frame.targets, frame.target_names),
             metadata=metadata,
             power=frame.power,
             payloads=None,
             source=frame,
+            timestamps_in_millis=True,
         )
 
     @classmethod
@@ -118,7 +122,9 @@ class ReportTable:
         """The table of some of its rows, in the order given."""
         columns = ("kinds", "timestamps", "sensors", "targets", "metadata", "power", "payloads")
         taken = {name: _taken(getattr(self, name), rows) for name in columns}
-        return ReportTable(**taken, source=self.source)
+        return ReportTable(
+            **taken, source=self.source, timestamps_in_millis=self.timestamps_in_millis
+        )
 
     def reports_at(self, rows: Sequence[int]) -> list[Report]:
         """The reports of some rows of the table as it was made (not of a :meth:`take`)."""
@@ -284,7 +290,10 @@ def encode_json_lines(batch: Sequence[Report] | Sequence[Frame]) -> bytes:
     table = ReportTable.of(batch)
     pieces: list[Piece[bytes]] = [
         b'{"timestamp":',
-        _json_coded(table.timestamps, _json_timestamp),
+        _json_coded(
+            table.timestamps,
+            _json_millis if table.timestamps_in_millis else _json_timestamp,
+        ),
         b',"sensor":',
         _json_coded(table.sensors, _dumps),
         b',"target":',
@@ -313,6 +322,10 @@ def _dumps(value: Any) -> bytes:
 
 def _json_timestamp(timestamp: datetime) -> bytes:
     return orjson.dumps(powerapi.format_timestamp(timestamp))
+
+
+def _json_millis(millis: int) -> bytes:
+    return _json_timestamp(powerapi.datetime_of(millis))
 
 
 def _json_coded(column: Column, encode: Any) -> Column:
@@ -386,7 +399,10 @@ def csv_texts(
 
 def _csv_column(table: ReportTable, name: str, *, formulas: bool) -> Piece[str]:
     if name == "timestamp":
-        return Column(table.timestamps.codes, [str(to_millis(t)) for t in table.timestamps.values])
+        ticks = table.timestamps
+        if table.timestamps_in_millis:
+            return Column(ticks.codes, list(map(str, ticks.values)))
+        return Column(ticks.codes, [str(to_millis(t)) for t in ticks.values])
     if name == "sensor":
         return _csv_values(table.sensors)
     if name == "target":

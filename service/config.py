@@ -166,12 +166,14 @@ class ServiceConfig(BaseModel):
         "positions); unset: the MongoDB input's --checkpoint-interval-s, else 5.",
     )
     target_names: Literal["on", "off"] = Field(
-        default="on",
+        default="off",
         description="on: every PowerReport whose target is a workload (a container, a pod's "
         "container, a VM, a Slurm job, a service) gains its names as metadata keys "
         "(target_kind, target_name, slurm_job, pod_uid…), the same for CPU, DRAM and GPU, "
         "so that a job's or a pod's power can be summed; other targets and every key "
-        "already there are left as they are. off: reports as the formulas make them.",
+        "already there are left as they are. off (the default): the documents PowerAPI "
+        "writes, key for key (--target-energy names the targets all the same: it sums by "
+        "name).",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
 
@@ -273,21 +275,34 @@ def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     ``POWERAPI_STREAM=true`` sets ``stream``; ``POWERAPI_INPUT_<NAME>_<FIELD>`` and
     ``POWERAPI_OUTPUT_<NAME>_<FIELD>`` set a field of a named input or output, and
     ``POWERAPI_PRE_PROCESSOR_<NAME>_<FIELD>`` of a pre-processor (the field is the longest
-    known field name that ends the variable, so names may contain underscores).
+    known field name that ends the variable, so names may contain underscores; where several
+    split it, a name the other variables give wins: see :func:`_splits`).
     """
-    if not any(
-        variable.startswith(f"{prefix}{group.upper()}_")
-        for variable in environ
-        for prefix in ENV_PREFIXES
-        for group in GROUPS
-    ):
-        backend_fields: dict[str, set[str]] = {group: set() for group in GROUPS}
-    else:  # every backend's settings, to find where a variable's backend name ends
-        backend_fields = {
-            group: _field_names([cls.config_model for _, cls in _registry(group).items()])
-            for group in GROUPS
-        }
-    result: dict[str, Any] = {}
+    result, backend_variables = _read_variables(environ)
+    if not backend_variables:
+        return result
+    backend_fields = {  # every backend's settings, to find where a variable's backend name ends
+        group: _field_names([cls.config_model for _, cls in _registry(group).items()])
+        for group in {group for _, group, _, _ in backend_variables}
+    }
+    splits = {
+        variable: _splits(variable, group, rest, backend_fields[group])
+        for variable, group, rest, _ in backend_variables
+    }
+    for variable, group, _, value in backend_variables:
+        named = {n for other, found in splits.items() if other != variable for n, _ in found}
+        name, field = max(splits[variable], key=lambda split: (split[0] in named, len(split[1])))
+        result.setdefault(group, {}).setdefault(name, {})[field] = value
+    return result
+
+
+def _read_variables(
+    environ: Mapping[str, str],
+) -> tuple[dict[str, Any], list[tuple[str, str, str, str]]]:
+    """The top-level settings the variables give, and each backend variable as (variable,
+    group, ``<name>_<setting>`` in lower case, value), ``WATTFLOW_`` ones first."""
+    top_level: dict[str, Any] = {}
+    backend_variables: list[tuple[str, str, str, str]] = []
     for prefix in ENV_PREFIXES:
         for variable, value in environ.items():
             if not variable.startswith(prefix):
@@ -295,16 +310,28 @@ def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             key = variable[len(prefix) :].lower()
             group = next((g for g in GROUPS if key.startswith(g + "_")), None)
             if group is None:
-                result[key] = value
-                continue
-            rest = key[len(group) + 1 :]
-            candidates = [f for f in backend_fields[group] if rest.endswith("_" + f)]
-            if not candidates:
-                raise ConfigError(f"{variable}: no {group} setting ends this variable's name")
-            field = max(candidates, key=len)
-            name = rest[: -len(field) - 1]
-            result.setdefault(group, {}).setdefault(name, {})[field] = value
-    return result
+                top_level[key] = value
+            else:
+                backend_variables.append((variable, group, key[len(group) + 1 :], value))
+    return top_level, backend_variables
+
+
+def _splits(variable: str, group: str, rest: str, fields: set[str]) -> list[tuple[str, str]]:
+    """Each way a backend variable's ``<name>_<setting>`` splits into a backend's name and one
+    of its settings.
+
+    Several may: ``PULLER_SOCKET_TYPE`` is the type of the backend ``puller_socket``
+    (PowerAPI's default name) or the ZeroMQ input ``puller``'s ``socket_type``.
+    :func:`load_environment` takes the split whose name the other variables name too, then
+    the longest setting (PowerAPI's rule).
+
+    Raises:
+        ConfigError: no setting ends the variable's name.
+    """
+    found = [(rest[: -len(f) - 1], f) for f in fields if rest.endswith("_" + f)]
+    if not found:
+        raise ConfigError(f"{variable}: no {group} setting ends this variable's name")
+    return found
 
 
 GROUPS = ("input", "output", "pre_processor")
@@ -349,11 +376,31 @@ def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _backend_renames(group: str, kind: Any) -> dict[str, str]:
-    """The renamed settings of a backend type; none for an unknown one (``build`` says why)."""
+    """The renamed settings of a backend type, and its flags' other names; none for an
+    unknown type (``build`` says why)."""
     try:
-        return renamed_settings([_registry(group).get(str(kind)).config_model]) if kind else {}
+        model = _registry(group).get(str(kind)).config_model if kind else None
     except ValueError:
         return {}
+    return {} if model is None else {**flag_keys(model), **renamed_settings([model])}
+
+
+def flag_keys(model: type[BaseModel]) -> dict[str, str]:
+    """Each other name a setting's flags give it (``d`` for ``-d``), to its name.
+
+    PowerAPI's JSON config takes an argument under any of its names, the short one too
+    (``{"type": "mongodb", "u": …, "d": …}``): a key that names a flag of the setting is that
+    setting.
+    """
+    keys: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        flags = extra.get("flags")
+        for flag in flags if isinstance(flags, list) else []:
+            key = normalise(str(flag).lstrip("-"))
+            if key != name:
+                keys[key] = name
+    return keys
 
 
 def _error_line(prefix: str, error: ValidationError) -> str:

@@ -61,9 +61,16 @@ def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
         label=label,
         state_store=None if config.state_file is None else FileStateStore(config.state_file),
         checkpoint_interval_s=config.state_interval_s,
-        name_targets=config.target_names == "on",
+        name_targets=config.target_names == "on" or _energy_on(config),
         pre_processors=pre_processors,
     )
+
+
+def _energy_on(config: ServiceConfig) -> bool:
+    """Whether the energy formula runs: it sums each workload's energy by its names, so it
+    names the targets whatever ``--target-names`` says."""
+    energy = config.formulas.get("energy")
+    return energy is not None and formulas.get("energy").enabled(energy)
 
 
 async def check(pipeline: Pipeline) -> None:

@@ -115,8 +115,8 @@ JSONL_IN_OUT = ["--input", "jsonl", "--files", "a", "--output", "jsonl", "--file
             "input.puller_csv.files: required setting is missing",
         ),
         (
-            ["--input", "csv", "--files", "a.csv", "--output", "csv"],
-            "output.pusher_csv.directory: required setting is missing",
+            ["--input", "csv", "--files", "a.csv", "--output", "jsonl"],
+            "output.pusher_jsonl.file: required setting is missing",
         ),
         (["--input", "nosuch", "--files", "a"], "--input nosuch: unknown input 'nosuch'"),
         (
@@ -148,7 +148,7 @@ JSONL_IN_OUT = ["--input", "jsonl", "--files", "a", "--output", "jsonl", "--file
         ),
         (
             ["--input", "csvx", "--files", "a", "--output", "csv", "--directory", "d"],
-            "--input csvx: unknown input 'csvx'; known: csv, jsonl, meter, mongodb",
+            "--input csvx: unknown input 'csvx'; known: csv, filedb, jsonl, meter, mongodb",
         ),
         (
             [*JSONL_IN_OUT, "--disable-cpu-formula", "--disable-dram-formula"],

@@ -22,7 +22,7 @@ from tests.test_frames import write_recording
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.gpu import GpuConfig, GpuFormula
 from wattflow.actors.formulas.node import NodeConfig, NodeFormula
-from wattflow.actors.formulas.power_model import ErrorMethod, PowerModel
+from wattflow.actors.formulas.power_model import ErrorMethod, FrequencyModel, PowerModel
 from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.actors.pipeline import Pipeline, PipelineResult
@@ -124,7 +124,13 @@ class Fault:
         return layers is not None and any(m is model for m in layers.models.values())
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Count (and fail) steps where each step judges its error window: one by one. A run
+        of steps (:meth:`FrequencyModel.track_run`) judges many windows in one call, so runs
+        are turned off here, in the clean run as in the faulty one;
+        ``test_runs_of_steps_give_what_steps_one_by_one_give`` holds runs to the same
+        figures."""
         original = PowerModel.window_error
+        monkeypatch.setattr(FrequencyModel, "track_run", lambda *_, **__: [])
 
         def window_error(model: PowerModel, method: ErrorMethod) -> float:
             value = original(model, method)
@@ -615,3 +621,30 @@ def test_a_node_rapl_tick_that_raises_in_a_frame_fails_as_it_does_report_by_repo
         assert by_frame.series[source] == by_reports.series[source]
     assert by_frame.anchor_ends == by_reports.anchor_ends
     assert len(by_frame.anchor_ends) == len(reports), "the failed tick's interval is kept"
+
+
+def test_runs_of_steps_give_what_steps_one_by_one_give(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay's ticks go through the default model in runs (one call stores, judges and
+    estimates many); the reports and FormulaReports are those of one step per tick, to the
+    bit, relearning included."""
+    paths = write_recording(tmp_path, ticks=400)
+    in_runs = run_smartwatts("frames", paths, caplog)
+    taken: list[int] = []
+    original = FrequencyModel.track_run
+
+    def counted(model: FrequencyModel, *args: Any) -> list[float]:
+        errors = original(model, *args)
+        taken.append(len(errors))
+        return errors
+
+    monkeypatch.setattr(FrequencyModel, "track_run", counted)
+    assert run_smartwatts("frames", paths, caplog).written == in_runs.written
+    assert sum(taken) > 400, "most steps went in runs"
+    monkeypatch.setattr(FrequencyModel, "track_run", lambda *_, **__: [])
+    one_by_one = run_smartwatts("frames", paths, caplog)
+    assert one_by_one.written == in_runs.written
+    assert len(in_runs.of_kind("FormulaReport")) > 1000
+    assert not in_runs.letters
+    assert not in_runs.tracebacks

@@ -418,7 +418,7 @@ def test_smartwatts_power_of_pods_in_both_layouts(
     for report in by_target[NGINX]:
         assert report["metadata"]["k8s_pod_name"] == "web-7d9f8b6c5d-x2x9k"
         assert report["metadata"]["k8s_container_name"] == "nginx"
-        assert report["metadata"]["pod_uid"] == WEB_UID  # the resolver's names beside them
+        assert "pod_uid" not in report["metadata"]  # the resolver's names: --target-names
         assert report["metadata"]["scope"] in ("cpu", "dram")
     assert {r["metadata"]["k8s_pod_namespace"] for r in by_target[COREDNS]} == {"kube-system"}
     assert not any("k8s_pod_name" in r["metadata"] for r in by_target[PAUSE])
@@ -427,7 +427,8 @@ def test_smartwatts_power_of_pods_in_both_layouts(
 
 def test_pods_label_their_prometheus_series(api: KubeApiReplay, tmp_path: Path) -> None:
     """What the Grafana recipe queries: SmartWatts' power of a pod's container, in a live
-    service, labelled with its namespace, pod, container and image."""
+    service, labelled with its namespace, pod, container and image (and, with
+    ``--target-names on``, the resolver's names beside them)."""
     source, _ = kube_recording(tmp_path / "hwpc.jsonl")
     port = free_port()
     with Service(
@@ -435,7 +436,7 @@ def test_pods_label_their_prometheus_series(api: KubeApiReplay, tmp_path: Path) 
         "run", "--input", "jsonl", "--files", str(source), "--follow",
         "--output", "prometheus", "--port", str(port),
         "--pre-processor", "k8s", "-a", "manual", "-h", api.url, "-p", "puller_jsonl",
-        "--node-name", NODE, *SMARTWATTS_FLAGS,
+        "--node-name", NODE, *SMARTWATTS_FLAGS, "--target-names", "on",
     ) as service:  # fmt: skip
         url = f"http://127.0.0.1:{port}/metrics"
         wait_until(lambda: service.alive() and 'k8s_pod_name="' in scrape(url), 60, "pod labels")

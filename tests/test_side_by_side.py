@@ -35,8 +35,14 @@ def test_axes_vary_one_dimension_at_a_time_from_the_base() -> None:
         Shape(2, 32, 10),
         Shape(2, 4, 100),
         Shape(2, 4, 1000),
+        # then the small nodes: one socket of 4 or 8 cpus, 2, 5 or 10 containers
+        Shape(1, 4, 2),
+        Shape(1, 4, 5),
+        Shape(1, 8, 2),
+        Shape(1, 8, 5),
+        Shape(1, 8, 10),
     ]
-    grid = shapes_to_run(base, [1, 2], [4, 8, 32], [10, 100, 1000], grid=True)
+    grid = shapes_to_run(base, [1, 2], [4, 8, 32], [10, 100, 1000], grid=True, small_nodes=False)
     assert len(grid) == len(set(grid)) == 18
     assert {s.sockets for s in grid} == {1, 2}
     assert {s.containers for s in grid} == {10, 100, 1000}
@@ -71,6 +77,7 @@ def test_a_tiny_shapes_run_measures_both_formulas_on_each_shape(tmp_path: Path) 
             "--sockets", "2", "--cpus-per-socket", "2", "--containers", "3",
             "--shape-sockets", "1", "--shape-cpus-per-socket", "2", "--shape-containers", "3",
             "--shape-reports", "1", "--shape-min-ticks", "45", "--startup-runs", "0",
+            "--no-small-nodes", "--wattflow-longer", "2",
             "--min-samples", "10", "--history-window", "20", "--seed", "7",
             "--venv", str(venv), "--wattflow-python", sys.executable, "--keep", str(tmp_path),
         ],

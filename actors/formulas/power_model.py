@@ -377,6 +377,68 @@ class FrequencyModel(PowerModel):
         over = super().drifted(relearning)  # judged every step, as before: where it decides
         return over and len(self.errors) == self.errors.maxlen
 
+    def track_run(
+        self,
+        powers_w: list[float],
+        feature_rows: list[list[float]],
+        predicted_w: list[float],
+        relearning: Relearning,
+    ) -> list[float]:
+        """:meth:`track` for a run of samples at once, as far as it leaves the model as it is:
+        up to the sample that would make it solved again or judge it drifted, which is left
+        to :meth:`track`. Returns the errors of the samples taken (none: take them one by one).
+
+        A replayed recording hands on thousands of ticks at a time, and between two solves
+        a step only stores its sample and its error; the error window's medians of a run are
+        then one numpy call instead of a sorted insertion and a comparison per tick. The
+        models' windows and every figure are those :meth:`track` gives, to the last bit.
+        """
+        if relearning.error_method != "median" or self.sorted_errors is None:
+            return []
+        room = self._refine_every() - len(self.pending) - 1  # the last sample before a solve
+        if room <= 0:
+            return []
+        errors = [
+            abs(power - predicted)
+            for power, predicted in zip(powers_w[:room], predicted_w, strict=False)
+        ]
+        if any(error != error for error in errors):  # NaN: the window is judged as SmartWatts'
+            return []
+        taken = self._before_drift(errors, relearning.error_threshold_w)
+        if taken == 0:
+            return []
+        errors = errors[:taken]
+        self.samples.extend(feature_rows[:taken])
+        self.powers.extend(powers_w[:taken])
+        self.pending.extend(feature_rows[:taken])
+        self.pending_powers.extend(powers_w[:taken])
+        self.errors.extend(errors)
+        self.sorted_errors = sorted(self.errors)
+        return errors
+
+    def _before_drift(self, errors: list[float], threshold_w: float) -> int:
+        """How many of ``errors`` can join the error window before a full window's median is
+        over ``threshold_w`` (:meth:`drifted`): all of them when none is."""
+        size = self.errors.maxlen or 0
+        held = len(self.errors)
+        first_full = max(0, size - held - 1)  # the first new error that fills the window
+        if first_full >= len(errors):
+            return len(errors)
+        every = [*self.errors, *errors]
+        # A window's median is over the threshold only if half its errors are: mostly, not
+        # even half of all of them are, and no window needs looking at.
+        if 2 * sum(error > threshold_w for error in every) < size:
+            return len(errors)
+        windows = np.lib.stride_tricks.sliding_window_view(np.array(every), size)
+        # The window ending at new error i starts at held + i + 1 - size.
+        ordered = np.sort(windows[held + first_full + 1 - size :], axis=1)
+        middle = size // 2
+        medians = ordered[:, middle]
+        if size % 2 == 0:  # as statistics.median: (a + b) / 2, to the bit
+            medians = (ordered[:, middle - 1] + medians) / 2
+        over = np.flatnonzero(medians > threshold_w)
+        return first_full + int(over[0]) if over.size else len(errors)
+
     def _refine_every(self) -> int:
         """How many new samples make the model solved again (see the class's docstring)."""
         if self.count < self.window:

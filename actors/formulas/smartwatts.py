@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import numpy as np
@@ -59,6 +60,7 @@ from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.power_model import (
     FloatArray,
     FrequencyLayers,
+    FrequencyModel,
     PowerModel,
     Relearning,
     dynamic_power,
@@ -604,6 +606,10 @@ class Estimate(NamedTuple):
 PREDICTED_AHEAD = 64
 """Ticks of a frame whose global power a model predicts at once."""
 
+RUN_AT_LEAST = 8
+"""Ticks a run of model steps takes at least (:meth:`Estimates._run`): fewer, as a live
+sensor's one tick per frame, go one by one, which costs less for so few."""
+
 
 class CoefPower(NamedTuple):
     """What one model's coefficients predict for a socket's global features, tick by tick."""
@@ -613,6 +619,16 @@ class CoefPower(NamedTuple):
     """The tick the predictions start at."""
     dynamic_w: list[float]
     """Without the intercept, one per tick from ``first`` on."""
+
+
+class RunOfSteps(NamedTuple):
+    """Ticks that one model steps through at once (:meth:`Estimates._run`), and their global
+    power: measured, predicted without the intercept, and with it."""
+
+    ticks: list[int]
+    rapl_power_w: list[float]
+    dynamic_w: list[float]
+    global_power_w: list[float]
 
 
 @dataclass(slots=True, eq=False)
@@ -634,6 +650,25 @@ class ScopeSteps:
     """The frequency layer of each tick."""
     coef_power: dict[int, CoefPower] = field(default_factory=dict)
     """By ``id`` of the coefficients (kept alive in :attr:`Estimates.coefs`)."""
+
+
+class EstimateLists(NamedTuple):
+    """A frame's estimates (:class:`Estimate`) as they are made, a list per field: a run of
+    steps extends each at C speed (:meth:`Estimates._keep_run`)."""
+
+    tick: list[int]
+    socket_at: list[int]
+    scope_at: list[int]
+    coef_code: list[int]
+    rapl_power_w: list[float]
+    hash_code: list[int]
+    intercept_w: list[float]
+    global_dynamic_w: list[float]
+    global_power_w: list[float]
+
+    def every(self) -> tuple[list[Any], ...]:
+        """The lists, in :class:`Estimate`'s order of fields."""
+        return tuple(self)
 
 
 class EstimateColumns(NamedTuple):
@@ -686,7 +721,7 @@ class Estimates:
         self.frequency = ticks.frequency.tolist()
         self.filled = (ticks.block_stop > ticks.block_start).T.tolist()
         self.millis = ticks.millis.tolist()
-        self.done: list[Estimate] = []
+        self.done = EstimateLists([], [], [], [], [], [], [], [], [])
         self.coefs: list[list[FloatArray]] = [[] for _ in formula.scopes]
         """The coefficients the estimates of each scope used, each model's once."""
         self.hashes: list[str] = []
@@ -707,7 +742,7 @@ class Estimates:
                     self.steps(socket_at, scope_at, scope, energy[:, socket_at] * RAPL_UNIT_J)
         failed = self.drop_failed()
         estimated = np.zeros(len(self.millis), dtype=np.bool_)
-        estimated[[estimate.tick for estimate in self.done]] = True
+        estimated[self.done.tick] = True
         estimated[failed] = True
         out.absorb(int((1 + ticks.targets)[~estimated].sum()))
         produced = self.frames(frame)
@@ -732,13 +767,99 @@ class Estimates:
             layer_mhz=[row[socket_at] for row in self.layers],
         )
         filled = self.filled[socket_at]
-        for tick, rapl_power_w in enumerate(steps.rapl_power_w):
-            if not filled[tick] or rapl_power_w != rapl_power_w:  # no targets, or no energy
-                continue
-            try:
-                self._step(steps, tick)
-            except Exception as failure:
-                self.fail(tick, failure)
+        tick = 0
+        ticks = len(steps.rapl_power_w)
+        while tick < ticks:
+            rapl_power_w = steps.rapl_power_w[tick]
+            if filled[tick] and rapl_power_w == rapl_power_w:  # targets, and energy
+                try:
+                    after = self._run(steps, tick)
+                    if after > tick:
+                        tick = after
+                        continue
+                    self._step(steps, tick)
+                except Exception as failure:
+                    self.fail(tick, failure)
+            tick += 1
+
+    def _run(self, steps: ScopeSteps, tick: int) -> int:
+        """The model steps from ``tick`` on that leave the model as it is, all at once
+        (:meth:`FrequencyModel.track_run`), when at least :data:`RUN_AT_LEAST` ticks can go;
+        the tick after the last one done (``tick`` when none was: :meth:`_step` takes it)."""
+        if self.compat:
+            return tick
+        model = steps.layers.model(steps.layer_mhz[tick])
+        model.use_events(self.ticks.events)
+        if not isinstance(model, FrequencyModel) or not model.fitted:
+            return tick
+        coef_power = self._coef_power(steps, model, tick)
+        first = coef_power.first
+        rapl_power_w = steps.rapl_power_w
+        chosen = self._steppable(steps, tick, first + len(coef_power.dynamic_w))
+        if len(chosen) < RUN_AT_LEAST:
+            return tick
+        intercept_w = model.intercept
+        dynamic_w = [coef_power.dynamic_w[at - first] for at in chosen]
+        run = RunOfSteps(
+            chosen,
+            [rapl_power_w[at] for at in chosen],
+            dynamic_w,
+            [dynamic + intercept_w for dynamic in dynamic_w],
+        )
+        samples = len(model.samples)
+        errors_w = model.track_run(
+            run.rapl_power_w, [steps.feature_rows[at] for at in chosen], run.global_power_w,
+            steps.scope.relearning,
+        )  # fmt: skip
+        if not errors_w:
+            return tick
+        self._keep_run(steps, model, (coef_power.coef_code, samples), run, errors_w)
+        return chosen[len(errors_w) - 1] + 1
+
+    def _steppable(self, steps: ScopeSteps, start: int, stop: int) -> list[int]:
+        """The ticks from ``start`` to ``stop`` that get a model step: those with targets and
+        energy (the others are skipped, as :meth:`steps` does)."""
+        filled = self.filled[steps.socket_at]
+        rapl_power_w = steps.rapl_power_w
+        return [
+            at for at in range(start, stop) if filled[at] and rapl_power_w[at] == rapl_power_w[at]
+        ]
+
+    def _keep_run(
+        self,
+        steps: ScopeSteps,
+        model: PowerModel,
+        codes: tuple[int, int],
+        run: RunOfSteps,
+        errors_w: list[float],
+    ) -> None:
+        """The estimates and FormulaReports of the first ``len(errors_w)`` steps of a run, as
+        :meth:`_step` keeps each (built by ``map`` and ``zip``, at C speed); ``codes``: the
+        coefficients' code and how many samples the model held before the run."""
+        coef_code, samples = codes
+        taken = len(errors_w)
+        ticks = run.ticks[:taken]
+        socket_at, scope_at = steps.socket_at, steps.scope_at
+        intercept_w = model.intercept
+        columns = (
+            ticks, repeat(socket_at, taken), repeat(scope_at, taken), repeat(coef_code, taken),
+            run.rapl_power_w[:taken], repeat(self._hash_code(model.hash), taken),
+            repeat(intercept_w, taken), run.dynamic_w[:taken], run.global_power_w[:taken],
+        )  # fmt: skip
+        for kept, values in zip(self.done.every(), columns, strict=True):
+            kept.extend(values)
+        window = model.samples.maxlen or 0
+        held = list(range(samples + 1, min(samples + taken, window) + 1))
+        held += [window] * (taken - len(held))  # the window full
+        described = zip(
+            repeat(steps.scope.name), repeat(self.ticks.sockets[socket_at]),
+            map(steps.layer_mhz.__getitem__, ticks),
+            map(steps.package_frequency_mhz.__getitem__, ticks),
+            held, repeat(model.id), errors_w, repeat(intercept_w), repeat(model.coef),
+        )  # fmt: skip
+        self.described.extend(
+            zip(map(self.millis.__getitem__, ticks), repeat(model.hash), described)
+        )
 
     def _step(self, steps: ScopeSteps, tick: int) -> None:
         """One tick's model step: learn, predict, relearn, and keep the estimate. In compat
@@ -780,7 +901,8 @@ class Estimates:
             global_power_w,
         )
         # Both at once, once nothing can raise: they stay entry for entry.
-        self.done.append(estimate)
+        for kept, value in zip(self.done.every(), estimate, strict=True):
+            kept.append(value)
         self.described.append((self.millis[tick], model.hash, description))
 
     def _coef_power(self, steps: ScopeSteps, model: PowerModel, tick: int) -> CoefPower:
@@ -821,8 +943,8 @@ class Estimates:
         """Forget the estimates of the ticks that failed; return those ticks."""
         failed = self.failed
         if failed:
-            kept = [at for at, estimate in enumerate(self.done) if estimate.tick not in failed]
-            self.done = [self.done[at] for at in kept]
+            kept = [at for at, tick in enumerate(self.done.tick) if tick not in failed]
+            self.done = EstimateLists._make([column[at] for at in kept] for column in self.done)
             self.described = [self.described[at] for at in kept]
         return sorted(failed)
 
@@ -841,12 +963,13 @@ class Estimates:
     def frames(self, frame: HWPCFrame) -> Produced:
         """Every estimate's global and target PowerReports, in the order of ticks, sockets and
         scopes (the global report, then the targets), and its FormulaReport."""
-        if not self.done:
-            return []
         done = self.done
-        order = sorted(range(len(done)), key=lambda at: done[at][:3])  # tick, socket, scope
-        columns = EstimateColumns(*map(np.array, zip(*(done[at] for at in order), strict=True)))
-        described = [self.described[at] for at in order]
+        if not done.tick:
+            return []
+        made = EstimateColumns(*map(np.array, done))
+        order = np.lexsort((made.scope_at, made.socket_at, made.tick))  # tick, socket, scope
+        columns = EstimateColumns(*(column[order] for column in made))
+        described = list(map(self.described.__getitem__, order.tolist()))
         return [
             self._power_frame(frame, columns, self._shares(columns)),
             FormulaFrame(self.formula.sensor, FORMULA_KEYS, described),

@@ -7,7 +7,19 @@ from wattflow.actors.registry import Registry
 
 pushers: Registry[type[Pusher[Any]]] = Registry("output")
 
-for _name in ("csv", "influxdb", "influxdb2", "jsonl", "mongodb", "prometheus", "table", "zeromq"):
+for _name in (
+    "csv",
+    "filedb",
+    "influxdb",
+    "influxdb2",
+    "jsonl",
+    "mongodb",
+    "opentsdb",
+    "prometheus",
+    "table",
+    "virtiofs",
+    "zeromq",
+):
     pushers.declare(_name, f"wattflow.actors.pushers.{_name}")
 
 __all__ = ["pushers"]

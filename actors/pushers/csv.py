@@ -48,7 +48,9 @@ class CsvPusherConfig(PusherConfig):
 
     type: Literal["csv"] = "csv"
     directory: Path = Field(
-        description="Directory that receives one folder per sensor and target.",
+        default=Path("."),
+        description="Directory that receives one folder per sensor and target (the current "
+        "directory by default, as PowerAPI's).",
         json_schema_extra={"flags": ["-d", "--directory"]},
     )
     tags: TagList = Field(
