@@ -21,7 +21,7 @@ targets themselves, and those expire with their target as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from wattflow.formats.frames import Frame, PowerFrame
@@ -43,19 +43,39 @@ def target_labels(target: str) -> dict[str, str] | None:
     return resolved.labels()
 
 
+Labeller = Callable[[str], Mapping[str, str] | None]
+"""More names for a target, from outside the cgroup path (the k8s pre-processor's pod names
+from the Kubernetes API), or ``None``."""
+
+
 class TargetNaming:
     """Adds the name labels to the PowerReports and PowerFrames of a formula's output.
 
-    Reports are rebuilt, never changed in place: a formula's report may still be held by the
-    formula or by another stage. Each target is resolved once: a live node sends the same
-    targets every tick, and their labels are kept, up to :data:`KNOWN_TARGETS` of them (then
-    forgotten all at once and resolved again as they come).
+    ``resolver``: the resolver's labels (``--target-names on``); ``extra``: the labellers of
+    the pre-processors that name outputs (``--pre-processor k8s``'s wattflow layout), whose
+    keys are added to the same reports. Reports are rebuilt, never changed in place: a
+    formula's report may still be held by the formula or by another stage. Each target is
+    resolved once: a live node sends the same targets every tick, and their labels are kept, up
+    to :data:`KNOWN_TARGETS` of them (then forgotten all at once and resolved again as they
+    come). The labellers are asked every time (a pod the API lists later gets its names then);
+    they keep what they know themselves.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, resolver: bool = True, extra: Sequence[Labeller] = ()) -> None:
+        self.resolver = resolver
+        self.extra = tuple(extra)
         self.known: dict[str, dict[str, str] | None] = {}
 
     def labels(self, target: str) -> dict[str, str] | None:
+        """Every label ``target``'s reports gain, or ``None`` for none."""
+        labels = self._resolved(target) if self.resolver else None
+        for labeller in self.extra:
+            more = labeller(target)
+            if more:
+                labels = {**(labels or {}), **more}
+        return labels
+
+    def _resolved(self, target: str) -> dict[str, str] | None:
         """:func:`target_labels`, resolved once per target."""
         try:
             return self.known[target]
@@ -85,14 +105,12 @@ class TargetNaming:
         return item
 
 
-def _named_frame(
-    frame: PowerFrame, labels_of: Callable[[str], dict[str, str] | None]
-) -> PowerFrame:
+def _named_frame(frame: PowerFrame, labels_of: Labeller) -> PowerFrame:
     """The frame with each named row's labels as its own metadata (the frame's
     ``report_metadata``, which comes before the columns); the frame itself where no row is
     named, so SmartWatts' frames of unnamed targets stay on the outputs' column path."""
     codes = frame.targets.tolist()
-    by_code: dict[int, dict[str, str] | None] = {
+    by_code: dict[int, Mapping[str, str] | None] = {
         code: labels_of(frame.target_names[code]) for code in set(codes)
     }
     if not any(by_code.values()):

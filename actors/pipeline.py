@@ -26,6 +26,7 @@ from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrie
 from wattflow.actors.formulas.base import Dispatch, Formula, FormulaActor, FormulaConfig
 from wattflow.actors.naming import TargetNaming
 from wattflow.actors.partition import Partition
+from wattflow.actors.preprocessors.base import PreProcessor
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pushers.base import Pusher, PusherActor
 from wattflow.actors.router import Router
@@ -112,6 +113,10 @@ class _Emitter:
         """A batch waiting for room in the router's mailbox (dead-lettered if never taken)."""
         self.skipped = 0
         """Reports of other partitions' sensors this puller read and let go."""
+        self.pre_processor: PreProcessor[Any] | None = pipeline.pre_processors.get(input_name)
+        """PowerAPI's pre-processor bound to this input (``--pre-processor … --puller``)."""
+        self.dropped = 0
+        """Reports the pre-processor let go (counted by reason in the ledger)."""
         self.position: Any = None
         """The input's position after the last batch it handed on whole."""
         self.at_boundary = False
@@ -139,12 +144,24 @@ class _Emitter:
     async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
         partition = self._pipeline.partition
         if partition is None or not batch:
-            await self._emit(batch)
+            await self._emit(self._pre_processed(batch))
             return
         taken, skipped = partition.select(batch)
         self.skip(skipped)
         for part in taken:
-            await self._emit(part)
+            await self._emit(self._pre_processed(part))
+
+    def _pre_processed(
+        self, batch: Sequence[Report] | Sequence[Frame]
+    ) -> Sequence[Report] | Sequence[Frame]:
+        """The batch as the input's pre-processor leaves it; what it let go is counted."""
+        if self.pre_processor is None or not batch:
+            return batch
+        kept, dropped = self.pre_processor.process(batch)
+        if dropped:
+            self._pipeline.ledger.dropped.update(dropped)
+            self.dropped += sum(dropped.values())
+        return kept
 
     def skip(self, count: int) -> None:
         """Count reports of other partitions that the puller let go before decoding them."""
@@ -227,9 +244,12 @@ class Pipeline:
         state_store: StateStore | None = None,
         checkpoint_interval_s: float | None = None,
         name_targets: bool = False,
+        pre_processors: Sequence[PreProcessor[Any]] = (),
     ) -> None:
         self.label = label
         """What the log calls this pipeline (``worker 1/2`` under ``--workers``)."""
+        self.pre_processors = {p.config.puller: p for p in pre_processors}
+        """Each input's pre-processor, by the input's name."""
         self.queue = queue or QueueConfig()
         self.partition = _assign(partition, pullers)
         """The sensors this instance takes (``--partition``); None: every sensor."""
@@ -252,8 +272,7 @@ class Pipeline:
         self._pushers_by_kind: dict[str, list[PusherActor]] = {}
         self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
         self._wire_second_stage()
-        if name_targets:
-            self._name_targets()
+        self._name_targets(name_targets, pre_processors)
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
@@ -489,11 +508,17 @@ class Pipeline:
             actor.dispatch = dispatch
             actor.on_done = done
 
-    def _name_targets(self) -> None:
+    def _name_targets(
+        self, name_targets: bool, pre_processors: Sequence[PreProcessor[Any]]
+    ) -> None:
         """Put :class:`~wattflow.actors.naming.TargetNaming` between every formula and what
         takes its output (the outputs, and the formulas that read other formulas'), so that
-        every output and every reader sees the same names."""
-        naming = TargetNaming()
+        every output and every reader sees the same names: the resolver's (``name_targets``)
+        and those of the pre-processors that name outputs (the k8s one's pods)."""
+        labellers = [p.output_labels for p in pre_processors if p.names_outputs]
+        if not name_targets and not labellers:
+            return
+        naming = TargetNaming(resolver=name_targets, extra=labellers)
         for actor in self.formulas:
             actor.dispatch = _named(naming, actor.dispatch)
 
@@ -539,6 +564,8 @@ class Pipeline:
                     actor.puller.resume_from(checkpoints.positions.get(actor.emitter.name))
         if store is None or store.restored_by is None:
             self.state_ready.set()
+        for pre_processor in self.pre_processors.values():
+            await pre_processor.start()
         self._start_actors()
         timer = asyncio.ensure_future(self._checkpoint_timer())
         drained = asyncio.ensure_future(self._drain(timer))
@@ -549,6 +576,8 @@ class Pipeline:
             raise
         finally:
             timer.cancel()
+            for pre_processor in self.pre_processors.values():
+                await asyncio.to_thread(pre_processor.stop)
         await checkpoints.close()
         self.dead_letters.close()
         return self._result()

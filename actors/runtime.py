@@ -276,6 +276,8 @@ class Ledger:
         entered: reports pullers handed to the router.
         skipped: reports of sensors another instance takes (``--partition``): read and let
             go, neither entered nor dead letters.
+        dropped: reports a pre-processor let go by design, by reason (PowerAPI 2.10's k8s
+            layout drops a pod's container the API does not name): never entered.
         sorted: reports the router has dispatched or dead-lettered.
         unused: reports that no enabled formula takes (a per-container report while only the
             RAPL formula runs), counted by reason and named in the log, not dead-lettered.
@@ -294,6 +296,7 @@ class Ledger:
     rejected_input: int = 0
     entered: int = 0
     skipped: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
     sorted: int = 0
     unused: Counter[str] = field(default_factory=Counter)
     routed: int = 0
@@ -319,7 +322,7 @@ class Ledger:
         """One line for the log at the end of a run."""
         return (
             f"entered={self.entered} rejected_input={self.rejected_input} "
-            f"skipped={self.skipped} "
+            f"skipped={self.skipped} dropped={sum(self.dropped.values())} "
             f"unused={sum(self.unused.values())} consumed={self.consumed} "
             f"(absorbed={self.absorbed}) "
             f"dead_in={self.dead_in} produced={self.produced} delivered={self.delivered} "

@@ -70,6 +70,21 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Reports an input read and let go because another instance takes their sensor "
         "(--partition; counted, not dead letters).",
     ),
+    "wattflow_actor_reports_dropped_total": (
+        "counter",
+        ("actor",),
+        "Reports an input's pre-processor let go by design (--pre-processor k8s with the "
+        "PowerAPI 2.10 layout: a pod's container the API does not name, such as a pause "
+        "container; counted, not dead letters).",
+    ),
+    "wattflow_pre_processor": (
+        "gauge",
+        ("pre_processor", "figure"),
+        "A pre-processor's own figures: for k8s, containers (cached), containers_evicted_total, "
+        "lists_total, watches_total, watch_failures_total, and reports_named_total, "
+        "reports_unknown_container_total (PowerAPI 2.10 layout) or targets_named, "
+        "targets_unknown_container (wattflow's).",
+    ),
     "wattflow_reports_unrequested_total": (
         "counter",
         (),
@@ -271,7 +286,8 @@ class PipelineStatus:
         flows: list[tuple[str, int, int]] = []
         for puller in pipeline.pullers:
             emitted = puller.emitter.emitted
-            taken = emitted + dead[puller.name] + puller.emitter.skipped
+            emitter = puller.emitter
+            taken = emitted + dead[puller.name] + emitter.skipped + emitter.dropped
             flows.append((puller.name, taken, emitted))
         router = pipeline.router
         flows.append((router.name, router.mailbox.received, router.delivered))
@@ -287,6 +303,11 @@ class PipelineStatus:
         for puller in pipeline.pullers:
             skipped = puller.emitter.skipped
             families.add("wattflow_actor_reports_skipped_total", [puller.name], skipped)
+            dropped = puller.emitter.dropped
+            families.add("wattflow_actor_reports_dropped_total", [puller.name], dropped)
+        for pre_processor in pipeline.pre_processors.values():
+            for figure, value in sorted(pre_processor.metrics().items()):
+                families.add("wattflow_pre_processor", [pre_processor.config.name, figure], value)
         unused = sum(pipeline.ledger.unused.values())
         families.add("wattflow_actor_reports_unused_total", [router.name], unused)
         families.add("wattflow_reports_unrequested_total", (), pipeline.ledger.unrequested)

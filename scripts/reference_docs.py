@@ -37,6 +37,7 @@ from pydantic.fields import FieldInfo
 from wattflow.actors.backend import BackendConfig
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula
+from wattflow.actors.preprocessors import preprocessors
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pushers import pushers
 from wattflow.actors.runtime import QueueConfig
@@ -75,7 +76,7 @@ COMPANION = {"input": ("output", "jsonl"), "output": ("input", "jsonl")}
 SERVICE_EXAMPLE: dict[str, Any] = {"stream": True, "dead_letters": Path("dead-letters.jsonl")}
 """The service settings the service page's example sets (besides the queue's defaults)."""
 
-SERVICE_SKIP = {"inputs", "outputs", "formulas", "queue"}
+SERVICE_SKIP = {"inputs", "outputs", "formulas", "queue", "pre_processors"}
 QUEUE_SKIP = {"when_full"}
 
 
@@ -505,6 +506,38 @@ def backend_page(group: str, kind: str) -> Page:
     )
 
 
+def pre_processor_settings(kind: str) -> list[Setting]:
+    """The rows of a pre-processor's table."""
+    return model_settings(
+        preprocessors.get(kind).config_model,
+        skip={"type"},
+        env=lambda name: f"{ENV_PREFIX}PRE_PROCESSOR_<NAME>_{name.upper()}",
+        defaults={"name": code(_toml_value(f"pre_processor_{kind}"))},
+    )
+
+
+def pre_processor_page(kind: str) -> Page:
+    """``docs/pre-processors/<type>.md``: its settings as PowerAPI's ``--pre-processor`` group
+    takes them. Its table's flags, keys and variables are checked by the pre-processor's own
+    tests (``tests/test_k8s_config.py``), not by the backends' (which build whole commands
+    around an input or output)."""
+    model = preprocessors.get(kind).config_model
+    settings = pre_processor_settings(kind)
+    notes = (
+        f"Flags go after `--pre-processor {kind}`. In a config file the keys go in a "
+        f'`[pre_processor.<name>]` table with `type = "{kind}"` (PowerAPI\'s JSON: '
+        '`"pre-processor": {"<name>": {…}}`, where dashes may replace underscores). In an '
+        "environment variable `<NAME>` is the pre-processor's name in capitals (`-n`; by "
+        f"default `PRE_PROCESSOR_{kind.upper()}`), and `POWERAPI_` may replace `WATTFLOW_` (it "
+        "wins when both are set)."
+    )
+    return Page(
+        path=f"docs/pre-processors/{kind}.md",
+        title=f"Pre-processor: {kind}",
+        block="\n\n".join([docstring(model), table(settings), notes]),
+    )
+
+
 def _global_help(dest: str) -> str:
     for action in cli._global_parser()._actions:
         if action.dest == dest:
@@ -657,6 +690,7 @@ def pages() -> list[Page]:
     found += [backend_page("input", kind) for kind in pullers.names()]
     found += [backend_page("output", kind) for kind in pushers.names()]
     found += [formula_page(name, cls) for name, cls in formulas.items()]
+    found += [pre_processor_page(kind) for kind in preprocessors.names()]
     return sorted(found, key=lambda page: page.path)
 
 

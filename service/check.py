@@ -209,7 +209,22 @@ async def backends(argv: Sequence[str]) -> list[Finding]:
                 found.append(Finding(what, False, str(error) or type(error).__name__))
             else:
                 found.append(Finding(what, True, detail))
+    found += [
+        await _pre_processor(name, settings) for name, settings in config.pre_processors.items()
+    ]
     return found
+
+
+async def _pre_processor(name: str, settings: Any) -> Finding:
+    """A pre-processor's own contact (the k8s one lists this node's pods)."""
+    from wattflow.actors.preprocessors import preprocessors
+
+    what = f"pre-processor {name} ({settings.type})"
+    try:
+        detail = await asyncio.wait_for(preprocessors.get(settings.type)(settings).probe(), 30)
+    except (WattflowError, OSError, TimeoutError) as error:
+        return Finding(what, False, str(error) or type(error).__name__)
+    return Finding(what, True, detail)
 
 
 def check_command(argv: Sequence[str], console: Console | None = None) -> int:

@@ -27,8 +27,6 @@ from wattflow.formats.errors import WattflowError
 
 if TYPE_CHECKING:
     from wattflow.actors.pipeline import Pipeline, PipelineResult
-    from wattflow.actors.pullers.base import Puller
-    from wattflow.actors.pushers.base import Pusher
     from wattflow.actors.registry import Registry
     from wattflow.service.config import ServiceConfig
 
@@ -37,7 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("wattflow")
 
-GROUP_FLAGS = ("--input", "--output")
+GROUP_FLAGS = ("--input", "--output", "--pre-processor")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,12 +98,12 @@ def _add_model_flags(
 
 
 def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
-    from wattflow.actors.pullers import pullers
-    from wattflow.actors.pushers import pushers
+    """The flags of one group (``--input csv``, ``--pre-processor k8s``). No ``-h``: PowerAPI's
+    k8s pre-processor takes it for ``--api-host``; ``--help`` lists the group's flags."""
+    from wattflow.service import config as service_config
     from wattflow.service.config import ConfigError
 
-    registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
-    registry = pullers if group == "input" else pushers
+    registry: Registry[Any] = service_config._registry(group.replace("-", "_"))
     try:
         model = registry.get(kind).config_model
     except ValueError as error:
@@ -142,7 +140,9 @@ def _global_parser() -> argparse.ArgumentParser:
         "`wattflow run --input TYPE --help` lists a backend's flags.",
         epilog=RUN_EXIT_CODES,
     )
-    _add_model_flags(parser, ServiceConfig, skip={"inputs", "outputs", "formulas", "queue"})
+    _add_model_flags(
+        parser, ServiceConfig, skip={"inputs", "outputs", "formulas", "queue", "pre_processors"}
+    )
     parser.add_argument(
         "--config-file",
         dest="config_file",
@@ -193,6 +193,10 @@ def _split_groups(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str, 
     return head, groups
 
 
+DEFAULT_NAMES = {"input": "puller", "output": "pusher", "pre_processor": "pre_processor"}
+"""An unnamed group's name is this and its type (``puller_csv``), as PowerAPI names it."""
+
+
 def parse_run_args(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
     """Turn ``wattflow run``'s command line into a settings layer and the config file path.
 
@@ -203,17 +207,18 @@ def parse_run_args(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None]:
 
     head, groups = _split_groups(argv)
     layer: dict[str, Any] = {}
-    names: dict[str, set[str]] = {"input": set(), "output": set()}
+    names: dict[str, set[str]] = {}
     for group, kind, tokens in groups:
         parsed, rest = _backend_parser(group, kind).parse_known_args(tokens)
         settings = {"type": kind, **vars(parsed)}
-        default_name = f"{'puller' if group == 'input' else 'pusher'}_{kind}"
-        name = normalise(str(settings.pop("name", default_name)))
+        key = normalise(group)
+        name = normalise(str(settings.pop("name", f"{DEFAULT_NAMES[key]}_{kind}")))
         base, number = name, 2
-        while name in names[group]:
+        taken = names.setdefault(key, set())
+        while name in taken:
             name, number = f"{base}_{number}", number + 1
-        names[group].add(name)
-        layer.setdefault(group, {})[name] = settings
+        taken.add(name)
+        layer.setdefault(key, {})[name] = settings
         head.extend(rest)
     parsed_head = vars(_global_parser().parse_args(head))
     config_file = parsed_head.pop("config_file", None)

@@ -32,10 +32,12 @@ from wattflow.actors.backend import CommaList
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import FormulaConfig
 from wattflow.actors.partition import Partition
+from wattflow.actors.preprocessors import preprocessors
+from wattflow.actors.preprocessors.base import PreProcessorConfig
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Puller, PullerConfig
+from wattflow.actors.pullers.base import PullerConfig
 from wattflow.actors.pushers import pushers
-from wattflow.actors.pushers.base import Pusher, PusherConfig
+from wattflow.actors.pushers.base import PusherConfig
 from wattflow.actors.registry import Registry
 from wattflow.actors.runtime import QueueConfig
 from wattflow.formats.errors import WattflowError
@@ -65,6 +67,10 @@ class ServiceConfig(BaseModel):
     )
     inputs: dict[str, PullerConfig] = Field(default_factory=dict)
     outputs: dict[str, PusherConfig] = Field(default_factory=dict)
+    pre_processors: dict[str, PreProcessorConfig] = Field(
+        default_factory=dict,
+        description="PowerAPI's pre-processors (--pre-processor k8s …), each bound to an input.",
+    )
     formulas: dict[str, FormulaConfig] = Field(
         default_factory=dict, description="Enabled formulas and their settings."
     )
@@ -267,16 +273,17 @@ def load_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     """Settings from ``POWERAPI_*`` and ``WATTFLOW_*`` variables.
 
     ``POWERAPI_STREAM=true`` sets ``stream``; ``POWERAPI_INPUT_<NAME>_<FIELD>`` and
-    ``POWERAPI_OUTPUT_<NAME>_<FIELD>`` set a field of a named input or output (the field is the
-    longest known field name that ends the variable, so names may contain underscores; where
-    several split it, a name the other variables give wins: see :func:`_splits`).
+    ``POWERAPI_OUTPUT_<NAME>_<FIELD>`` set a field of a named input or output, and
+    ``POWERAPI_PRE_PROCESSOR_<NAME>_<FIELD>`` of a pre-processor (the field is the longest
+    known field name that ends the variable, so names may contain underscores; where several
+    split it, a name the other variables give wins: see :func:`_splits`).
     """
     result, backend_variables = _read_variables(environ)
     if not backend_variables:
         return result
     backend_fields = {  # every backend's settings, to find where a variable's backend name ends
-        "input": _field_names([cls.config_model for _, cls in pullers.items()]),
-        "output": _field_names([cls.config_model for _, cls in pushers.items()]),
+        group: _field_names([cls.config_model for _, cls in _registry(group).items()])
+        for group in {group for _, group, _, _ in backend_variables}
     }
     splits = {
         variable: _splits(variable, group, rest, backend_fields[group])
@@ -301,7 +308,7 @@ def _read_variables(
             if not variable.startswith(prefix):
                 continue
             key = variable[len(prefix) :].lower()
-            group = next((g for g in ("input", "output") if key.startswith(g + "_")), None)
+            group = next((g for g in GROUPS if key.startswith(g + "_")), None)
             if group is None:
                 top_level[key] = value
             else:
@@ -327,8 +334,20 @@ def _splits(variable: str, group: str, rest: str, fields: set[str]) -> list[tupl
     return found
 
 
+GROUPS = ("input", "output", "pre_processor")
+"""The tables of named parts, each entry with a ``type``: PowerAPI's ``input``, ``output`` and
+``pre-processor``."""
+
+
+def _registry(group: str) -> Registry[Any]:
+    if group == "input":
+        return pullers
+    return pushers if group == "output" else preprocessors
+
+
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge settings, later layers winning; ``input`` and ``output`` merge by name.
+    """Merge settings, later layers winning; ``input``, ``output`` and ``pre_processor``
+    merge by name.
 
     A setting's old name counts as its current one, so that a later layer wins whichever name
     each layer gives it.
@@ -337,7 +356,7 @@ def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
     top_level = renamed_settings([ServiceConfig, *formula_settings().values()])
     for layer in layers:
         for key, value in _rename(layer, top_level).items():
-            if key in ("input", "output") and isinstance(value, Mapping):
+            if key in GROUPS and isinstance(value, Mapping):
                 table = merged.setdefault(key, {})
                 for name, settings in value.items():
                     kind = dict(settings).get("type", table.get(name, {}).get("type"))
@@ -359,10 +378,8 @@ def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
 def _backend_renames(group: str, kind: Any) -> dict[str, str]:
     """The renamed settings of a backend type, and its flags' other names; none for an
     unknown type (``build`` says why)."""
-    registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
-    registry = pullers if group == "input" else pushers
     try:
-        model = registry.get(str(kind)).config_model if kind else None
+        model = _registry(group).get(str(kind)).config_model if kind else None
     except ValueError:
         return {}
     return {} if model is None else {**flag_keys(model), **renamed_settings([model])}
@@ -399,19 +416,43 @@ def _error_line(prefix: str, error: ValidationError) -> str:
 
 
 def _backend(group: str, name: str, settings: Mapping[str, Any]) -> Any:
-    registry: Registry[type[Puller[Any]]] | Registry[type[Pusher[Any]]]
-    registry = pullers if group == "input" else pushers
+    where = f"{group.replace('_', '-')}.{name}"
     kind = settings.get("type")
     if not kind:
-        raise ConfigError(f"{group}.{name}.type: required setting is missing")
+        raise ConfigError(f"{where}.type: required setting is missing")
     try:
-        model = registry.get(str(kind)).config_model
+        model = _registry(group).get(str(kind)).config_model
     except ValueError as error:
-        raise ConfigError(f"{group}.{name}.type: {error}") from None
+        raise ConfigError(f"{where}.type: {error}") from None
     try:
         return model.model_validate({"name": name, **settings})
     except ValidationError as error:
-        raise ConfigError(_error_line(f"{group}.{name}", error)) from None
+        raise ConfigError(_error_line(where, error)) from None
+
+
+def _pre_processors(
+    settings: Mapping[str, Any], inputs: Mapping[str, PullerConfig]
+) -> dict[str, PreProcessorConfig]:
+    """The pre-processors, each bound to an existing input, at most one per input (PowerAPI's
+    checks: a pre-processor renames targets, two on one input would fight over them)."""
+    result: dict[str, PreProcessorConfig] = {}
+    bound: dict[str, str] = {}
+    for name, values in settings.items():
+        config = _backend("pre_processor", name, values)
+        puller = normalise(config.puller)
+        if puller not in inputs:
+            known = ", ".join(inputs) or "none"
+            raise ConfigError(
+                f"pre-processor.{name}.puller: no input named {config.puller!r} (inputs: {known})"
+            )
+        if puller in bound:
+            raise ConfigError(
+                f"pre-processor.{name}.puller: input {puller!r} already has pre-processor "
+                f"{bound[puller]!r}; one per input"
+            )
+        bound[puller] = name
+        result[name] = config.model_copy(update={"puller": puller})
+    return result
 
 
 def formula_settings() -> dict[str, type[FormulaConfig]]:
@@ -434,9 +475,15 @@ def build(raw: Mapping[str, Any]) -> ServiceConfig:
         name: _backend("output", name, values)
         for name, values in settings.pop("output", {}).items()
     }
+    pre_processors = _pre_processors(settings.pop("pre_processor", {}), inputs)
     formula_keys = _field_names(list(formula_models.values()))
     disabled = {f"disable_{name}_formula" for name in formula_models}
-    top_level = set(ServiceConfig.model_fields) - {"inputs", "outputs", "formulas"}
+    top_level = set(ServiceConfig.model_fields) - {
+        "inputs",
+        "outputs",
+        "formulas",
+        "pre_processors",
+    }
     for key in settings:
         if key not in formula_keys | disabled | top_level:
             raise ConfigError(f"{key.replace('_', '-')}: unknown setting")
@@ -453,6 +500,7 @@ def build(raw: Mapping[str, Any]) -> ServiceConfig:
         return ServiceConfig(
             inputs=inputs,
             outputs=outputs,
+            pre_processors=pre_processors,
             formulas=enabled,
             **{k: v for k, v in settings.items() if k in top_level},
         )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from wattflow.actors.checkpoints import FileStateStore
 from wattflow.actors.formulas import formulas
 from wattflow.actors.pipeline import Pipeline, PipelineResult
+from wattflow.actors.preprocessors import preprocessors
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pushers import pushers
 from wattflow.actors.runtime import DeadLetters
@@ -44,6 +45,11 @@ def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
         )
         pusher_objects.append(RunRecorder(recorder))
     formula_list = [(formulas.get(name), c) for name, c in config.formulas.items()]
+    # SmartWatts 2.4.1 runs on PowerAPI 2.10: its compat mode gets 2.10's pre-processor layout.
+    compat = getattr(config.formulas.get("smartwatts"), "compat", None) is not None
+    pre_processors = [
+        preprocessors.get(c.type)(c, compat=compat) for c in config.pre_processors.values()
+    ]
     return Pipeline(
         puller_objects,
         formula_list,
@@ -56,6 +62,7 @@ def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
         state_store=None if config.state_file is None else FileStateStore(config.state_file),
         checkpoint_interval_s=config.state_interval_s,
         name_targets=config.target_names == "on" or _energy_on(config),
+        pre_processors=pre_processors,
     )
 
 
@@ -72,6 +79,8 @@ async def check(pipeline: Pipeline) -> None:
     pipeline.dead_letters.open()
     for puller in pipeline.pullers:
         await puller.puller.check()
+    for pre_processor in pipeline.pre_processors.values():
+        await pre_processor.check()
     for pusher in pipeline.pushers:
         await pusher.pusher.check()
 

@@ -227,8 +227,12 @@ def test_kustomize_builds_manifests_that_kubernetes_schemas_accept_strictly(
 ) -> None:
     path, documents = kustomize(directory, tmp_path)
     kinds = sorted(document["kind"] for document in documents)
-    central = ["StatefulSet"] if directory == "overlays/statefulset" else []
-    assert kinds == ["ConfigMap", "ConfigMap", "DaemonSet", "Namespace", "Service", *central]
+    central = directory == "overlays/statefulset"
+    # The DaemonSet's wattflow reads pods (rbac.yaml); the central tier reads none.
+    rbac = [] if central else ["ClusterRole", "ClusterRoleBinding"]
+    account = [] if central else ["ServiceAccount"]
+    expected = ["ConfigMap", "ConfigMap", *rbac, "DaemonSet", "Namespace", "Service", *account]
+    assert kinds == sorted([*expected, *(["StatefulSet"] if central else [])])
     for version in KUBERNETES_VERSIONS:
         result = tool("kubernetes-validate", "--strict", "--quiet", "-k", version, path)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -284,10 +288,38 @@ def test_the_daemonset_runs_a_wattflow_its_cli_accepts_beside_hwpc_sensor(
         formula["livenessProbe"]["httpGet"]["path"],
     }
     assert probes == {"/ready", "/health"}
+    assert_the_pre_processor_reads_this_nodes_pods(documents, pod, formula, config)
     http_port = formula["args"][formula["args"].index("--http-port") + 1]
     power_port = formula["args"][formula["args"].index("prometheus") + 4]  # --addr A --port P
     (service,) = [d for d in documents if d["kind"] == "Service"]
     assert [str(p["port"]) for p in service["spec"]["ports"]] == [http_port, power_port]
+
+
+def assert_the_pre_processor_reads_this_nodes_pods(
+    documents: list[dict[str, Any]],
+    pod: dict[str, Any],
+    formula: dict[str, Any],
+    config: ServiceConfig,
+) -> None:
+    """wattflow's k8s pre-processor takes the socket input's reports, knows its node from the
+    downward API, and its service account may get, list and watch pods and nothing more."""
+    ((_, pre),) = config.pre_processors.items()
+    assert pre.type == "k8s"
+    assert config.inputs[pre.puller].type == "socket"
+    assert getattr(pre, "api_mode", None) == "cluster"
+    node = {e["name"]: e.get("valueFrom") for e in formula["env"]}["NODE_NAME"]
+    assert node == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    by_kind = {d["kind"]: d for d in documents}
+    account = by_kind["ServiceAccount"]["metadata"]
+    assert pod["serviceAccountName"] == account["name"]
+    assert by_kind["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = by_kind["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == by_kind["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
 
 
 def test_the_statefulset_runs_one_partition_per_pod_on_the_collection_hwpc_sensor_fills(

@@ -85,7 +85,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
         "--only-binary=:all:",
         "--dest",
         str(wheelhouse),
-        str(ROOT),
+        f"{ROOT}[kubernetes]",  # the image holds the k8s pre-processor's client
         "setuptools",
         "wheel",
     )

@@ -39,26 +39,28 @@ from powerapi.cli.common_cli_parsing_manager import (  # type: ignore[import-unt
     CommonCLIParsingManager,
 )
 
-from wattflow.actors.pullers import pullers
-from wattflow.actors.pushers import pushers
+from wattflow.service import config as service_config
 from wattflow.service.cli import load_run_config, parse_run_args
 from wattflow.service.config import ConfigError, ServiceConfig, flag_keys, renamed_settings
 
-GROUPS = ["input", "output"]
-"""The groups of PowerAPI's parser this test covers. Add ``"pre-processor"`` here once wattflow
-takes ``--pre-processor`` (the k8s branch), with its values in :data:`VALUES`; what PowerAPI
-needs to start one is read from ``PreProcessorGenerator`` in the same file (extend
-:func:`powerapi_needs`), and :data:`ENV_GROUPS` gives its variables' prefix. The groups
-not covered are named in :func:`test_every_group_of_powerapis_parser_is_covered_or_named`."""
+GROUPS = ["input", "output", "pre-processor"]
+"""The groups of PowerAPI's parser this test covers; what PowerAPI needs to start a
+pre-processor is read from ``PreProcessorGenerator`` (:func:`powerapi_processor_needs`). The
+groups not covered are named in
+:func:`test_every_group_of_powerapis_parser_is_covered_or_named`."""
 
 NOT_YET = {
-    "pre-processor": "wattflow takes --pre-processor k8s on the k8s branch",
     "post-processor": "PowerAPI 2.10 defines no post-processor",
 }
 """Groups of PowerAPI's parser that wattflow does not cover yet, and why."""
 
 ENV_GROUPS = {"input": "INPUT", "output": "OUTPUT", "pre-processor": "PRE_PROCESSOR"}
 """Each group's part of its variables' names (PowerAPI's ``POWERAPI_<GROUP>_`` prefixes)."""
+
+BOUND_INPUT = "puller"
+"""The input a pre-processor's command line is checked with (PowerAPI's, like wattflow's,
+needs ``--puller`` to name an input)."""
+BOUND_INPUT_FLAGS = ["--input", "socket", "--name", BOUND_INPUT]
 
 VALUES: dict[tuple[str, str, str], str] = {
     ("input", "mongodb", "uri"): "mongodb://127.0.0.1:27017",
@@ -92,6 +94,10 @@ VALUES: dict[tuple[str, str, str], str] = {
     ("output", "influxdb2", "org"): "org",
     ("output", "influxdb2", "db"): "power",
     ("output", "influxdb2", "port"): "8086",
+    ("pre-processor", "k8s", "api-mode"): "local",
+    ("pre-processor", "k8s", "api-key"): "t0ken",
+    ("pre-processor", "k8s", "api-host"): "https://10.0.0.1:6443",
+    ("pre-processor", "k8s", "puller"): BOUND_INPUT,
 }
 """A value PowerAPI and wattflow both take for each argument (``model`` and ``name`` are
 given for every backend by :func:`value_of`)."""
@@ -134,6 +140,45 @@ def powerapi_needs() -> dict[str, set[str]]:
             and any(isinstance(c, ast.Name) and c.id == "db_config" for c in n.comparators)
         }
         needs[str(key.value)] = {str(k).replace("-", "_") for k in read - asked}
+    return needs
+
+
+def powerapi_processor_needs() -> dict[str, set[str]]:
+    """What PowerAPI 2.10's generator reads without a default for each pre-processor type:
+    ``processor_config[KEY]`` in its ``_<type>_pre_processor_factory`` (read, not imported, as
+    above), less the keys the generator sets itself (the actor's name) and the main config's
+    (``verbose``)."""
+    spec = importlib.util.find_spec("powerapi.cli.generator")
+    assert spec is not None
+    assert spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    constants = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    set_by_generator = {
+        constants.get(t.slice.id)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Name)
+    }
+    needs: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("_pre_processor_factory"):
+            read = {
+                constants.get(n.slice.id)
+                for n in ast.walk(node)
+                if isinstance(n, ast.Subscript)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "processor_config"
+                and isinstance(n.slice, ast.Name)
+            }
+            kind = node.name.removeprefix("_").removesuffix("_pre_processor_factory")
+            needs[kind] = {str(k) for k in read - set_by_generator - {"verbose", None}}
     return needs
 
 
@@ -198,7 +243,7 @@ def powerapi_root_flags() -> list[Argument]:
 
 
 BACKENDS = [b for b in powerapi_backends() if b[0] in GROUPS]
-NEEDS = powerapi_needs()
+NEEDS = powerapi_needs() | powerapi_processor_needs()
 
 
 def needed(group: str, kind: str, arguments: list[Argument]) -> set[str]:
@@ -230,8 +275,7 @@ def value_of(group: str, kind: str, argument: Argument) -> str:
 def setting(group: str, kind: str, argument: Argument) -> str:
     """The wattflow setting a PowerAPI argument sets: the one its long name names (dashes as
     underscores), as a setting's own name, a name of its flags, or its former name."""
-    registry = pullers if group == "input" else pushers
-    model = registry.get(kind).config_model
+    model = service_config._registry(_key(group)).get(kind).config_model
     names = {**flag_keys(model), **renamed_settings([model])}
     key = argument.long.replace("-", "_")
     return names.get(key, key)
@@ -279,7 +323,7 @@ def test_every_combination_of_a_backends_flags_is_taken(
                 layer, _ = parse_run_args(argv)
             except ConfigError as error:
                 raise AssertionError(f"wattflow refuses {argv}: {error}") from None
-            ((name, settings),) = layer[group].items()
+            ((name, settings),) = layer[_key(group)].items()
             expected_name = value_of(group, kind, Argument(["name"], False))
             assert name == (expected_name if "name" in names else f"{_role(group)}_{kind}")
             for argument in chosen:
@@ -294,15 +338,27 @@ def test_every_combination_of_a_backends_flags_is_taken(
 
 
 def _role(group: str) -> str:
-    return "puller" if group == "input" else "pusher"
+    return {"input": "puller", "output": "pusher"}.get(group, "pre_processor")
+
+
+def _key(group: str) -> str:
+    """The group's key in a settings layer (``pre_processor`` for ``--pre-processor``)."""
+    return group.replace("-", "_")
 
 
 def _validates(argv: list[str], group: str) -> ServiceConfig:
+    if group == "pre-processor":
+        argv = [*BOUND_INPUT_FLAGS, *argv]
     try:
         config = load_run_config(argv, environ={})
     except ConfigError as error:
         raise AssertionError(f"wattflow refuses {argv}: {error}") from None
-    assert len(config.inputs if group == "input" else config.outputs) == 1
+    built = {
+        "input": len(config.inputs),
+        "output": len(config.outputs),
+        "pre-processor": len(config.pre_processors),
+    }
+    assert built[group] == 1
     return config
 
 
@@ -324,11 +380,14 @@ def test_powerapis_json_keys_and_variables_give_what_its_flags_give(
                 key = argument.short if keys == "short" and argument.short else argument.long
                 document[key] = values[argument.long]
         path = tmp_path / f"powerapi-{keys}.json"
-        path.write_text(json.dumps({group: {name: document}}))
+        bound = {"input": {BOUND_INPUT: {"type": "socket"}}} if group == "pre-processor" else {}
+        path.write_text(json.dumps({**bound, group: {name: document}}))
         from_file = load_run_config(["--config-file", str(path)], environ={})
         assert from_file == flags, keys
     prefix = f"POWERAPI_{ENV_GROUPS[group]}_{name.upper()}_"
     environ = {prefix + "TYPE": kind}
+    if group == "pre-processor":
+        environ[f"POWERAPI_INPUT_{BOUND_INPUT.upper()}_TYPE"] = "socket"
     environ |= {prefix + k.upper().replace("-", "_"): v for k, v in values.items()}
     assert load_run_config([], environ=environ) == flags
 

@@ -50,6 +50,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from pydantic import AliasChoices, Field, PositiveInt, field_validator, model_validator
 
 from wattflow.actors.errors import PushError
+from wattflow.actors.preprocessors.k8s import FLAT_KEYS as K8S_KEYS
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.pushers.csv import TagList
@@ -58,10 +59,11 @@ from wattflow.formats.targets import LABEL_KEYS
 
 logger = logging.getLogger(__name__)
 
-BOUNDED_LABELS = ("scope", "socket", "device", *LABEL_KEYS)
+BOUNDED_LABELS = ("scope", "socket", "device", *LABEL_KEYS, *K8S_KEYS)
 """The metadata keys that may become labels: ``scope``, ``socket`` and ``device`` have a
 handful of values per node; the target's names (:mod:`wattflow.actors.naming`:
-``target_kind``, ``slurm_job``, ``pod_uid``…) one value per target, so they add no series."""
+``target_kind``, ``slurm_job``, ``pod_uid``…, and the k8s pre-processor's ``k8s_pod_name``…)
+one value per target, so they add no series."""
 
 POWER_METRIC = "wattflow_power_watts"
 ENERGY_METRIC = "wattflow_energy_joules"
