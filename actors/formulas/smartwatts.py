@@ -875,7 +875,7 @@ class Estimates:
         ticks = run.ticks[:taken]
         socket_at, scope_at = steps.socket_at, steps.scope_at
         intercept_w = model.intercept
-        columns = (
+        columns: tuple[Iterable[Any], ...] = (
             ticks, repeat(socket_at, taken), repeat(scope_at, taken), repeat(coef_code, taken),
             run.rapl_power_w[:taken], repeat(self._hash_code(model.hash), taken),
             repeat(intercept_w, taken), run.dynamic_w[:taken], run.global_power_w[:taken],
