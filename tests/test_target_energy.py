@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, wattflow
+from tests.conftest import ROOT, wait_until, wattflow
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.energy import EnergyConfig, EnergyFormula
 from wattflow.actors.naming import TargetNaming
@@ -125,9 +125,9 @@ def jittered_node(tmp_path_factory: pytest.TempPathFactory) -> Node:
     return _shared_node(tmp_path_factory.mktemp("jittered-node"), _jittered(JITTER_SEED))
 
 
-def _shared_node(out: Path, stamp: Callable[[str], str]) -> Node:
-    """The demo node's recordings as a shared Slurm node, through ``wattflow run``, with
-    hwpc-sensor's ticks stamped by ``stamp``."""
+def shared_node_recordings(out: Path, stamp: Callable[[str], str] = _second) -> None:
+    """Write the demo node's recordings as a shared Slurm node's, ``hwpc.jsonl`` and
+    ``gpu.jsonl`` in ``out``, with hwpc-sensor's ticks stamped by ``stamp``."""
     lines = (DEMO / "demo-hwpc.jsonl").read_text().splitlines()
     hwpc = [_hwpc(line, stamp) for line in lines]
     hwpc_lines = [line for line in hwpc if line]
@@ -135,6 +135,12 @@ def _shared_node(out: Path, stamp: Callable[[str], str]) -> Node:
     gpu = [_gpu(line, last) for line in (DEMO / "demo-gpu.jsonl").read_text().splitlines()]
     (out / "hwpc.jsonl").write_text("\n".join(hwpc_lines) + "\n")
     (out / "gpu.jsonl").write_text("\n".join(line for line in gpu if line) + "\n")
+
+
+def _shared_node(out: Path, stamp: Callable[[str], str]) -> Node:
+    """The shared node's recordings through ``wattflow run``, with hwpc-sensor's ticks
+    stamped by ``stamp``."""
+    shared_node_recordings(out, stamp)
     store = f"sqlite:///{out / 'runs.db'}"
     result = wattflow(
         "run",
@@ -470,3 +476,46 @@ def test_what_is_not_a_target_is_not_counted() -> None:
     assert EnergyFormula.dispatch_key(_power(0, "node", "node", 1.0)) is None
     assert EnergyFormula.dispatch_key(_power(0, "gpu0", "gpu", 1.0)) == "node-1"
     assert not EnergyFormula.enabled(EnergyConfig())
+
+
+def test_a_scope_whose_reports_lag_does_not_end_a_workload_early() -> None:
+    """SmartWatts' reports come after the GPU formula's (it holds its ticks; a replay reads
+    each file at full speed): the job's GPU process stops at 8 s and the GPU's own target
+    goes on to 20 s before the job's CPU reports of those seconds arrive. The job is judged
+    by the slower stream's time, so it ends once, with its CPU and GPU energy in one record,
+    not as a GPU record now and a CPU record later."""
+    formula = EnergyFormula(EnergyConfig(target_energy=True, target_end_silence_s=3), "node-1")
+    assert _run(formula, _power(0, JOB_CPU, "cpu", 5.0)) == []  # both streams have begun
+    for second in range(21):
+        gpus = [_power(second, "gpu0", "gpu", 60.0)]
+        if second <= 8:
+            gpus.append(_power(second, JOB_GPU, "gpu", 100.0))
+        assert _run(formula, *gpus) == []
+    for second in range(1, 21):
+        assert _run(formula, _power(second, JOB_CPU, "cpu", 5.0)) == []
+    out = Output()
+    formula.flush(out)
+    job = [r for r in out.items() if isinstance(r, TargetEnergyReport) and r.target == "slurm/101"]
+    assert [(r.reason, r.energy) for r in job] == [
+        ("running", {"cpu": 100.0, "dram": 0.0, "gpu": 800.0})
+    ]
+
+
+def test_a_scope_that_stopped_reporting_holds_the_others_back_no_longer_than_the_silence() -> None:
+    """The CPU stream stops (its input gone) while the GPU's goes on: once the CPU has sent
+    nothing for ``--target-end-silence-s`` of real time, the stream's time is the GPU's and
+    the CPU-only workload ends by it."""
+    config = EnergyConfig(target_energy=True, target_end_silence_s=0.2)
+    formula = EnergyFormula(config, "node-1")
+    assert _run(formula, _power(0, "postgres", "cpu", 5.0), _power(0, "gpu0", "gpu", 60.0)) == []
+    ended: list[TargetEnergyReport] = []
+    second = 0
+
+    def postgres_ended() -> bool:
+        nonlocal second
+        second += 1
+        ended.extend(_run(formula, _power(second, "gpu0", "gpu", 60.0)))
+        return any(r.target == "postgres" for r in ended)
+
+    wait_until(postgres_ended, 10, "the CPU-only workload to end by the GPU's time")
+    assert [r.reason for r in ended] == ["silent"]

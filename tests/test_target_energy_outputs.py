@@ -37,10 +37,11 @@ from wattflow.formats import powerapi
 from wattflow.formats.reports import PowerReport, Report, TargetEnergyReport, to_millis
 from wattflow.formats.targets import LABEL_KEYS
 
-from .conftest import run_async, wait_until, wattflow
+from .conftest import Service, run_async, wait_until, wattflow
 from .servers import ServerProcess, free_port, mongodb_uri
 from .servers_influx import influx_uri
 from .servers_prometheus import PrometheusServer, promtool_check_metrics, scrape
+from .test_target_energy import DEMO, shared_node_recordings
 from .test_zeromq import Collector, eventually, pulling, until_subscribed
 
 START = datetime(2026, 5, 4, 8, 0, tzinfo=UTC)
@@ -458,3 +459,91 @@ def test_a_prometheus_server_scrapes_each_jobs_energy(prometheus_server: Any) ->
     assert by_job["4242"] == pytest.approx(sum(job.energy.values()), rel=1e-9)
     others = sum(sum(r.energy.values()) for r in made if r is not job)
     assert by_job[""] == pytest.approx(others, rel=1e-9)
+
+
+# --- through the service ----------------------------------------------------------------------
+
+
+def test_the_service_serves_a_jobs_record_and_keeps_them_all_in_a_mongodb_run_store(
+    tmp_path: Path, mongodb_server: ServerProcess
+) -> None:
+    """The shared node's recordings followed by ``wattflow run -s``: the records reach the
+    Prometheus output beside the power (no ``--model`` given to it) as soon as the energy
+    formula makes them, while the service runs; at the stop the MongoDB run store holds them
+    all, and ``wattflow runs energy`` lists them as the JSON Lines output wrote them.
+
+    The files are read at full speed, the GPU's ahead of hwpc-sensor's, and SmartWatts'
+    first reports come after its model has learned: a job whose GPU work ends before then
+    may end in the GPU's stream and start again in the CPU's, two records of one name (see
+    the energy formula's page). So the figures are compared per name, each name's records
+    added up, as the Prometheus output adds them."""
+    shared_node_recordings(tmp_path)
+    records_file = tmp_path / "energy.jsonl"
+    port = free_port()
+    store = mongodb_uri(mongodb_server) + "runs"
+    with Service(
+        tmp_path / "service.log", "run", "-s",
+        "--input", "jsonl", "--model", "HWPCReport", "--name", "hwpc",
+        "--files", str(tmp_path / "hwpc.jsonl"), "--poll-interval-s", "0.05",
+        "--input", "jsonl", "--model", "GPUReport", "--name", "gpus",
+        "--files", str(tmp_path / "gpu.jsonl"), "--poll-interval-s", "0.05",
+        "--input", "meter", "--name", "meter", "--files", str(DEMO / "demo-meter.csv"),
+        "--sensor", "demo-node",
+        "--output", "jsonl", "--model", "TargetEnergyReport", "--file", str(records_file),
+        "--output", "prometheus", "--port", str(port),
+        "--learn-min-samples-required", "5", "--target-energy", "--target-end-silence-s", "5",
+        "--run", "shared/node/jobs/2", "--store", store,
+    ) as service:  # fmt: skip
+        service.wait_for_log(f"metrics on http://127.0.0.1:{port}/metrics")
+
+        def job_102() -> dict[str, float]:
+            """Job 102's energy per scope, its records added up (it ended at 15 s)."""
+            energy: dict[str, float] = {}
+            for record in _records(records_file):
+                if record["target"] == "slurm/102":
+                    for scope, joules in record["energy"].items():
+                        energy[scope] = energy.get(scope, 0.0) + joules
+            return energy
+
+        def exposed_102() -> dict[str, float]:
+            return {
+                dict(key[1])["scope"]: value
+                for key, value in samples(scrape(f"http://127.0.0.1:{port}/metrics")).items()
+                if key[0] == "wattflow_target_energy_joules_total"
+                and ("slurm_job", "102") in key[1]
+            }
+
+        def served() -> bool:
+            service.alive()
+            wanted = job_102()
+            every_scope = all(wanted.get(scope, 0.0) > 0 for scope in ("cpu", "dram", "gpu"))
+            return every_scope and exposed_102() == pytest.approx(wanted, rel=1e-12)
+
+        wait_until(served, 60, "job 102's cpu, dram and gpu energy on the metrics endpoint")
+        service.stop()
+    listed = wattflow("runs", "--store", store, "energy", "shared/node/jobs/2")
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = [line.split("\t") for line in listed.stdout.splitlines()]
+    stored: dict[str, float] = {}
+    for row in rows:
+        fields = dict(zip(header, row, strict=True))
+        stored[fields["workload"]] = stored.get(fields["workload"], 0.0) + float(fields["total J"])
+    written: dict[str, float] = {}
+    for record in _records(records_file):
+        written[record["target"]] = written.get(record["target"], 0.0) + sum(
+            record["energy"].values()
+        )
+    assert len(rows) == len(_records(records_file))
+    assert stored == pytest.approx(written, abs=1e-2)
+    assert {"slurm/101", "slurm/102", "gpu0", "gpu1"} <= set(stored)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in _whole_lines(path)]
+
+
+def _whole_lines(path: Path) -> list[bytes]:
+    """The lines of a file a service is appending to, the last one only once it is whole."""
+    if not path.exists():
+        return []
+    return path.read_bytes().split(b"\n")[:-1]
