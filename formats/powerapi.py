@@ -13,6 +13,9 @@ Facts this module keeps (from PowerAPI 2.10's report and database code):
   ``timestamp,sensor,target,power,socket`` and then the other metadata keys, sorted;
   FormulaReport's is ``timestamp,sensor,target,metadata`` with the metadata as JSON. Timestamps
   are Unix milliseconds.
+- Beyond PowerAPI, wattflow's ``TargetEnergyReport`` (a workload's energy once it has ended) has
+  a CSV layout of its own: one file per sensor, ``<dir>/<sensor>/TargetEnergyReport.csv``, header
+  :data:`CSV_TARGET_ENERGY` and then any other metadata keys, sorted.
 """
 
 from __future__ import annotations
@@ -39,17 +42,28 @@ from wattflow.formats.reports import (
     HWPCReport,
     PowerReport,
     Report,
+    TargetEnergyReport,
     bad_number_key,
     check_metadata,
     number_below,
     to_millis,
     to_utc,
 )
+from wattflow.formats.targets import LABEL_KEYS
 
 CSV_COMMON = ("timestamp", "sensor", "target")
 CSV_HWPC = (*CSV_COMMON, "socket", "cpu")
 CSV_POWER_FIXED = (*CSV_COMMON, "power", "socket")
 CSV_FORMULA = (*CSV_COMMON, "metadata")
+CSV_TARGET_ENERGY = (
+    *CSV_COMMON,
+    *("start", "end", "cpu_j", "dram_j", "gpu_j", "reason"),
+    *LABEL_KEYS,
+)
+"""wattflow's own layout of a workload's record (PowerAPI has none): its span in Unix ms, its
+energy per scope in J, why it was reported, then its names. The names are in the header
+whatever the first record holds, so a system cgroup's record (no names) cannot start a file
+that a Slurm job's record would not fit."""
 
 _PAYLOAD_EXCLUDE = {"timestamp", "sensor", "target", "metadata"}
 
@@ -716,7 +730,11 @@ def csv_output_name(kind: str, scope: object) -> str:
 
 def csv_output_path(directory: Path, sensor: str, target: str, name: str) -> Path:
     """Where the CSV output puts a report: ``<dir>/<sensor>-<target>/<Kind>.csv``, as PowerAPI
-    does (``name``: :func:`csv_output_name`)."""
+    does (``name``: :func:`csv_output_name`); a workload's record, wattflow's own, in one file
+    per sensor, ``<dir>/<sensor>/TargetEnergyReport.csv`` (each workload ends once: a folder
+    per workload would hold one row)."""
+    if name == TargetEnergyReport.kind:
+        return directory / sensor / f"{name}.csv"
     return directory / f"{sensor}-{target}" / f"{name}.csv"
 
 
@@ -727,6 +745,8 @@ def csv_output_header(kind: str, metadata: Iterable[Any]) -> list[str]:
         return [*CSV_POWER_FIXED, *sorted(set(metadata) - set(CSV_POWER_FIXED))]
     if kind == FormulaReport.kind:
         return list(CSV_FORMULA)
+    if kind == TargetEnergyReport.kind:
+        return [*CSV_TARGET_ENERGY, *sorted(set(metadata) - set(CSV_TARGET_ENERGY))]
     raise ValueError(f"PowerAPI's CSV output has no layout for {kind}")
 
 

@@ -26,7 +26,13 @@ import orjson
 
 from wattflow.formats import powerapi
 from wattflow.formats.frames import Column, FloatArray, Frame, IntArray, PowerFrame
-from wattflow.formats.reports import FormulaReport, PowerReport, Report, to_millis
+from wattflow.formats.reports import (
+    FormulaReport,
+    PowerReport,
+    Report,
+    TargetEnergyReport,
+    to_millis,
+)
 
 Values: TypeAlias = Column | FloatArray | list[Any]
 """A column: few distinct values, coded; floats; or each row's value."""
@@ -387,12 +393,17 @@ def csv_texts(
 
     A PowerReport's cells are its values under the header's names (``socket`` and the others
     from its metadata, empty where it has none); a FormulaReport's row is always its
-    timestamp, sensor, target and metadata as JSON, whatever the header.
+    timestamp, sensor, target and metadata as JSON, whatever the header; a
+    TargetEnergyReport's (wattflow's own layout, :data:`~wattflow.formats.powerapi.
+    CSV_TARGET_ENERGY`) its own fields, then its metadata as a PowerReport's.
     """
     formulas = kind == FormulaReport.kind
+    energy = kind == TargetEnergyReport.kind
     pieces: list[Piece[str]] = []
     for name in powerapi.CSV_FORMULA if formulas else header:
-        pieces += [",", _csv_column(table, name, formulas=formulas)]
+        own = _energy_column(table, name) if energy else None
+        column = own if own is not None else _csv_column(table, name, formulas=formulas)
+        pieces += [",", column]
     pieces[0] = ""
     return join_rows([*pieces, "\r\n"], len(table), cuts, "")
 
@@ -415,6 +426,26 @@ def _csv_column(table: ReportTable, name: str, *, formulas: bool) -> Piece[str]:
         return _csv_values(table.power)
     values = table.metadata_values(name)
     return "" if values is None else _csv_values(values)
+
+
+_ENERGY_CELLS = {"cpu_j": "cpu", "dram_j": "dram", "gpu_j": "gpu"}
+"""A TargetEnergyReport's energy columns and the scope each holds."""
+
+
+def _energy_column(table: ReportTable, name: str) -> Piece[str] | None:
+    """A TargetEnergyReport's own cells under ``name`` (its span as Unix ms, as every CSV
+    timestamp is written; its energy per scope in J; its reason), ``None`` for a name that is
+    no field of its own (the common columns and the metadata)."""
+    payloads = table.payloads
+    assert payloads is not None, "TargetEnergyReports come as reports"
+    if name in ("start", "end"):
+        return [str(to_millis(datetime.fromisoformat(p[name]))) for p in payloads]
+    scope = _ENERGY_CELLS.get(name)
+    if scope is not None:
+        return _csv_values([p["energy"].get(scope) for p in payloads])
+    if name == "reason":
+        return _csv_values([p["reason"] for p in payloads])
+    return None
 
 
 def _csv_values(values: Values) -> Piece[str]:
@@ -482,11 +513,14 @@ def csv_extra_columns(
     table: ReportTable, kind: str, header: Sequence[str], rows: IntArray
 ) -> dict[int, list[str]]:
     """The rows (of ``rows``, all of ``kind``) whose values have no column in ``header``, each
-    with the names that have none: a PowerReport's metadata keys and ``power``. A
-    FormulaReport has none: its row is the same under any header."""
+    with the names that have none: a PowerReport's metadata keys and ``power``, a
+    TargetEnergyReport's metadata keys. A FormulaReport has none: its row is the same under
+    any header."""
     if kind == FormulaReport.kind:
         return {}
     allowed = set(header)
+    if kind != PowerReport.kind:
+        allowed.add("power")  # only a PowerReport has a power to place
     metadata = table.metadata
     if isinstance(metadata, dict):
         extra = sorted({*metadata, "power"} - allowed)

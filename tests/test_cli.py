@@ -171,8 +171,8 @@ JSONL_IN_OUT = ["--input", "jsonl", "--files", "a", "--output", "jsonl", "--file
                 "--directory",
                 "d",
             ],
-            "PowerAPI's layout has no columns for HWPCReport); record HWPCReport with --output "
-            "jsonl --model HWPCReport",
+            "there is no CSV layout with columns for HWPCReport); record HWPCReport with "
+            "--output jsonl --model HWPCReport",
         ),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--output", "csv", "--directory", "d"], "input: no input given"),

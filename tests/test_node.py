@@ -349,7 +349,7 @@ def test_a_paused_meter_stream_has_its_held_intervals_reported_without_new_input
 
 def test_only_a_formula_with_deadlines_waits_for_its_mailbox_with_a_timeout() -> None:
     """The timer costs nothing to the formulas that hold nothing for a time: their actors read
-    the mailbox as before, with no timeout, and only the node formula's is timed."""
+    the mailbox as before, with no timeout, and only the node and energy formulas' are timed."""
 
     async def dispatch(produced: list[Report | Frame]) -> None:
         del produced
@@ -365,8 +365,9 @@ def test_only_a_formula_with_deadlines_waits_for_its_mailbox_with_a_timeout() ->
         ).timed
         for name, formula in formulas.items()
     }
-    assert {"gpu", "node", "rapl", "smartwatts"} <= set(timed)
-    assert [name for name, is_timed in timed.items() if is_timed] == ["node"]
+    assert {"energy", "gpu", "node", "rapl", "smartwatts"} <= set(timed)
+    # the energy formula holds workloads until the stream has been silent for a time, too
+    assert sorted(name for name, is_timed in timed.items() if is_timed) == ["energy", "node"]
 
 
 def test_shares_of_the_targets_smartwatts_estimates_in_one_service(tmp_path: Path) -> None:
@@ -705,3 +706,40 @@ def test_gpu_power_read_every_tick_and_its_counter_every_2_s_give_one_series() -
         rests = stream(counter_every)
         assert len(rests) >= 55, counter_every
         assert all(r.power == pytest.approx(200.0) for r in rests), counter_every
+
+
+def test_a_source_that_starts_or_stops_inside_an_interval_counts_for_what_it_covers() -> None:
+    """At a stream's edges the sources' ticks do not meet: here the GPU sampler reads at the
+    half seconds, from 0.5 s to 9.5 s, and hwpc-sensor's last tick is a millisecond late
+    (10.001 s). The first and last intervals count the GPU energy measured in them, and only
+    the part no reading covers is in the rest: leaving the GPU out of an interval would put
+    the energy it did measure in the rest as well as in the GPU's targets (the energy
+    formula's records), counting it twice."""
+    formula = NodeFormula(NodeConfig(node_lateness_ms=0), "node-1")
+    timed: list[tuple[float, Report]] = [(s, rapl(s)) for s in range(10)]
+    last = rapl(10).model_copy(update={"timestamp": START + timedelta(seconds=10.001)})
+    timed.append((10.001, last))
+    for half in range(1, 20, 2):
+        reading = GPUDevice(power=GPU_W * 1000)
+        stamp = START + timedelta(seconds=half / 2)
+        timed.append((half / 2, GPUReport(timestamp=stamp, sensor="node-1", target="all",
+                                          devices={"0": reading})))  # fmt: skip
+    for quarter in range(42):
+        stamp = START + timedelta(seconds=quarter / 4)
+        timed.append((quarter / 4, MeterReport(timestamp=stamp, sensor="node-1", target="all",
+                                               channels={"d0c0": METER_W * 1000})))  # fmt: skip
+    out = Output()
+    formula.process([report for _, report in sorted(timed, key=lambda pair: pair[0])], out)
+    formula.flush(out)
+    nodes = [r for r in out.reports if isinstance(r, PowerReport) and r.target == "node"]
+    rests = [r for r in out.reports if isinstance(r, PowerReport) and r.target == "rest"]
+    assert len(nodes) == len(rests) == 10
+    gpu_w = [node.metadata["gpu"] for node in nodes]
+    # (0, 1]: measured from 0.5 s; (9, 10.001]: until 9.5 s; every interval between, whole
+    assert gpu_w[0] == pytest.approx(GPU_W * 0.5)
+    assert gpu_w[1:-1] == pytest.approx([GPU_W] * 8)
+    assert gpu_w[-1] == pytest.approx(GPU_W * 0.5 / 1.001, abs=1e-6)
+    for node, rest in zip(nodes, rests, strict=True):
+        parts = sum(node.metadata[scope] for scope in ("cpu", "dram", "gpu"))
+        assert rest.power == pytest.approx(node.power - parts, abs=1e-5)
+    assert rests[4].power == pytest.approx(REST_W)

@@ -7,16 +7,19 @@ Slurm node (two jobs, a Docker container, a service of no workload) and replayed
 from __future__ import annotations
 
 import json
+import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, wattflow
+from tests.conftest import ROOT, wait_until, wattflow
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.energy import EnergyConfig, EnergyFormula
 from wattflow.actors.naming import TargetNaming
@@ -47,9 +50,36 @@ def _second(timestamp: str) -> str:
     )
 
 
-def _hwpc(line: str) -> str | None:
+JITTER_MS = 1
+JITTER_SEED = 33
+LATE_EDGES = (5, 29)
+"""The seconds whose tick the jittered stream makes late by :data:`JITTER_MS`, whatever the
+seed draws: the first tick SmartWatts attributes (so the GPU's energy just before it, which
+its records hold, is outside the node's intervals) and the last tick (so the GPU sampler's
+last tick ends inside the node's last interval)."""
+
+
+def _jittered(seed: int) -> Callable[[str], str]:
+    """hwpc-sensor's ticks on the second, each moved by -1, 0 or +1 ms as a seeded draw says
+    (the same draw for every report of a tick): the jitter a live sensor's ticks have."""
+    draw = random.Random(seed)
+    shifts: dict[int, int] = {}
+
+    def stamp(timestamp: str) -> str:
+        moment = datetime.fromisoformat(timestamp)
+        second = round(moment.timestamp())
+        if second not in shifts:
+            late = second % 60 in LATE_EDGES
+            shifts[second] = JITTER_MS if late else draw.choice((-JITTER_MS, 0, JITTER_MS))
+        shifted = second + shifts[second] / 1000
+        return datetime.fromtimestamp(shifted, moment.tzinfo).isoformat(timespec="milliseconds")
+
+    return stamp
+
+
+def _hwpc(line: str, stamp: Callable[[str], str] = _second) -> str | None:
     report = json.loads(line)
-    report["timestamp"] = _second(report["timestamp"])
+    report["timestamp"] = stamp(report["timestamp"])
     target = {"ml-training": JOB_CPU, "web-frontend": SHORT_JOB, "redis": CONTAINER}.get(
         report["target"], report["target"]
     )
@@ -87,13 +117,30 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Node:
-    out = tmp_path_factory.mktemp("shared-node")
-    hwpc = [_hwpc(line) for line in (DEMO / "demo-hwpc.jsonl").read_text().splitlines()]
+    return _shared_node(tmp_path_factory.mktemp("shared-node"), _second)
+
+
+@pytest.fixture(scope="module")
+def jittered_node(tmp_path_factory: pytest.TempPathFactory) -> Node:
+    return _shared_node(tmp_path_factory.mktemp("jittered-node"), _jittered(JITTER_SEED))
+
+
+def shared_node_recordings(out: Path, stamp: Callable[[str], str] = _second) -> None:
+    """Write the demo node's recordings as a shared Slurm node's, ``hwpc.jsonl`` and
+    ``gpu.jsonl`` in ``out``, with hwpc-sensor's ticks stamped by ``stamp``."""
+    lines = (DEMO / "demo-hwpc.jsonl").read_text().splitlines()
+    hwpc = [_hwpc(line, stamp) for line in lines]
     hwpc_lines = [line for line in hwpc if line]
     last = max(json.loads(line)["timestamp"][:19] for line in hwpc_lines)
     gpu = [_gpu(line, last) for line in (DEMO / "demo-gpu.jsonl").read_text().splitlines()]
     (out / "hwpc.jsonl").write_text("\n".join(hwpc_lines) + "\n")
     (out / "gpu.jsonl").write_text("\n".join(line for line in gpu if line) + "\n")
+
+
+def _shared_node(out: Path, stamp: Callable[[str], str]) -> Node:
+    """The shared node's recordings through ``wattflow run``, with hwpc-sensor's ticks
+    stamped by ``stamp``."""
+    shared_node_recordings(out, stamp)
     store = f"sqlite:///{out / 'runs.db'}"
     result = wattflow(
         "run",
@@ -176,36 +223,100 @@ def test_each_workload_is_reported_once_with_its_energy_per_scope(node: Node) ->
             assert record["energy"][scope] == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
-def test_jobs_idle_and_the_rest_of_the_system_add_up_to_the_meter(node: Node) -> None:
-    """On a shared node: the workloads' records (the jobs, the container, the other cgroups,
-    each GPU's own target with its idle power) plus the node formula's rest of the system
-    are the energy the meter measured, over the ticks every source covers."""
+@dataclass
+class Sums:
+    """The node formula's energy over its intervals after the first tick SmartWatts
+    attributes (the energy formula's first tick of each scope only starts its clock)."""
+
+    attributed: str
+    meter: float
+    rest: float
+    start: float
+    """The start of the first interval counted, and the end of the last (Unix s)."""
+    end: float
+    without_gpu: list[str]
+    """The intervals whose node report has no GPU figure."""
+
+
+def _sums(node: Node) -> Sums:
     attributed = min(
         p["timestamp"] for p in node.power if p["metadata"].get("scope") == "cpu"
         and p["target"] not in ("rapl", "global")
     )  # fmt: skip
-    assert attributed.startswith(FIRST_ATTRIBUTED)  # the GPU recording was cut there
     reports = sorted(
         (p for p in node.power if p["metadata"].get("scope") == "node"),
         key=lambda p: p["timestamp"],
     )
-    meter = rest = 0.0
+    sums = Sums(attributed, 0.0, 0.0, _seconds(attributed), _seconds(attributed), [])
     previous: dict[str, float] = {}
     for p in reports:
         moment = _seconds(p["timestamp"])
         if p["target"] in previous and p["timestamp"] > attributed:
             joules = p["power"] * (moment - previous[p["target"]])
             if p["target"] == "node":
-                meter += joules
-                assert p["metadata"]["gpu"] is not None
+                sums.meter += joules
+                sums.end = max(sums.end, moment)
+                if p["metadata"].get("gpu") is None:
+                    sums.without_gpu.append(p["timestamp"])
             else:
-                rest += joules
+                sums.rest += joules
         previous[p["target"]] = moment
-    records = sum(sum(record["energy"].values()) for record in node.energy)
-    assert meter > 10_000  # 24 s of a node drawing 700 W
-    assert records + rest == pytest.approx(meter, rel=1e-6)
+    return sums
+
+
+def _records_j(node: Node) -> float:
+    return sum(sum(record["energy"].values()) for record in node.energy)
+
+
+def test_jobs_idle_and_the_rest_of_the_system_add_up_to_the_meter(node: Node) -> None:
+    """On a shared node: the workloads' records (the jobs, the container, the other cgroups,
+    each GPU's own target with its idle power) plus the node formula's rest of the system
+    are the energy the meter measured, over the ticks every source covers."""
+    sums = _sums(node)
+    assert sums.attributed.startswith(FIRST_ATTRIBUTED)  # the GPU recording was cut there
+    assert sums.without_gpu == []
+    assert sums.meter > 10_000  # 24 s of a node drawing 700 W
+    assert _records_j(node) + sums.rest == pytest.approx(sums.meter, rel=1e-6)
     jobs = sum(sum(r["energy"].values()) for r in node.energy if r["target"].startswith("slurm/"))
-    assert 0.5 * meter < jobs < meter
+    assert 0.5 * sums.meter < jobs < sums.meter
+
+
+def _gpu_ticks(node: Node) -> list[tuple[float, float]]:
+    """The GPU formula's ticks: each one's time and its targets' power added up (W)."""
+    power: dict[float, float] = defaultdict(float)
+    for p in node.power:
+        if p["metadata"].get("scope") == "gpu":
+            power[_seconds(p["timestamp"])] += p["power"]
+    return sorted(power.items())
+
+
+def test_with_jittered_ticks_they_add_up_but_for_what_the_edges_hold(jittered_node: Node) -> None:
+    """hwpc-sensor's ticks a millisecond early or late (seeded), the GPU sampler's on the
+    second. Inside the stream every source's energy is in the node's intervals whatever
+    their ticks, so the identity holds there exactly. At its two edges the sources cannot
+    meet: the records hold the GPUs' energy from the GPU sampler's first tick to its last,
+    the node's intervals run from hwpc-sensor's first attributed tick to its last. What the
+    records hold outside the node's intervals (the GPUs' power over the milliseconds between
+    those ticks) is the difference, exactly, and it is bounded by the GPUs' power over the
+    jitter at each edge. (What the node's intervals hold and no GPU tick covers is in the
+    rest, as all uncovered power is, and needs no term.)
+
+    Before the node formula counted a source for the part of an interval it covers, the
+    last interval, 1 ms longer than the GPU's last tick, had no GPU figure at all: its GPU
+    energy was in the rest and in the records, 0.8 % of the node's energy counted twice."""
+    sums = _sums(jittered_node)
+    assert sums.without_gpu == []
+    ticks = _gpu_ticks(jittered_node)
+    outside = 0.0
+    for (before, _), (moment, watts) in pairwise(ticks):
+        early = max(0.0, min(moment, sums.start) - before)
+        late = max(0.0, moment - max(before, sums.end))
+        outside += watts * (early + late)
+    gpu_w = max(watts for _, watts in ticks)
+    assert 0 < outside <= 2 * JITTER_MS / 1000 * gpu_w  # here the first edge: 1 ms late
+    assert sums.meter > 10_000
+    difference = _records_j(jittered_node) + sums.rest - sums.meter
+    assert difference == pytest.approx(outside, abs=1e-6 * sums.meter)
 
 
 def test_runs_lists_each_workloads_energy(node: Node) -> None:
@@ -365,3 +476,46 @@ def test_what_is_not_a_target_is_not_counted() -> None:
     assert EnergyFormula.dispatch_key(_power(0, "node", "node", 1.0)) is None
     assert EnergyFormula.dispatch_key(_power(0, "gpu0", "gpu", 1.0)) == "node-1"
     assert not EnergyFormula.enabled(EnergyConfig())
+
+
+def test_a_scope_whose_reports_lag_does_not_end_a_workload_early() -> None:
+    """SmartWatts' reports come after the GPU formula's (it holds its ticks; a replay reads
+    each file at full speed): the job's GPU process stops at 8 s and the GPU's own target
+    goes on to 20 s before the job's CPU reports of those seconds arrive. The job is judged
+    by the slower stream's time, so it ends once, with its CPU and GPU energy in one record,
+    not as a GPU record now and a CPU record later."""
+    formula = EnergyFormula(EnergyConfig(target_energy=True, target_end_silence_s=3), "node-1")
+    assert _run(formula, _power(0, JOB_CPU, "cpu", 5.0)) == []  # both streams have begun
+    for second in range(21):
+        gpus = [_power(second, "gpu0", "gpu", 60.0)]
+        if second <= 8:
+            gpus.append(_power(second, JOB_GPU, "gpu", 100.0))
+        assert _run(formula, *gpus) == []
+    for second in range(1, 21):
+        assert _run(formula, _power(second, JOB_CPU, "cpu", 5.0)) == []
+    out = Output()
+    formula.flush(out)
+    job = [r for r in out.items() if isinstance(r, TargetEnergyReport) and r.target == "slurm/101"]
+    assert [(r.reason, r.energy) for r in job] == [
+        ("running", {"cpu": 100.0, "dram": 0.0, "gpu": 800.0})
+    ]
+
+
+def test_a_scope_that_stopped_reporting_holds_the_others_back_no_longer_than_the_silence() -> None:
+    """The CPU stream stops (its input gone) while the GPU's goes on: once the CPU has sent
+    nothing for ``--target-end-silence-s`` of real time, the stream's time is the GPU's and
+    the CPU-only workload ends by it."""
+    config = EnergyConfig(target_energy=True, target_end_silence_s=0.2)
+    formula = EnergyFormula(config, "node-1")
+    assert _run(formula, _power(0, "postgres", "cpu", 5.0), _power(0, "gpu0", "gpu", 60.0)) == []
+    ended: list[TargetEnergyReport] = []
+    second = 0
+
+    def postgres_ended() -> bool:
+        nonlocal second
+        second += 1
+        ended.extend(_run(formula, _power(second, "gpu0", "gpu", 60.0)))
+        return any(r.target == "postgres" for r in ended)
+
+    wait_until(postgres_ended, 10, "the CPU-only workload to end by the GPU's time")
+    assert [r.reason for r in ended] == ["silent"]

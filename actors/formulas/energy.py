@@ -18,7 +18,8 @@ system's cgroups, the containers. So on a node the records' sum is the CPU, DRAM
 energy the formulas measured, and with the node formula's ``rest`` it is the meter's.
 
 **Ended.** A workload has ended when, in its sensor's own time (the reports' timestamps, so a
-replay ends workloads as the live run did), it has had no report for
+replay ends workloads as the live run did; the slowest scope's, so that the CPU reports
+SmartWatts hands on after the GPU's still count), it has had no report for
 ``--target-end-silence-s``; or, with ``--target-cgroup-root``, once none of its cgroups exists
 there any more (checked, for the workloads absent from the newest tick, once per tick). When the
 whole stream pauses for ``--target-end-silence-s`` of real time, every workload it held has
@@ -31,6 +32,7 @@ is reported (``evicted``) to make room.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Hashable
@@ -128,6 +130,8 @@ class _Clock:
 
     newest_ms: int | None = None
     intervals: dict[int, int] = field(default_factory=dict)
+    seen_at: float = -math.inf
+    """``time.monotonic()`` of the scope's latest report (never, after a restart)."""
 
     def interval_ms(self, millis: int) -> int:
         """The length of the tick that ends at ``millis`` (0 for the first tick: unknown)."""
@@ -205,7 +209,9 @@ class EnergyFormula(Formula[EnergyConfig]):
         assert isinstance(report, PowerReport)
         scope = str(report.metadata["scope"])
         millis = to_millis(report.timestamp)
-        interval = self.clocks.setdefault(scope, _Clock()).interval_ms(millis)
+        clock = self.clocks.setdefault(scope, _Clock())
+        clock.seen_at = self.last_input
+        interval = clock.interval_ms(millis)
         if interval > self.config.target_end_silence_s * 1000:
             interval = 0  # a gap in the stream is not integrated over (the tick only restarts)
         name = workload_name(report)
@@ -235,11 +241,31 @@ class EnergyFormula(Formula[EnergyConfig]):
         for name, workload in self.evicted:
             out.emit(self._record(name, workload, "evicted"))
         self.evicted.clear()
-        if self.newest_ms is None:
+        now_ms = self._stream_time()
+        if now_ms is None:
             return
-        oldest = self.newest_ms - self.config.target_end_silence_s * 1000
+        oldest = now_ms - self.config.target_end_silence_s * 1000
         for name in [n for n, w in self.workloads.items() if w.end_ms < oldest]:
             out.emit(self._record(name, self.workloads.pop(name), "silent"))
+
+    def _stream_time(self) -> int | None:
+        """How far the stream has come: the newest tick of its slowest scope among those that
+        reported within ``target_end_silence_s`` of real time.
+
+        The scopes come from other formulas at their own pace: SmartWatts holds its ticks a
+        while, the GPU formula its own, and a replay of separate files reads each at full
+        speed. Judged by the newest tick of any scope, a job whose GPU process stopped would
+        end by the GPU's time while its CPU reports of those seconds were still on their way,
+        and those would start a second record of the same job. A scope that has stopped
+        reporting (its input gone) does not hold the others back for longer than the silence.
+        """
+        live_after = self.last_input - self.config.target_end_silence_s
+        ticks = [
+            clock.newest_ms
+            for clock in self.clocks.values()
+            if clock.newest_ms is not None and clock.seen_at >= live_after
+        ]
+        return min(ticks) if ticks else self.newest_ms
 
     def _end_gone(self, out: Output) -> None:
         """Report the workloads absent from the newest tick none of whose cgroups exists

@@ -15,7 +15,9 @@ the same node (the same ``sensor`` name) and reports, per interval:
 Alignment. The readings come at their own rates and clocks, so each source is held as
 piecewise-constant power over its intervals (a meter reading or a RAPL delta stands for the time
 since the previous one) and averaged over the node's intervals, which are hwpc-sensor's ticks
-when RAPL readings come in, else the GPU sampler's, else the meter's. An interval is reported
+when RAPL readings come in, else the GPU sampler's, else the meter's. A source that starts or
+stops inside an interval (a stream's edge) counts for the energy it measured in it; what no
+source measured is in the rest. An interval is reported
 ``--node-lateness-ms`` of real time after its end is known (or at shutdown), with the sources
 that cover it by then, by the actor's timer (:meth:`NodeFormula.deadline`) when no input
 follows; a meter whose clock is off is set right with the meter input's clock
@@ -112,21 +114,33 @@ class _Series:
     def covered_until(self) -> int | None:
         return self.ends[-1] if self.ends else None
 
-    def mean(self, start: int, end: int) -> float | None:
-        """Time-weighted mean power over (start, end], or None where the series has a gap."""
-        if self.first_start is None or not self.ends or start < self.first_start:
+    def mean(self, start: int, end: int, *, partial: bool = False) -> float | None:
+        """Time-weighted mean power over (start, end], or None where the series has a gap.
+
+        With ``partial``, a series that starts or stops inside the interval (a source's first
+        or last reading falls within it: the edges of a stream, which no lateness mends) counts
+        for the part it covers: the energy it measured there over the interval's whole length,
+        ``None`` only where it covers none of it. The part it did not measure is then in the
+        node's rest, as a source with no reading at all is. Leaving the source out instead
+        would put the energy it *did* measure in the rest too: a GPU's last tick, ending a
+        millisecond before hwpc-sensor's last one, would be counted both in the GPU's targets
+        and in the rest.
+        """
+        if self.first_start is None or not self.ends or end <= start:
             return None
-        if end > self.ends[-1]:
+        if not partial and (start < self.first_start or end > self.ends[-1]):
+            return None
+        position, until = max(start, self.first_start), min(end, self.ends[-1])
+        if position >= until:
             return None
         total = 0.0
-        position = start
-        index = bisect_right(self.ends, start)
-        while position < end and index < len(self.ends):
-            segment_end = min(self.ends[index], end)
+        index = bisect_right(self.ends, position)
+        while position < until and index < len(self.ends):
+            segment_end = min(self.ends[index], until)
             total += self.watts[index] * (segment_end - position)
             position = segment_end
             index += 1
-        return total / (end - start) if end > start else None
+        return total / (end - start)
 
     def forget_before(self, time_ms: int) -> None:
         """Drop intervals that end before ``time_ms``: memory stays bounded on long runs."""
@@ -449,7 +463,10 @@ class NodeFormula(Formula[NodeConfig]):
         """The node's reports of the interval from ``start`` to ``end`` (ms): the meter's power
         with the sources' means, the rest no source covers, and each target's estimate with
         ``--node-shares``."""
-        means = {source: self.series[source].mean(start, end) for source in active}
+        means = {
+            source: self.series[source].mean(start, end, partial=source != "meter")
+            for source in active
+        }
         meter = means.get("meter")
         if meter is None:
             return  # the meter has a gap here: there is no node figure to report

@@ -1,4 +1,5 @@
-"""PowerAPI's CSV output: ``<directory>/<sensor>-<target>/<Kind>.csv``, appended to."""
+"""PowerAPI's CSV output: ``<directory>/<sensor>-<target>/<Kind>.csv``, appended to; and
+wattflow's own file of ended workloads' energy, ``<directory>/<sensor>/TargetEnergyReport.csv``."""
 
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ from wattflow.formats.report_table import (
     csv_extra_columns,
     csv_texts,
 )
-from wattflow.formats.reports import Report
+from wattflow.formats.reports import Report, TargetEnergyReport
 
 TagList = Annotated[list[str], BeforeValidator(split_commas)]
 
 
-CSV_MODELS = ("PowerReport", "FormulaReport")
-"""The kinds PowerAPI's CSV output has a layout for."""
+CSV_MODELS = ("PowerReport", "FormulaReport", "TargetEnergyReport")
+"""The kinds the CSV output has a layout for: PowerAPI's two, and wattflow's own record of a
+workload's energy (:data:`~wattflow.formats.powerapi.CSV_TARGET_ENERGY`)."""
 
 
 class CsvPusherConfig(PusherConfig):
@@ -63,11 +65,11 @@ class CsvPusherConfig(PusherConfig):
     @field_validator("model")
     @classmethod
     def _has_a_layout(cls, value: str) -> str:
-        """PowerAPI's CSV layout exists for power and formula reports only: any other kind would
-        be refused report by report at run time, each one a dead letter."""
+        """A CSV layout exists for power, formula and workload energy reports only: any other
+        kind would be refused report by report at run time, each one a dead letter."""
         if value not in CSV_MODELS:
             raise ValueError(
-                f"the CSV output writes {' and '.join(CSV_MODELS)} (PowerAPI's layout has no "
+                f"the CSV output writes {', '.join(CSV_MODELS)} (there is no CSV layout with "
                 f"columns for {value}); record {value} with --output jsonl --model {value}"
             )
         return value
@@ -163,7 +165,8 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         """The rows of each file, in the table's order, and the header it would start with;
         rows without one of ``--tags`` go to ``refused`` instead, with the reason."""
         names = self._names(table)
-        sensors, targets, kinds = table.sensors, table.targets, table.kinds
+        sensors, kinds = table.sensors, table.kinds
+        targets = _folder_targets(table.targets, names)
         code = (sensors.codes * len(targets.values) + targets.codes) * len(names.values)
         code += names.codes
         kept = self._with_tags(table, names, refused)
@@ -307,6 +310,17 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         for handle, _ in self._files.values():
             handle.close()
         self._files.clear()
+
+
+def _folder_targets(targets: Column, names: Column) -> Column:
+    """The target that picks each row's file: its own, but none (``""``) for a workload's
+    record, whose file is one per sensor (:func:`~wattflow.formats.powerapi.csv_output_path`),
+    so the records of every workload of a sensor go to the same file."""
+    if TargetEnergyReport.kind not in names.values:
+        return targets
+    energy = names.values.index(TargetEnergyReport.kind)
+    codes = np.where(names.codes == energy, len(targets.values), targets.codes)
+    return Column(codes, [*targets.values, ""])
 
 
 def _missing_tags(table: ReportTable, tags: list[str]) -> dict[int, str]:

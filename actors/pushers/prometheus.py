@@ -25,6 +25,23 @@ When ``--tags`` leaves out a key, reports that differ only by it land in one ser
 add up (two sockets of one target give its total), and a report sent twice for the same time
 replaces itself instead of counting twice.
 
+**Ended workloads.** With ``--target-energy``, the energy formula's
+record of each workload that has ended (a Slurm job, a pod's container…) is exposed too, on the
+same endpoint (or on its own with ``--model TargetEnergyReport``):
+
+- ``wattflow_target_energy_joules_total`` (counter): the workload's energy per ``scope`` (cpu,
+  dram, gpu), labelled by ``sensor``, ``target`` (the workload's name, ``slurm/1234``) and the
+  names among ``--tags`` (``target_kind``, ``slurm_job``, ``pod_uid``…); a second record of the
+  same workload (one evicted, then seen again) adds to it;
+- ``wattflow_target_start_timestamp_seconds`` and ``wattflow_target_end_timestamp_seconds``
+  (gauges): its span, as Unix seconds.
+
+A workload's series are kept for ``--series-expiry-s`` after its record, as a silent power
+series is, long enough for every scrape to see them, then removed: one record per workload
+that ends, so they stay bounded as the power series do. Within that time,
+``sum by (slurm_job) (wattflow_target_energy_joules_total)`` is each ended job's energy; over
+longer spans Prometheus' own storage keeps it (``last_over_time``).
+
 Samples carry no timestamp: Prometheus stamps them at scrape time, which keeps its staleness
 handling (a removed series ends at once in queries). The endpoint is ``prometheus_client``'s
 HTTP server in its own thread, over a registry of this output's own (no process metrics); the
@@ -54,7 +71,7 @@ from wattflow.actors.preprocessors.k8s import FLAT_KEYS as K8S_KEYS
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.pushers.csv import TagList
-from wattflow.formats.reports import PowerReport, Report
+from wattflow.formats.reports import PowerReport, Report, TargetEnergyReport
 from wattflow.formats.targets import LABEL_KEYS
 
 logger = logging.getLogger(__name__)
@@ -68,6 +85,14 @@ one value per target, so they add no series."""
 POWER_METRIC = "wattflow_power_watts"
 ENERGY_METRIC = "wattflow_energy_joules"
 """Exposed as ``wattflow_energy_joules_total`` (a counter's ``_total`` is added on exposure)."""
+
+TARGET_ENERGY_METRIC = "wattflow_target_energy_joules"
+"""Exposed as ``wattflow_target_energy_joules_total``: ended workloads' energy per scope."""
+TARGET_START_METRIC = "wattflow_target_start_timestamp_seconds"
+TARGET_END_METRIC = "wattflow_target_end_timestamp_seconds"
+MODELS = (PowerReport.kind, TargetEnergyReport.kind)
+"""The kinds the output writes: PowerReports (and the records, on the same endpoint), or the
+records alone."""
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 SWEEP_EVERY_S = 1.0
@@ -122,8 +147,11 @@ class PrometheusPusherConfig(PusherConfig):
     @field_validator("model")
     @classmethod
     def _power_only(cls, value: str) -> str:
-        if value != PowerReport.kind:
-            raise ValueError(f"the prometheus output writes PowerReports only, not {value}")
+        if value not in MODELS:
+            raise ValueError(
+                "the prometheus output writes PowerReports only (and, with --target-energy, "
+                f"TargetEnergyReports), not {value}"
+            )
         return value
 
     @field_validator("tags")
@@ -147,8 +175,9 @@ class PrometheusPusherConfig(PusherConfig):
     def _valid_name(self) -> Self:
         if not _METRIC_NAME.match(self.metric_name) or self.metric_name.startswith("__"):
             raise ValueError(f"--metric-name {self.metric_name!r} is not a Prometheus metric name")
-        if self.metric_name.removesuffix("_total") == ENERGY_METRIC:
-            raise ValueError(f"--metric-name {self.metric_name!r} is the energy counter's name")
+        taken = (ENERGY_METRIC, TARGET_ENERGY_METRIC, TARGET_START_METRIC, TARGET_END_METRIC)
+        if self.metric_name.removesuffix("_total") in taken:
+            raise ValueError(f"--metric-name {self.metric_name!r} is another metric's name")
         return self
 
     @classmethod
@@ -171,6 +200,17 @@ class _Series:
     """``time.monotonic()`` of its latest report."""
 
 
+@dataclass(slots=True)
+class _Ended:
+    """One ended workload's exposed figures: its energy per scope and its span."""
+
+    energy_j: dict[str, float]
+    start_s: float
+    end_s: float
+    seen_at: float
+    """``time.monotonic()`` of its latest record."""
+
+
 class PowerSeries(Collector):
     """The output's series: folded from reports on the event loop, read by scrapes."""
 
@@ -179,12 +219,15 @@ class PowerSeries(Collector):
         self.labels = ("sensor", "target", *config.tags)
         self._left_out = tuple(key for key in BOUNDED_LABELS if key not in config.tags)
         self._series: dict[tuple[str, ...], _Series] = {}
+        self.record_labels = ("sensor", "target", *(k for k in config.tags if k in LABEL_KEYS))
+        """An ended workload's labels: its names, none of the per-report keys."""
+        self._ended: dict[tuple[str, ...], _Ended] = {}
         self._lock = threading.Lock()
         self._swept_at = time.monotonic()
         self.expired = 0
 
     def __len__(self) -> int:
-        return len(self._series)
+        return len(self._series) + len(self._ended)
 
     def add(self, reports: list[Report]) -> list[tuple[Report, str]]:
         """Fold a batch in; return the reports refused and why."""
@@ -192,7 +235,10 @@ class PowerSeries(Collector):
         now = time.monotonic()
         with self._lock:
             for report in reports:
-                problem = self._add(report, now)
+                if isinstance(report, TargetEnergyReport):
+                    problem = self._add_ended(report, now)
+                else:
+                    problem = self._add(report, now)
                 if problem is not None:
                     refused.append((report, problem))
             if now - self._swept_at >= SWEEP_EVERY_S:
@@ -207,7 +253,7 @@ class PowerSeries(Collector):
         key = (report.sensor, report.target, *(_text(metadata.get(k)) for k in self.config.tags))
         series = self._series.get(key)
         if series is None:
-            if len(self._series) >= self.config.max_series:
+            if len(self) >= self.config.max_series:
                 return f"--max-series {self.config.max_series} series are exposed already"
             series = self._series[key] = _Series()
         series.seen_at = now
@@ -227,13 +273,39 @@ class PowerSeries(Collector):
             series.energy_j += power * interval_s
         return None
 
+    def _add_ended(self, report: TargetEnergyReport, now: float) -> str | None:
+        """Fold a workload's record in: its energy adds to what earlier records of the same
+        workload brought (a counter never goes down), its span widens to theirs."""
+        metadata = report.metadata
+        key = (
+            report.sensor,
+            report.target,
+            *(_text(metadata.get(k)) for k in self.record_labels[2:]),
+        )
+        start, end = report.start.timestamp(), report.end.timestamp()
+        ended = self._ended.get(key)
+        if ended is None:
+            if len(self) >= self.config.max_series:
+                return f"--max-series {self.config.max_series} series are exposed already"
+            ended = self._ended[key] = _Ended({}, start, end, now)
+        for scope, joules in report.energy.items():
+            ended.energy_j[scope] = ended.energy_j.get(scope, 0.0) + joules
+        ended.start_s, ended.end_s = min(ended.start_s, start), max(ended.end_s, end)
+        ended.seen_at = now
+        return None
+
     def _sweep(self, now: float) -> None:
-        """Remove the series that have had no report for ``series_expiry_s``."""
+        """Remove the series, and the ended workloads, that have had no report for
+        ``series_expiry_s``."""
         self._swept_at = now
         oldest = now - self.config.series_expiry_s
         expired = [key for key, series in self._series.items() if series.seen_at < oldest]
         for key in expired:
             del self._series[key]
+        ended = [key for key, workload in self._ended.items() if workload.seen_at < oldest]
+        for key in ended:
+            del self._ended[key]
+        expired += ended
         if expired:
             self.expired += len(expired)
             logger.debug("output '%s': %d series expired", self.config.name, len(expired))
@@ -254,8 +326,33 @@ class PowerSeries(Collector):
             for key, series in self._series.items():
                 power.add_metric(key, series.power_w)
                 energy.add_metric(key, series.energy_j)
-        yield power
-        yield energy
+            ended = self._ended_families() if self._ended else []
+        if self.config.model == PowerReport.kind:
+            yield power
+            yield energy
+        yield from ended
+
+    def _ended_families(self) -> list[Metric]:
+        """The ended workloads' energy counter and span gauges (under the lock)."""
+        labels = self.record_labels
+        energy = CounterMetricFamily(
+            TARGET_ENERGY_METRIC,
+            "Energy of a workload that has ended (a Slurm job, a pod's container, a VM…), per "
+            "scope, in joules, from the energy formula's record.",
+            labels=[*labels, "scope"],
+        )
+        start = GaugeMetricFamily(
+            TARGET_START_METRIC, "Start of an ended workload, in Unix seconds.", labels=labels
+        )
+        end = GaugeMetricFamily(
+            TARGET_END_METRIC, "End of an ended workload, in Unix seconds.", labels=labels
+        )
+        for key, workload in self._ended.items():
+            for scope, joules in workload.energy_j.items():
+                energy.add_metric([*key, scope], joules)
+            start.add_metric(key, workload.start_s)
+            end.add_metric(key, workload.end_s)
+        return [energy, start, end]
 
 
 def _text(value: object) -> str:
@@ -306,6 +403,13 @@ class PrometheusPusher(Pusher[PrometheusPusherConfig]):
             self.config.addr,
             self.port,
         )
+
+    def accepts(self, kind: str) -> bool:
+        """PowerReports and the ended workloads' records on one endpoint (a user scrapes one
+        target per node), or with ``--model TargetEnergyReport`` the records alone."""
+        if self.config.model == PowerReport.kind:
+            return kind in MODELS
+        return kind == self.config.model
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         refused = self.series.add(batch)
