@@ -21,6 +21,7 @@ the repository root:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -339,6 +340,12 @@ def main() -> None:
         help="leave out rows whose true power is under this (0: every row above 0 W)",
     )
     parser.add_argument("--per-target", action="store_true", help="print each target's MAPE")
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(seed) for seed in text.split(",")],
+        help="run every chosen stream with each of these seeds (e.g. 42,1,2,3,4), then print "
+        "the mean of each figure over them",
+    )
     args = parser.parse_args()
     settings: dict[str, Any] = {"cpu_base_freq": 2100, "cpu_tdp": 400}
     if args.compat:
@@ -347,14 +354,47 @@ def main() -> None:
     chosen = [s for s in every if args.stream and s.name in args.stream]
     chosen += [Stream(p.label, p, seed=args.seed) for p in args.phenomena or ()]
     for stream in chosen or every:
-        recording = record(stream)
-        powers = estimate(recording, settings)
-        for figures in accuracy(recording, powers, args.learning_ticks, args.min_truth_w):
-            print(line(stream.name, figures))
-            if args.per_target:
-                for target, mape in figures.per_target.items():
-                    within = figures.per_target_within[target]
-                    print(f"    {target:20} {mape:6.2f} % MAPE, {within:5.1f} % of rows ≤ 5 %")
+        seeded = [dataclasses.replace(stream, seed=seed) for seed in args.seeds or ()]
+        found: list[Accuracy] = []
+        for each in seeded or [stream]:
+            recording = record(each)
+            powers = estimate(recording, settings)
+            for figures in accuracy(recording, powers, args.learning_ticks, args.min_truth_w):
+                found.append(figures)
+                name = f"{stream.name}@{each.seed}" if seeded else stream.name
+                print(line(name, figures))
+                if args.per_target:
+                    print_per_target(figures)
+        if len(seeded) > 1:
+            for scope in SCOPES:
+                print(mean_line(stream.name, [f for f in found if f.scope == scope]))
+
+
+def print_per_target(figures: Accuracy) -> None:
+    """Each target's MAPE and share of rows within 5 %."""
+    for target, mape in figures.per_target.items():
+        within = figures.per_target_within[target]
+        print(f"    {target:20} {mape:6.2f} % MAPE, {within:5.1f} % of rows ≤ 5 %")
+
+
+def mean_line(name: str, found: list[Accuracy]) -> str:
+    """The mean over seeds of a stream's figures in one scope, as a row of :data:`HEADER`:
+    what a change to the estimator is judged on, since one seed's figure moves by as much as
+    the change by chance alone (``docs/benchmarks.md``)."""
+
+    def mean(values: list[float]) -> float:
+        kept = [value for value in values if not math.isnan(value)]
+        return statistics.fmean(kept) if kept else math.nan
+
+    return (
+        f"{name + ' mean':16} {found[0].scope:5} {round(mean([f.rows for f in found])):6d} "
+        f"{mean([f.coverage_percent for f in found]):9.1f} "
+        f"{mean([f.mape_percent for f in found]):7.2f} "
+        f"{mean([f.worst_target_mape_percent for f in found]):16.2f} "
+        f"{mean([f.within_percent for f in found]):9.1f} "
+        f"{mean([f.worst_target_within_percent for f in found]):14.1f} "
+        f"{'':>9} {max(f.worst_rapl_gap_w for f in found):9.2g}"
+    )
 
 
 HEADER = (
