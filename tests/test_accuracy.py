@@ -9,6 +9,12 @@ power on every tick. The same holds on one socket crowded with 20–30 container
 but for the shapes listed in :data:`CROWDED_OVER_5_PERCENT`, where it is expected to fail (and
 held to its figures). ``benchmarks/side_by_side.py --phenomena …`` measures SmartWatts 2.4.1 on
 the same streams; this test runs only wattflow, in this process.
+
+The issue asks for 5 % MAPE *per container*: the MAPE of each container over its own rows, not
+the MAPE of every container's rows pooled, in which a container far off hides behind the
+others' rows. The pooled figure stays guarded as it was; every stream is also held to its worst
+container's MAPE: within 5 %, but for the streams of :data:`WORST_CONTAINER_OVER_5_PERCENT`,
+held to their figures.
 """
 
 from __future__ import annotations
@@ -123,3 +129,42 @@ def test_crowded_streams_over_5_percent_get_no_worse() -> None:
         assert cpu.coverage_percent >= MIN_COVERAGE_PERCENT, stream.name
         assert cpu.worst_rapl_gap_w < 1e-9, stream.name
         assert cpu.mape_percent <= limit + 0.005, (stream.name, cpu.mape_percent)
+
+
+WORST_CONTAINER_OVER_5_PERCENT = {
+    "all-24": 7.20,
+    "crowded-4x20": 8.58,
+    "crowded-4x30": 25.27,
+    "crowded-6x20": 13.76,
+    "crowded-6x24": 19.49,
+    "crowded-6x30": 9.30,
+    "crowded-8x20": 7.94,
+    "crowded-8x30": 17.82,
+}
+"""The streams whose worst container's cpu MAPE (%, over its rows of 1 W or more after the
+learning phase) is over 5 %, with that figure: the pooled MAPE of five of them is within 5 %,
+and hides it. They are held to getting no worse; one that meets the criterion leaves the list."""
+
+
+@pytest.mark.parametrize("stream", streams() + crowded_streams(), ids=lambda stream: stream.name)
+def test_each_container_within_5_percent_or_no_worse(stream: Stream) -> None:
+    """Per scope, every container's own MAPE is within 5 % (the issue's "MAPE per container"),
+    or, on the streams listed, no worse than when its figure was written down."""
+    for figures in figures_of(stream):
+        if not figures.rows:
+            continue  # a stream whose DRAM power per target stays under 1 W
+        assert figures.per_target, (stream.name, figures.scope)
+        limit = MAX_MAPE_PERCENT
+        if figures.scope == "cpu":
+            limit = max(limit, WORST_CONTAINER_OVER_5_PERCENT.get(stream.name, limit))
+        worst = max(figures.per_target, key=figures.per_target.__getitem__)
+        assert figures.worst_target_mape_percent <= limit, (stream.name, figures.scope, worst)
+
+
+def test_the_per_container_measure_sees_a_container_that_the_pooled_one_hides() -> None:
+    """On ``crowded-8x20`` the pooled MAPE is within 5 % while a container is off by more: the
+    per-container measure is the stricter one, and the two differ where the test says."""
+    stream = next(s for s in crowded_streams() if s.name == "crowded-8x20")
+    cpu = figures_of(stream)[0]
+    assert cpu.mape_percent <= MAX_MAPE_PERCENT < cpu.worst_target_mape_percent
+    assert len(cpu.per_target) < cpu.targets  # containers that never draw 1 W are not measured
