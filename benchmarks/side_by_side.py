@@ -384,7 +384,7 @@ def measure(
     work: Path,
     args: argparse.Namespace,
     reports: int,
-    longer: dict[str, int] | None = None,
+    longer: dict[str, tuple[str, int]] | None = None,
 ) -> list[Outcome]:
     """Start-ups, then ``--repeat`` rounds of full runs, the formulas taking turns in each.
 
@@ -392,15 +392,15 @@ def measure(
     speed, which on a shared or virtual machine drifts by more than the difference being
     measured; each outcome's wall time is the median of its rounds.
 
-    ``longer``: the formulas whose full runs read the longer recording in ``work/longer``
-    instead, and its report count (see ``--wattflow-longer``).
+    ``longer``: the formulas whose full runs read a longer recording instead, each with its
+    folder in ``work`` and its report count (see ``--wattflow-longer``).
     """
     longer = longer or {}
     startups = {name: startup(name, python, work, args) for name in names}
     runs: dict[str, list[Run]] = {name: [] for name in names}
     for _ in range(args.repeat):
         for name in names:
-            inputs = "longer" if name in longer else "input"
+            inputs = longer[name][0] if name in longer else "input"
             runs[name].append(full_run(name, python, work, args, inputs))
     outcomes = []
     for name in names:
@@ -412,7 +412,7 @@ def measure(
         outcomes.append(
             Outcome(
                 name,
-                longer.get(name, reports),
+                longer[name][1] if name in longer else reports,
                 statistics.median(walls),
                 median_or_zero(starts),
                 max(run.largest_rss_mb for run in runs[name]),
@@ -633,6 +633,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default: most HPC and edge nodes)",
     )
     shapes.add_argument(
+        "--smartwatts-longer",
+        type=int,
+        default=3,
+        metavar="K",
+        help="SmartWatts' rate is measured on a recording of the shape K times as long (3): "
+        "its start-up is about 4 s, and on a one-socket shape its 30,000 reports take little "
+        "more, so that its rate less the start-up would be noise too",
+    )
+    shapes.add_argument(
         "--wattflow-longer",
         type=int,
         default=10,
@@ -741,6 +750,8 @@ class ShapeResult:
     disagreements: list[str]
     load: float
     """The machine's 1-minute load average when the shape's runs ended."""
+    reports: int = 0
+    """The input reports of the shape's own recording (each rate may be over a longer one)."""
 
     @property
     def ratio(self) -> float:
@@ -768,7 +779,7 @@ def shape_row(result: ShapeResult) -> str:
     agree = "same" if not result.disagreements else f"{len(result.disagreements)} differ"
     mark = "*" if result.short else " "
     return (
-        f"{result.shape!s:30} {result.ticks:6d} {sw.reports:8d} {sw.throughput:12,.0f} "
+        f"{result.shape!s:30} {result.ticks:6d} {result.reports:8d} {sw.throughput:12,.0f} "
         f"{wf.throughput:11,.0f} {result.ratio:7.1f}×{mark}{result.cpu_ratio:8.1f}× "
         f"{result.files:6d} {result.load:5.1f}   {agree}"
     )
@@ -779,17 +790,23 @@ def measure_shape(shape: Shape, python: Path, work: Path, args: argparse.Namespa
     ticks = shape_ticks(shape, args)
     reports = write_input(work / "input", args, ticks, shape, everything=False)
     write_input(work / "tiny", args, 1, shape, everything=False)
-    longer = {}
-    if args.wattflow_longer > 1:
-        scaled = ticks * args.wattflow_longer
-        longer["wattflow"] = write_input(work / "longer", args, scaled, shape, everything=False)
+    longer: dict[str, tuple[str, int]] = {}
+    made: dict[int, int] = {}
+    for name, times in (("SmartWatts", args.smartwatts_longer), ("wattflow", args.wattflow_longer)):
+        if times > 1:
+            if times not in made:
+                made[times] = write_input(
+                    work / f"longer-{times}", args, ticks * times, shape, everything=False
+                )
+            longer[name] = (f"longer-{times}", made[times])
     names = ["SmartWatts", "wattflow"]
     smartwatts, wattflow = measure(names, python, work, args, reports, longer)
-    if longer:  # the outputs compared are of the same recording
-        full_run("wattflow", python, work, args)
+    for name in longer:  # the outputs compared are of the same recording: the shape's own
+        full_run(name, python, work, args)
     found = disagreements([smartwatts, wattflow])
     files = len(files_written(wattflow.output))
-    return ShapeResult(shape, ticks, smartwatts, wattflow, files, found, os.getloadavg()[0])
+    load = os.getloadavg()[0]
+    return ShapeResult(shape, ticks, smartwatts, wattflow, files, found, load, reports)
 
 
 def run_shapes(python: Path, work: Path, args: argparse.Namespace) -> list[ShapeResult]:
@@ -824,8 +841,11 @@ def run_shapes(python: Path, work: Path, args: argparse.Namespace) -> list[Shape
             shutil.rmtree(shape_work, ignore_errors=True)
     print(
         "\nreports/s: input reports over wall time less the start-up (median of the one-tick "
-        "runs); ratio: wattflow's over SmartWatts'; CPU ratio: the same by CPU time (user + "
-        "system, every process), start-ups' left out; files: PowerReport files (one per sensor "
+        f"runs), each formula on a recording of the shape --smartwatts-longer "
+        f"({args.smartwatts_longer}) and --wattflow-longer ({args.wattflow_longer}) times as "
+        "long as the one counted under ticks and reports; ratio: wattflow's over "
+        "SmartWatts'; CPU ratio: the same by CPU time (user + system, every process), "
+        "start-ups' left out; files: PowerReport files (one per sensor "
         "and target) wattflow wrote, 'same' when SmartWatts wrote the same ones with the same "
         "columns; load: the 1-minute load average at the shape's end"
     )

@@ -77,7 +77,7 @@ def test_a_tiny_shapes_run_measures_both_formulas_on_each_shape(tmp_path: Path) 
             "--sockets", "2", "--cpus-per-socket", "2", "--containers", "3",
             "--shape-sockets", "1", "--shape-cpus-per-socket", "2", "--shape-containers", "3",
             "--shape-reports", "1", "--shape-min-ticks", "45", "--startup-runs", "0",
-            "--no-small-nodes", "--wattflow-longer", "2",
+            "--no-small-nodes", "--wattflow-longer", "2", "--smartwatts-longer", "2",
             "--min-samples", "10", "--history-window", "20", "--seed", "7",
             "--venv", str(venv), "--wattflow-python", sys.executable, "--keep", str(tmp_path),
         ],
