@@ -163,7 +163,7 @@ def raise_open_files_limit(wanted: int = WANTED_OPEN_FILES) -> int:
         return soft
     logger.info(
         "raised the open-files limit (RLIMIT_NOFILE) from %d to %d (hard limit %s): one "
-        "descriptor per connected sensor",
+        "descriptor per connected sensor and per file an output keeps open",
         soft,
         target,
         "unlimited" if hard == resource.RLIM_INFINITY else hard,

@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, PositiveInt, field_validator
 
 from wattflow.actors.backend import split_commas
 from wattflow.actors.errors import PushError
+from wattflow.actors.handoff import raise_open_files_limit
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.appending import (
     WRONG_PATH,
@@ -80,9 +81,16 @@ class CsvPusherConfig(PusherConfig):
         return cls(type="csv", directory=Path("power"))
 
     max_open_files: PositiveInt = Field(
-        default=256, description="Files kept open at once; the least recently used is closed."
+        default=4096,
+        description="Files kept open at once (one per sensor, target and kind); the least "
+        "recently used is closed. The service raises its open-files limit to fit them, and "
+        "keeps fewer open where the system's hard limit is lower.",
     )
 
+
+OTHER_DESCRIPTORS = 1024
+"""File descriptors left to the rest of the service when the CSV output's files are counted
+against the open-files limit."""
 
 HEADER_MAX_BYTES = 1 << 20
 """The longest first line read as an existing file's header: a file whose first line is longer
@@ -122,6 +130,9 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         super().__init__(config)
         self._files: OrderedDict[FileKey, tuple[BinaryIO, list[str]]] = OrderedDict()
         """Each open file and its header, the most recently used last."""
+        self._open_at_most = 0
+        """``--max-open-files``, or fewer where the open-files limit is lower (set at the
+        first file)."""
 
     async def check(self) -> None:
         directory = self.config.directory
@@ -275,10 +286,21 @@ class CsvPusher(Pusher[CsvPusherConfig]):
             handle.close()
             raise
         opened = self._files[key] = (handle, header)
-        while len(self._files) > self.config.max_open_files:
+        while len(self._files) > self._open_limit():
             _, (oldest, _) = self._files.popitem(last=False)
             oldest.close()
         return opened
+
+    def _open_limit(self) -> int:
+        """How many files stay open: ``--max-open-files``, the process's open-files limit
+        raised to fit them with room for everything else (sockets, the other outputs), or
+        fewer if the hard limit is lower. A thousand targets written to a file each, more
+        than are kept open, would close and open again most files on every batch."""
+        if not self._open_at_most:
+            wanted = self.config.max_open_files
+            limit = raise_open_files_limit(wanted + OTHER_DESCRIPTORS)
+            self._open_at_most = max(16, min(wanted, limit - OTHER_DESCRIPTORS))
+        return self._open_at_most
 
     def _append(self, files: list[_Rows], texts: list[str], sizes: dict[Path, int]) -> None:
         """Append each file's text; a file closed meanwhile (more files in a batch than
