@@ -31,7 +31,6 @@ from wattflow.actors.pushers.influxdb import InfluxDBPusher, InfluxDBPusherConfi
 from wattflow.actors.pushers.influxdb2 import InfluxDB2Pusher, InfluxDB2PusherConfig
 from wattflow.actors.pushers.jsonl import JsonlPusher, JsonlPusherConfig
 from wattflow.actors.pushers.mongodb import MongoDBPusher, MongoDBPusherConfig
-from wattflow.actors.pushers.prometheus import PrometheusPusher, PrometheusPusherConfig
 from wattflow.actors.pushers.zeromq import ZeroMQPusher, ZeroMQPusherConfig
 from wattflow.formats import powerapi
 from wattflow.formats.reports import PowerReport, Report, TargetEnergyReport, to_millis
@@ -41,6 +40,7 @@ from .conftest import Service, run_async, wait_until, wattflow
 from .servers import ServerProcess, free_port, mongodb_uri
 from .servers_influx import influx_uri
 from .servers_prometheus import PrometheusServer, promtool_check_metrics, scrape
+from .test_prometheus import Exposed
 from .test_target_energy import DEMO, shared_node_recordings
 from .test_zeromq import Collector, eventually, pulling, until_subscribed
 
@@ -319,25 +319,6 @@ def expected_samples(made: list[TargetEnergyReport]) -> dict[Sample, float]:
         found["wattflow_target_start_timestamp_seconds", key] = record.start.timestamp()
         found["wattflow_target_end_timestamp_seconds", key] = record.end.timestamp()
     return found
-
-
-class Exposed:
-    """A Prometheus output opened in this process on a free port."""
-
-    def __init__(self, **settings: Any) -> None:
-        self.pusher = PrometheusPusher(PrometheusPusherConfig(port=0, **settings))
-
-    async def __aenter__(self) -> Exposed:
-        await self.pusher.check()
-        await self.pusher.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.pusher.close()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.pusher.port}/metrics"
 
 
 def test_prometheus_exposes_ended_workloads_beside_the_power_series() -> None:
