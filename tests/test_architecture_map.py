@@ -58,7 +58,8 @@ MODULE_SUFFIXES = (".py", ".pyi", ".c")
 SKIPPED = {"__pycache__"}
 
 BACKTICKED = re.compile(r"`([^`\n]+)`")
-PATH_LIKE = re.compile(r"[\w.-]+(?:/[\w.-]+)*/?")
+PATH_LIKE = re.compile(r"\w[\w.-]*(?:/\w[\w.-]*)*/?")
+"""A relative path: no flag (``--workers``), no absolute path, no ``..``."""
 ROW_FOLDER = re.compile(r"^\|\s*`([\w.-]+)/`\s*\|")
 REGISTERS = re.compile(r"^@\w+\.register\(", re.MULTILINE)
 
