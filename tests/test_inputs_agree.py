@@ -8,8 +8,10 @@ and FormulaReports to JSON Lines, with the same SmartWatts settings. Every run m
 dead-letter nothing, and write the same reports, with the same numbers, as the JSON Lines
 input does.
 
-The JSON Lines input is the reference because it is the plainest way in: one file, decoded
-line by line, with no arrays of ticks (the CSV input's frames), no network and no database.
+The JSON Lines input is the reference because it is the plainest way in: one file, no network
+and no database. It decodes its lines into frames with the decoder the socket and ZeroMQ
+inputs use too (``formats/json_frames.py``'s ``decode_hwpc_frames``); the CSV input makes its
+frames its own way (``formats/csv_frames.py``), and the MongoDB input from documents.
 """
 
 from __future__ import annotations
