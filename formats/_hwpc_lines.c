@@ -909,7 +909,7 @@ static int csv_rows(Interned *names, const char *text, Py_ssize_t size, Py_ssize
 
 PyDoc_STRVAR(parse_csv_doc,
 "parse_csv(data, cells, /)\n--\n\n"
-"Whole lines of a PowerAPI CSV events file in its own layout (timestamp, sensor, target,\n"
+"Whole lines of a PowerAPI CSV events file (any contiguous bytes-like object) in its own layout (timestamp, sensor, target,\n"
 "socket, cpu, then cells - 5 counters; every line ending with a line break) as columns, or\n"
 "None when a line is not plain: quoted, empty or blank cells, another number of cells, a\n"
 "carriage return not before a line break, numbers that are not written as an integer of\n"
@@ -919,18 +919,30 @@ PyDoc_STRVAR(parse_csv_doc,
 "the distinct sensor and target names by id, then int64 columns as bytearrays (sensors and\n"
 "targets as name ids; counters row by row).");
 
+static PyObject *parse_csv_text(const char *text, Py_ssize_t size, Py_ssize_t cells);
+
 static PyObject *parse_csv(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyLong_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "parse_csv(data: bytes, cells: int)");
+    if (nargs != 2 || !PyObject_CheckBuffer(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "parse_csv(data: Buffer, cells: int)");
         return NULL;
     }
-    const char *text = PyBytes_AS_STRING(args[0]);
-    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
     Py_ssize_t cells = PyLong_AsSsize_t(args[1]);
     if (cells == -1 && PyErr_Occurred()) {
         return NULL;
     }
+    /* Any contiguous buffer: the CSV input reads its chunks into one buffer it reuses,
+       whose pages are already mapped, rather than into a new bytes object per chunk. */
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) {
+        return NULL;
+    }
+    PyObject *result = parse_csv_text(view.buf, view.len, cells);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *parse_csv_text(const char *text, Py_ssize_t size, Py_ssize_t cells) {
     if (cells <= CSV_FIXED_CELLS || size == 0 || text[size - 1] != '\n') {
         Py_RETURN_NONE;
     }
