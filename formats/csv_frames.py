@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 import numpy as np
-import numpy.typing as npt
 
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
@@ -52,7 +51,7 @@ LARGEST_CHUNK = 1 << 26
 @dataclass(slots=True, eq=False)
 class _File:
     path: Path
-    handle: BinaryIO
+    handle: io.BufferedReader
     header: list[str]
     group: str
     events: tuple[str, ...]
@@ -64,7 +63,7 @@ class _File:
     last_millis: int | None = None
     chunk_bytes: int = 0
     """Bytes to read next: grows while chunks span fewer than :data:`FRAME_TICKS` ticks."""
-    buffer: npt.NDArray[np.uint8] = field(default_factory=lambda: np.empty(0, dtype=np.uint8))
+    buffer: bytearray = field(default_factory=bytearray)
     """Where each chunk is read (:func:`_read_chunk`), one byte longer than it."""
 
     def pending_rows(self) -> int:
@@ -236,14 +235,14 @@ def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
     f.chunk_bytes = f.chunk_bytes or chunk_bytes
     while True:
         if len(f.buffer) <= f.chunk_bytes:  # room for the chunk and a line break after it
-            f.buffer = np.empty(f.chunk_bytes + 1, dtype=np.uint8)  # not zeroed: read over
+            f.buffer = bytearray(f.chunk_bytes + 1)
         f.handle.seek(f.read_to)
         read = f.handle.readinto(memoryview(f.buffer)[: f.chunk_bytes])
         if read < f.chunk_bytes:  # the end of the file
             f.eof = True
             size = read
             break
-        size = _whole_lines(f.buffer, read)
+        size = f.buffer.rfind(b"\n", 0, read) + 1
         if size:
             break
         f.chunk_bytes *= 2  # a line longer than the chunk: read it whole
@@ -268,21 +267,6 @@ def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
 
 
 LINE_BREAK = ord("\n")
-
-LAST_LINE_SEARCHED = 1 << 16
-"""Bytes searched at a time, from a chunk's end back, for its last line break."""
-
-
-def _whole_lines(buffer: npt.NDArray[np.uint8], read: int) -> int:
-    """The bytes of ``buffer[:read]`` up to and with its last line break (0: none)."""
-    end = read
-    while end > 0:
-        start = max(0, end - LAST_LINE_SEARCHED)
-        found = buffer[start:end].tobytes().rfind(b"\n")
-        if found >= 0:
-            return start + found + 1
-        end = start
-    return 0
 
 
 def _parse(data: memoryview, f: _File, names: _Names) -> EventsTable:
