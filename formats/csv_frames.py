@@ -224,33 +224,15 @@ def _take(f: _File, rows: int) -> EventsTable:
 def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
     """Read and parse the next chunk of whole lines, appending it to the pending rows.
 
-    The chunk is read into the file's one buffer (``_File.buffer``), reused from chunk to
-    chunk. A new bytes object per chunk, and its copy that completed the last line, were each
-    faulted in page by page: half the page faults of a one-socket replay (97,000 against
-    48,000 now). A chunk ends at its last line break; the next one starts after it.
-
     Raises:
         _NotPlain: when the chunk is not plain; nothing of it is kept.
     """
     f.chunk_bytes = f.chunk_bytes or chunk_bytes
-    while True:
-        if len(f.buffer) <= f.chunk_bytes:  # room for the chunk and a line break after it
-            f.buffer = bytearray(f.chunk_bytes + 1)
-        f.handle.seek(f.read_to)
-        read = f.handle.readinto(memoryview(f.buffer)[: f.chunk_bytes])
-        if read < f.chunk_bytes:  # the end of the file
-            f.eof = True
-            size = read
-            break
-        size = f.buffer.rfind(b"\n", 0, read) + 1
-        if size:
-            break
-        f.chunk_bytes *= 2  # a line longer than the chunk: read it whole
-    if not size:
+    data = _whole_lines(f)
+    if data is None:
         return
-    if f.buffer[size - 1] == LINE_BREAK:
-        data = memoryview(f.buffer)[:size]
-    else:  # the file's last line, without its line break
+    size = len(data)
+    if data[-1] != LINE_BREAK:  # the file's last line, without its line break
         f.buffer[size] = LINE_BREAK
         data = memoryview(f.buffer)[: size + 1]
     table = _parse(data, f, names)
@@ -267,6 +249,29 @@ def _read_chunk(f: _File, names: _Names, chunk_bytes: int) -> None:
 
 
 LINE_BREAK = ord("\n")
+
+
+def _whole_lines(f: _File) -> memoryview | None:
+    """The next chunk's whole lines, read into the file's one buffer (``_File.buffer``), or
+    None at the end of the file. The chunk ends at its last line break, the next one starts
+    after it; at the end of the file, the last line may lack its line break.
+
+    The buffer is reused from chunk to chunk. A new bytes object per chunk, and its copy
+    that completed the last line, were each faulted in page by page: half the page faults of
+    a one-socket replay (97,000 against 48,000 now).
+    """
+    while True:
+        if len(f.buffer) <= f.chunk_bytes:  # room for the chunk and a line break after it
+            f.buffer = bytearray(f.chunk_bytes + 1)
+        f.handle.seek(f.read_to)
+        read = f.handle.readinto(memoryview(f.buffer)[: f.chunk_bytes])
+        if read < f.chunk_bytes:  # the end of the file
+            f.eof = True
+            return memoryview(f.buffer)[:read] if read else None
+        size = f.buffer.rfind(b"\n", 0, read) + 1
+        if size:
+            return memoryview(f.buffer)[:size]
+        f.chunk_bytes *= 2  # a line longer than the chunk: read it whole
 
 
 def _parse(data: memoryview, f: _File, names: _Names) -> EventsTable:
