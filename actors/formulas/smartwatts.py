@@ -399,49 +399,40 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
 
     def _ripe(self, out: Output, *, final: bool) -> Produced:
         """Process the ticks that are ripe (all of them when ``final``)."""
-        produced: Produced = []
         if not self._queued:
-            return produced
+            return []
         if not self.compat:
             horizon = (
                 None
                 if final or self.latest_ms is None
                 else (self.latest_ms - self.config.tick_lateness_ms)
             )
-            for frame in self._ripe_queued(horizon):
-                produced += self._estimate(frame, out)
-            return produced
+            ripe = self._ripe_queued(horizon)
+            return self._estimate(ripe, out) if ripe is not None else []
+        produced: Produced = []
         keep = 0 if final else SMARTWATTS_BUFFERED_TICKS
         while len(self.arrival) > keep and self.pending is not None:
             produced += self._estimate(self._next_compat(len(self.arrival) - keep), out)
         return produced
 
-    def _ripe_queued(self, horizon: int | None) -> list[HWPCFrame]:
+    def _ripe_queued(self, horizon: int | None) -> HWPCFrame | None:
         """The pending ticks up to ``horizon`` (all of them for ``None``), taken off the
-        pending ones: the frames that end by it, as one, then the part up to it of a frame
-        with ticks on both sides of it, as it came.
-
-        They are estimated one after the other, as the ticks of one frame would be, to the
-        bit; a replayed frame cut at the horizon is not joined to the ticks that waited
-        before it, which would copy the whole frame (a chunk of a thousand containers'
-        ticks).
-        """
+        pending ones: the frames that end by it whole, as they came; a frame with ticks on
+        both sides of it makes the pending ticks one frame, cut at the horizon."""
         queued = self._queued
         if horizon is None:
-            every, self.pending = self.pending, None
-            return [] if every is None else [every]
+            ripe, self.pending = self.pending, None
+            return ripe
         whole = 0
         while whole < len(queued) and _last_ms(queued[whole]) <= horizon:
             whole += 1
-        frames = [_joined(queued[:whole])] if whole else []
-        rest = queued[whole:]
-        if rest and _first_ms(rest[0]) <= horizon:  # the frames after it start after it
-            upto, later = rest[0].after(horizon)
-            assert upto is not None
-            frames.append(upto)
-            rest = [later, *rest[1:]] if later is not None else rest[1:]
-        self._queued = rest
-        return frames
+        if whole < len(queued) and _first_ms(queued[whole]) <= horizon:
+            pending = self.pending
+            assert pending is not None
+            ripe, self.pending = pending.after(horizon)
+            return ripe
+        self._queued = queued[whole:]
+        return _joined(queued[:whole]) if whole else None
 
     def _next_compat(self, count: int) -> HWPCFrame:
         """The next ``count`` ticks in the order they came, taken from the pending ones: at
