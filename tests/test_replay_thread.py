@@ -519,3 +519,41 @@ def test_a_document_of_powerapis_file_input_is_read_in_a_thread(
         run_async(JsonlPuller(JsonlPullerConfig(type="jsonl", files=[broken])).pull(Collector()))
     assert str(through_input.value) == str(direct.value)
     assert threads_named("jsonl input") == []
+
+
+def test_a_followed_files_large_chunk_is_decoded_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Following, a chunk beyond ``INLINE_DECODE_BYTES`` (a file caught up with at a start) is
+    decoded in a thread; a live sensor's few lines are decoded on the loop."""
+    reports = hwpc_reports(recording(tmp_path, ticks=300))
+    path = tmp_path / "hwpc.jsonl"
+    data = "\n".join(powerapi.encode_json(report) for report in reports) + "\n"
+    assert len(data) > jsonl_input.INLINE_DECODE_BYTES
+    path.write_text(data)
+    steps: list[tuple[int, int]] = []
+
+    def noted(*args: Any) -> Any:
+        steps.append((threading.get_ident(), len(args[1])))
+        return decode_json_batch(*args)
+
+    monkeypatch.setattr(jsonl_input, "decode_json_batch", noted)
+    collector = Collector()
+    puller = JsonlPuller(JsonlPullerConfig(type="jsonl", files=[path], follow=True))
+
+    async def scenario() -> None:
+        following = asyncio.create_task(puller.pull(collector))
+        await until(lambda: len(reports_of(collector.items)) == len(reports), "the file's reports")
+        with path.open("a") as handle:
+            handle.write(powerapi.encode_json(reports[0]) + "\n")
+        await until(
+            lambda: len(reports_of(collector.items)) == len(reports) + 1, "the appended line"
+        )
+        collector.stopping.set()
+        await asyncio.wait_for(following, WAIT_S)
+
+    run_async(scenario())
+    assert reports_of(collector.items) == [*reports, reports[0]]
+    loop_thread = threading.get_ident()
+    assert steps[0][0] != loop_thread  # the file's first megabyte
+    assert steps[-1] == (loop_thread, 1)  # the appended line

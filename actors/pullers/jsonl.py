@@ -30,6 +30,11 @@ from wattflow.formats.reports import Report, report_kind
 _CHUNK_BYTES = 1 << 20
 """Bytes read at once: hundreds of reports, decoded and handed on together."""
 
+INLINE_DECODE_BYTES = 1 << 16
+"""The most bytes of a followed file decoded on the event loop: a live sensor's new lines take
+less time to decode there than a thread's round trip; more (a file caught up with at a start,
+a burst) is decoded in a thread, so that a live input of the same process keeps its turns."""
+
 _Decoded = tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]
 """What :func:`decode_json_batch` makes of a chunk's lines."""
 
@@ -151,8 +156,13 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                 f"{self.config.max_line_bytes} bytes, skipped",
             )
             consumed, partial = len(data), b""
-        decoded, errors = decode_json_batch(
-            report_kind(self.config.model), lines, str(place.path), place.line + 1, layouts
+        decoded, errors = await _decode(
+            len(data),
+            report_kind(self.config.model),
+            lines,
+            str(place.path),
+            place.line + 1,
+            layouts,
         )
         await batcher.add_batch(decoded, errors)
         await batcher.flush()
@@ -187,3 +197,18 @@ def _replay(
             elif rest:
                 lines, _ = split_lines(rest + b"\n")
                 yield decode_json_batch(kind, lines, str(path), line_number, layouts)
+
+
+async def _decode(
+    size_bytes: int,
+    kind: type[Report],
+    lines: list[bytes],
+    source: str,
+    first_line: int,
+    layouts: dict[str, Layout],
+) -> _Decoded:
+    """:func:`decode_json_batch` of a followed file's lines: on the loop up to
+    :data:`INLINE_DECODE_BYTES`, in a thread beyond."""
+    if size_bytes <= INLINE_DECODE_BYTES:
+        return decode_json_batch(kind, lines, source, first_line, layouts)
+    return await asyncio.to_thread(decode_json_batch, kind, lines, source, first_line, layouts)
