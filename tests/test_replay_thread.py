@@ -23,8 +23,11 @@ import pytest
 
 from wattflow.actors.pullers import csv as csv_input
 from wattflow.actors.pullers import jsonl as jsonl_input
+from wattflow.actors.pullers import meter as meter_input
 from wattflow.actors.pullers.csv import CsvPuller, CsvPullerConfig
+from wattflow.actors.pullers.files import INLINE_DECODE_BYTES
 from wattflow.actors.pullers.jsonl import JsonlPuller, JsonlPullerConfig
+from wattflow.actors.pullers.meter import LineDecoder, MeterPuller, MeterPullerConfig
 from wattflow.actors.pullers.socket import SocketPuller, SocketPullerConfig
 from wattflow.actors.pullers.threaded import InThread, batched
 from wattflow.formats import jsonl, powerapi
@@ -529,7 +532,7 @@ def test_a_followed_files_large_chunk_is_decoded_in_a_thread(
     reports = hwpc_reports(recording(tmp_path, ticks=300))
     path = tmp_path / "hwpc.jsonl"
     data = "\n".join(powerapi.encode_json(report) for report in reports) + "\n"
-    assert len(data) > jsonl_input.INLINE_DECODE_BYTES
+    assert len(data) > INLINE_DECODE_BYTES
     path.write_text(data)
     steps: list[tuple[int, int]] = []
 
@@ -557,3 +560,54 @@ def test_a_followed_files_large_chunk_is_decoded_in_a_thread(
     loop_thread = threading.get_ident()
     assert steps[0][0] != loop_thread  # the file's first megabyte
     assert steps[-1] == (loop_thread, 1)  # the appended line
+
+
+# --- the meter input --------------------------------------------------------------------------
+
+
+def test_a_meter_logs_large_chunk_is_decoded_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A meter log caught up with (more than ``INLINE_DECODE_BYTES`` read at once) is decoded in
+    a thread; the readings, their batches and the dead letters are those of a decoding line by
+    line."""
+    path = tmp_path / "meter.csv"
+    rows = ["timestamp,d0c0,d0c1", *(f"{1000 * t},{t}.5,{t * 2}" for t in range(6000))]
+    rows[100] = "1234,not a reading,3"
+    path.write_text("\n".join(rows) + "\n")
+    assert path.stat().st_size > INLINE_DECODE_BYTES
+    config = MeterPullerConfig(type="meter", files=[path], sensor="node-1", max_batch=500)
+    decoder = LineDecoder(config, str(path))
+    expected, reasons = [], []
+    for number, row in enumerate(rows, start=1):
+        try:
+            reading = decoder.decode(row)
+        except ValueError as error:
+            reasons.append(f"{path}:{number}: {error}")
+            continue
+        if reading is not None:
+            expected.append(reading)
+    steps: list[int] = []
+    real = meter_input._decode_lines
+
+    def noted(*args: Any) -> Any:
+        steps.append(threading.get_ident())
+        return real(*args)
+
+    monkeypatch.setattr(meter_input, "_decode_lines", noted)
+    batches: list[int] = []
+    collector = Collector()
+    collect = collector.emit
+
+    async def emit(batch: Any) -> None:
+        batches.append(len(batch))
+        await collect(batch)
+
+    collector.emit = emit  # type: ignore[method-assign]
+    run_async(MeterPuller(config).pull(collector))
+    assert collector.items == expected
+    assert [reason for _, reason in collector.rejected] == reasons
+    assert f"{path}:101: " in reasons[0]
+    assert len(steps) == 1  # one chunk of the file
+    assert threading.get_ident() not in steps
+    assert batches == [500] * (len(expected) // 500) + [len(expected) % 500]  # as before

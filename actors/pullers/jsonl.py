@@ -13,6 +13,7 @@ from pydantic import Field, PositiveInt
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, boundary
 from wattflow.actors.pullers.files import (
+    INLINE_DECODE_BYTES,
     BatchEmitter,
     FileFollower,
     FilePullerConfig,
@@ -29,11 +30,6 @@ from wattflow.formats.reports import Report, report_kind
 
 _CHUNK_BYTES = 1 << 20
 """Bytes read at once: hundreds of reports, decoded and handed on together."""
-
-INLINE_DECODE_BYTES = 1 << 16
-"""The most bytes of a followed file decoded on the event loop: a live sensor's new lines take
-less time to decode there than a thread's round trip; more (a file caught up with at a start,
-a burst) is decoded in a thread, so that a live input of the same process keeps its turns."""
 
 _Decoded = tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]
 """What :func:`decode_json_batch` makes of a chunk's lines."""
