@@ -381,17 +381,22 @@ class HWPCFrame(Frame):
         """The ticks up to ``millis`` and those after it, either ``None`` when empty."""
         cuts = [int(np.searchsorted(t.millis, millis, side="right")) for t in self.tables]
         if not any(cuts) and self.originals is None:  # all of it after millis, as it is
-            return None, (self if any(len(t) for t in self.tables) else None)
+            return None, (self if _has_rows(self.tables) else None)
         upto = [t.rows(0, cut) for t, cut in zip(self.tables, cuts, strict=True)]
         # The later part keeps only its own rows and reports: a formula holds it while more
         # ticks come, and holding views would keep the whole frame alive as long.
         later = [t.own_rows(cut) for t, cut in zip(self.tables, cuts, strict=True)]
-        own = None
-        if self.originals:
-            own = {key: r for key, r in self.originals.items() if key[0] > millis} or None
-        first = self._part(upto) if any(len(t) for t in upto) else None
-        second = HWPCFrame(self.names, later, None, own) if any(len(t) for t in later) else None
-        return first, second
+        first = self._part(upto) if _has_rows(upto) else None
+        if not _has_rows(later):
+            return first, None
+        return first, HWPCFrame(self.names, later, None, self._originals_after(millis))
+
+    def _originals_after(self, millis: int) -> dict[ReportKey, HWPCReport] | None:
+        """The reports this frame was made of that come after ``millis``: the later part's
+        own, so that it does not keep the earlier ones alive."""
+        if not self.originals:
+            return None
+        return {key: r for key, r in self.originals.items() if key[0] > millis} or None
 
     def joined(self, later: HWPCFrame) -> HWPCFrame:
         """This frame followed by a later one: each group's rows followed by the later frame's
@@ -585,6 +590,11 @@ def _plain_id(text: str, limit: int) -> int | None:
     if not number_below(text, limit):
         return None
     return int(text) if str(int(text)) == text else None
+
+
+def _has_rows(tables: Sequence[EventsTable]) -> bool:
+    """Whether a part of a frame holds any tick: an empty part is ``None``, not a frame."""
+    return any(len(table) for table in tables)
 
 
 def _count_reports(tables: list[EventsTable], width: int) -> int:

@@ -136,25 +136,32 @@ class RepetitionWriter:
             )
 
     def _gpu(self, report: GPUReport) -> None:
-        if not report.devices:
-            return
-        index = self.device if self.device is not None else min(report.devices, key=int)
-        device: GPUDevice | None = report.devices.get(index)
+        device = self._device(report)
         if device is None:
             return
-        if self.gpu is None:
-            # The columns the device gave in its first reading: the others it does not support.
-            self.gpu_fields = [(c, f) for c, f in GPU_COLUMNS if getattr(device, f) is not None]
-            header = ["timestamp", *(column for column, _ in self.gpu_fields)]
-            self.gpu = _IndexedCsv(self.directory / "gpu-power.csv", header)
-            self.power_limit = device.enforced_power_limit
+        gpu = self.gpu if self.gpu is not None else self._open_gpu(device)
         values = [getattr(device, field) for _, field in self.gpu_fields]
-        self.gpu.row(
-            [local_text(report.timestamp), *("" if v is None else _number(v) for v in values)]
-        )
+        gpu.row([local_text(report.timestamp), *("" if v is None else _number(v) for v in values)])
         for kind, samples in (device.samples or {}).items():
             for micros, value in samples:
                 self.samples[kind].row([micros, _number(value)])
+
+    def _device(self, report: GPUReport) -> GPUDevice | None:
+        """The one GPU a repetition's directory describes: the one asked for, else the
+        lowest-numbered; ``None`` when the report has no reading of it."""
+        if not report.devices:
+            return None
+        index = self.device if self.device is not None else min(report.devices, key=int)
+        return report.devices.get(index)
+
+    def _open_gpu(self, device: GPUDevice) -> _IndexedCsv:
+        """gpu-power.csv, with the columns the device gave in its first reading: the others it
+        does not support."""
+        self.gpu_fields = [(c, f) for c, f in GPU_COLUMNS if getattr(device, f) is not None]
+        header = ["timestamp", *(column for column, _ in self.gpu_fields)]
+        self.gpu = _IndexedCsv(self.directory / "gpu-power.csv", header)
+        self.power_limit = device.enforced_power_limit
+        return self.gpu
 
     def _meter(self, report: MeterReport) -> None:
         if self.meter is None:

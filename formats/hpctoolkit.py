@@ -343,10 +343,7 @@ class RunDatabase:
             if state is None:
                 continue
             if micros != self._moment:
-                self._moment = micros
-                chain = self._clock.chain(micros)
-                if chain != self._chain:
-                    self._chain = chain
+                self._reach(micros)
             if state.chain is not self._chain:
                 state.chain = self._chain
                 state.context = self._context(state.sensor, state.target, self._chain).id
@@ -367,6 +364,14 @@ class RunDatabase:
             energy = state.profile.energy_j.setdefault(state.context, {})
             seconds = (micros - last) / 1_000_000
             energy[state.domain] = energy.get(state.domain, 0.0) + power * seconds
+
+    def _reach(self, micros: int) -> None:
+        """A new moment: the phases open then. The chain stays the same object while the
+        phases do not change, so that a series tells by identity that its context holds."""
+        self._moment = micros
+        chain = self._clock.chain(micros)
+        if chain != self._chain:
+            self._chain = chain
 
     def _series(self, series: Series) -> _SeriesState | None:
         """What one series of the run adds to: None for a scope that is not a domain, and
@@ -446,50 +451,44 @@ class RunDatabase:
 
     def values(self) -> list[dict[int, dict[int, float]]]:
         """Per profile (summary first): context id → metric id → non-zero value."""
+        spans = self._spans()
+        tables: list[dict[int, dict[int, float]]] = [{} for _ in self.profiles]
+        summary = tables[0]
+        for profile in self.profiles[1:]:
+            table = tables[profile.index]
+            self._add_energy(table, profile)
+            _add_power(table, spans)
+            for context_id, by_metric in table.items():
+                for metric, value in by_metric.items():
+                    _add(summary, context_id, metric, value)
+        return _non_zero(tables)
+
+    def _spans(self) -> list[tuple[float, float]]:
+        """Per context id, the (inclusive, exclusive) seconds its mean power is taken over:
+        the time its phase chain was open for a process or a phase, the whole run (and no
+        exclusive time) for the root, a node or a container."""
         run_s = self.run.duration_s
         exclusive_s = chain_seconds(self.run)
         inclusive_s: dict[tuple[str, ...], float] = {}
         for chain, seconds in exclusive_s.items():
             for length in range(len(chain) + 1):
                 inclusive_s[chain[:length]] = inclusive_s.get(chain[:length], 0.0) + seconds
-
-        def durations(context: Context) -> tuple[float, float]:
-            if context.kind in ("process", "phase"):
-                return (inclusive_s.get(context.chain, 0.0), exclusive_s.get(context.chain, 0.0))
-            return run_s, 0.0
-
-        spans = [durations(context) for context in self.contexts]
-        tables: list[dict[int, dict[int, float]]] = [{} for _ in self.profiles]
-        summary = tables[0]
-        for profile in self.profiles[1:]:
-            table = tables[profile.index]
-            for context_id, by_domain in profile.energy_j.items():
-                context = self.contexts[context_id]
-                for domain, joules in by_domain.items():
-                    _add(table, context_id, metric_id(domain, "energy", False), joules)
-                    for ancestor in context.ancestry():
-                        _add(table, ancestor.id, metric_id(domain, "energy", True), joules)
-            for context_id, by_metric in list(table.items()):
-                inclusive, exclusive = spans[context_id]
-                for domain in DOMAINS:
-                    for scope, seconds in ((True, inclusive), (False, exclusive)):
-                        joules = by_metric.get(metric_id(domain, "energy", scope), 0.0)
-                        if seconds > 0:
-                            _add(
-                                table,
-                                context_id,
-                                metric_id(domain, "power", scope),
-                                joules / seconds,
-                            )
-            for context_id, by_metric in table.items():
-                for metric, value in by_metric.items():
-                    _add(summary, context_id, metric, value)
-        # Sparse blocks list only non-zero values, and only contexts that keep one.
-        kept = [
-            {c: {m: v for m, v in sorted(ms.items()) if v != 0.0} for c, ms in sorted(t.items())}
-            for t in tables
+        return [
+            (inclusive_s.get(context.chain, 0.0), exclusive_s.get(context.chain, 0.0))
+            if context.kind in ("process", "phase")
+            else (run_s, 0.0)
+            for context in self.contexts
         ]
-        return [{c: ms for c, ms in table.items() if ms} for table in kept]
+
+    def _add_energy(self, table: dict[int, dict[int, float]], profile: Profile) -> None:
+        """A profile's energy into its table: exclusive in the context it was spent in,
+        inclusive there and in every context above it."""
+        for context_id, by_domain in profile.energy_j.items():
+            context = self.contexts[context_id]
+            for domain, joules in by_domain.items():
+                _add(table, context_id, metric_id(domain, "energy", False), joules)
+                for ancestor in context.ancestry():
+                    _add(table, ancestor.id, metric_id(domain, "energy", True), joules)
 
     def write(self, directory: Path) -> None:
         """Write experiment.xml, profile.db, cct.db and trace.db into ``directory``."""
@@ -514,6 +513,28 @@ class RunDatabase:
 def _add(table: dict[int, dict[int, float]], context: int, metric: int, value: float) -> None:
     by_metric = table.setdefault(context, {})
     by_metric[metric] = by_metric.get(metric, 0.0) + value
+
+
+def _add_power(table: dict[int, dict[int, float]], spans: list[tuple[float, float]]) -> None:
+    """Mean power beside each energy in the table: the energy over its context's span
+    (:meth:`RunDatabase._spans`), inclusive and exclusive; none where the span is empty."""
+    for context_id, by_metric in list(table.items()):
+        inclusive, exclusive = spans[context_id]
+        for domain in DOMAINS:
+            for scope, seconds in ((True, inclusive), (False, exclusive)):
+                if seconds > 0:
+                    joules = by_metric.get(metric_id(domain, "energy", scope), 0.0)
+                    _add(table, context_id, metric_id(domain, "power", scope), joules / seconds)
+
+
+def _non_zero(tables: list[dict[int, dict[int, float]]]) -> list[dict[int, dict[int, float]]]:
+    """The tables as sparse blocks list them: only non-zero values, only contexts that keep
+    one, contexts and metrics in id order."""
+    kept = [
+        {c: {m: v for m, v in sorted(ms.items()) if v != 0.0} for c, ms in sorted(t.items())}
+        for t in tables
+    ]
+    return [{c: ms for c, ms in table.items() if ms} for table in kept]
 
 
 def write_run(

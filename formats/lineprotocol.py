@@ -354,27 +354,11 @@ def _other_lines(
     if isinstance(report, PowerReport):  # a subclass: no fast path
         return [_general_power_line(report, selected_tags, powerapi_layout)]
     if isinstance(report, FormulaReport):
-        tags = {"sensor": report.sensor, "target": report.target}
-        line = point("formula_report", tags, report.metadata, millis)
-        if line is None:
-            raise ValueError("no metadata value InfluxDB can store as a field")
-        return [line]
+        return [_formula_line(report, millis)]
     if isinstance(report, GPUReport):
-        found = []
-        for index, device in report.devices.items():
-            values = {name: getattr(device, name) for name in _GPU_FIELDS}
-            tags = {"sensor": report.sensor, "target": report.target, "device": index}
-            found.append(point("gpu", tags, values, millis))
+        found = _gpu_lines(report, millis)
     elif isinstance(report, MeterReport):
-        found = [
-            point(
-                "meter",
-                {"sensor": report.sensor, "target": report.target, "channel": channel},
-                {"power_mw": value},
-                millis,
-            )
-            for channel, value in report.channels.items()
-        ]
+        found = _meter_lines(report, millis)
     elif isinstance(report, EventReport):
         tags = {"sensor": report.sensor, "target": report.target}
         found = [point("event", tags, {"event": report.event, "data": report.data}, millis)]
@@ -383,6 +367,42 @@ def _other_lines(
     else:
         raise ValueError(f"no InfluxDB point layout for {report.kind}")
     return [line for line in found if line is not None]
+
+
+def _formula_line(report: FormulaReport, millis: int) -> str:
+    """A FormulaReport's point: its metadata (the model) as fields.
+
+    Raises:
+        ValueError: when no metadata value is one InfluxDB can store.
+    """
+    tags = {"sensor": report.sensor, "target": report.target}
+    line = point("formula_report", tags, report.metadata, millis)
+    if line is None:
+        raise ValueError("no metadata value InfluxDB can store as a field")
+    return line
+
+
+def _gpu_lines(report: GPUReport, millis: int) -> list[str | None]:
+    """One point per GPU, tagged with its index; ``None`` for a GPU with no field to store."""
+    found: list[str | None] = []
+    for index, device in report.devices.items():
+        values = {name: getattr(device, name) for name in _GPU_FIELDS}
+        tags = {"sensor": report.sensor, "target": report.target, "device": index}
+        found.append(point("gpu", tags, values, millis))
+    return found
+
+
+def _meter_lines(report: MeterReport, millis: int) -> list[str | None]:
+    """One point per meter channel, tagged with its name."""
+    return [
+        point(
+            "meter",
+            {"sensor": report.sensor, "target": report.target, "channel": channel},
+            {"power_mw": value},
+            millis,
+        )
+        for channel, value in report.channels.items()
+    ]
 
 
 def _target_energy_line(report: TargetEnergyReport, millis: int) -> str | None:

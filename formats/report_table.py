@@ -242,30 +242,48 @@ def _run_texts(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[Any
     if len(run) == 1:
         return _pick(coded[0].values, coded[0].codes)
     if rows <= FEW_ROWS:
-        cells = [
-            _pick(piece.values, piece.codes) if isinstance(piece, Column) else [piece] * rows
-            for piece in run
-        ]
-        return [empty.join(row) for row in zip(*cells, strict=True)]
+        return _texts_row_by_row(run, rows, empty)
+    return _texts_by_combination(run, coded, empty)
+
+
+def _texts_row_by_row(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[AnyStr]:
+    """Few rows: each row's texts picked and joined in Python, cheaper than numpy's calls."""
+    cells = [
+        _pick(piece.values, piece.codes) if isinstance(piece, Column) else [piece] * rows
+        for piece in run
+    ]
+    return [empty.join(row) for row in zip(*cells, strict=True)]
+
+
+def _texts_by_combination(
+    run: list[AnyStr | Column], coded: list[Column], empty: AnyStr
+) -> list[AnyStr]:
+    """Many rows: each combination of the columns' texts that occurs is joined once, then
+    picked for every row that has it (``coded``: the run's columns, in order)."""
     combined = coded[0].codes
     for column in coded[1:]:
         combined = combined * len(column.values) + column.codes
-    present = np.flatnonzero(np.bincount(combined)) if rows else combined
+    present = np.flatnonzero(np.bincount(combined))
     lookup = np.zeros(int(present.max(initial=0)) + 1, dtype=np.int64)
     lookup[present] = np.arange(len(present))
+    digits = _digits(present, coded)
+    parts: list[list[AnyStr]] = [
+        _pick(piece.values, digits.pop()) if isinstance(piece, Column) else [piece] * len(present)
+        for piece in run
+    ]
+    made = [empty.join(row) for row in zip(*parts, strict=True)]
+    return _pick(made, lookup[combined])
+
+
+def _digits(combinations: IntArray, coded: list[Column]) -> list[IntArray]:
+    """Each column's code in each combination, the last column's first (``pop`` gives them in
+    the columns' order): the combination is a number whose digits are the codes."""
     digits: list[IntArray] = []
-    rest = present
+    rest = combinations
     for column in reversed(coded):
         rest, digit = np.divmod(rest, len(column.values))
         digits.append(digit)
-    parts: list[list[AnyStr]] = []
-    for piece in run:
-        if isinstance(piece, Column):
-            parts.append(_pick(piece.values, digits.pop()))
-        else:
-            parts.append([piece] * len(present))
-    made = [empty.join(row) for row in zip(*parts, strict=True)]
-    return _pick(made, lookup[combined])
+    return digits
 
 
 def _pick(texts: list[Any], codes: IntArray) -> list[Any]:

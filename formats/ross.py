@@ -279,10 +279,7 @@ class RunRecorder:
                 if next_point < at:
                     self.processed, self.timed = processed_count, timed
                     self._last_vt, self._last_rt = vt, last_rt
-                    while self._next_point() < at:
-                        self._sample(self._next_point())
-                        self._k += 1
-                    next_point = self._next_point()
+                    next_point = self._sample_until(at)
                 vt = at
             processed_count += 1
             # Reports of one batch are read in time order but stored together: real time never
@@ -309,6 +306,18 @@ class RunRecorder:
                 append(pack(state[3], state[3], vt, vt, last_rt, data_size, power))
         self.processed, self.timed = processed_count, timed
         self._last_vt, self._last_rt, self._moment = vt, last_rt, moment
+        self._write_events(events)
+
+    def _sample_until(self, at: float) -> float:
+        """Write the samples due before ``at`` (virtual time, s), from the counters as
+        :meth:`add` handed them back; the time of the next one."""
+        while self._next_point() < at:
+            self._sample(self._next_point())
+            self._k += 1
+        return self._next_point()
+
+    def _write_events(self, events: list[bytes]) -> None:
+        """A page's event records in one write (none without an event file)."""
         if events and self.events is not None:
             self.events.write(b"".join(events))
 

@@ -427,23 +427,8 @@ def summarise_power(
     called with the number of rows of each page as it is read."""
     summary = RunSummary(run)
     phases = phases_of(run.events)
-    # A phase's time, like its energy, is what its nested phases leave it: each stretch between
-    # two phase edges belongs to the innermost phase open over it.
-    edges = sorted({moment for start, end, _ in phases for moment in (start, end)})
-    for earlier, later in pairwise(edges):
-        name = phase_at(phases, earlier + (later - earlier) / 2)
-        if name:
-            summary.phase_seconds[name] = (
-                summary.phase_seconds.get(name, 0.0) + (later - earlier).total_seconds()
-            )
-    reach: datetime | None = None
-    for start, end, _ in phases:  # sorted by start: the union's length
-        if reach is None or start > reach:
-            summary.covered_s += (end - start).total_seconds()
-            reach = end
-        elif end > reach:
-            summary.covered_s += (end - reach).total_seconds()
-            reach = end
+    summary.phase_seconds = _phase_seconds(phases)
+    summary.covered_s = _covered_seconds(phases)
     clock = PhaseClock(micro_phases(run))
     energy = summary.energy_j
     # Per series id: [previous report's time, target, domain], shared by the ids of one
@@ -471,6 +456,33 @@ def summarise_power(
             key = (slot[1], phase, slot[2])
             energy[key] = energy.get(key, 0.0) + power * ((micros - last) / 1_000_000)
     return summary
+
+
+def _phase_seconds(phases: list[tuple[datetime, datetime, str]]) -> dict[str, float]:
+    """Each phase's own time: what its nested phases leave it, as with its energy. Each
+    stretch between two phase edges belongs to the innermost phase open over it."""
+    seconds: dict[str, float] = {}
+    edges = sorted({moment for start, end, _ in phases for moment in (start, end)})
+    for earlier, later in pairwise(edges):
+        name = phase_at(phases, earlier + (later - earlier) / 2)
+        if name:
+            seconds[name] = seconds.get(name, 0.0) + (later - earlier).total_seconds()
+    return seconds
+
+
+def _covered_seconds(phases: list[tuple[datetime, datetime, str]]) -> float:
+    """The length of the union of the phases (sorted by start): nested and overlapping
+    phases counted once."""
+    covered = 0.0
+    reach: datetime | None = None
+    for start, end, _ in phases:
+        if reach is None or start > reach:
+            covered += (end - start).total_seconds()
+            reach = end
+        elif end > reach:
+            covered += (end - reach).total_seconds()
+            reach = end
+    return covered
 
 
 _UNSEEN: Any = object()

@@ -476,26 +476,14 @@ def build(raw: Mapping[str, Any]) -> ServiceConfig:
         for name, values in settings.pop("output", {}).items()
     }
     pre_processors = _pre_processors(settings.pop("pre_processor", {}), inputs)
-    formula_keys = _field_names(list(formula_models.values()))
-    disabled = {f"disable_{name}_formula" for name in formula_models}
     top_level = set(ServiceConfig.model_fields) - {
         "inputs",
         "outputs",
         "formulas",
         "pre_processors",
     }
-    for key in settings:
-        if key not in formula_keys | disabled | top_level:
-            raise ConfigError(f"{key.replace('_', '-')}: unknown setting")
-    enabled: dict[str, FormulaConfig] = {}
-    for name, model in formula_models.items():
-        if _truthy(settings.get(f"disable_{name}_formula", False), f"disable-{name}-formula"):
-            continue
-        values = {k: settings[k] for k in model.model_fields if k in settings}
-        try:
-            enabled[name] = model.model_validate(values)
-        except ValidationError as error:
-            raise ConfigError(_error_line("", error).replace("_", "-")) from None
+    _refuse_unknown(settings, formula_models, top_level)
+    enabled = _enabled_formulas(settings, formula_models)
     try:
         return ServiceConfig(
             inputs=inputs,
@@ -506,6 +494,46 @@ def build(raw: Mapping[str, Any]) -> ServiceConfig:
         )
     except ValidationError as error:
         raise ConfigError(_error_line("", error).replace("_", "-")) from None
+
+
+def _refuse_unknown(
+    settings: Mapping[str, Any],
+    formula_models: Mapping[str, type[FormulaConfig]],
+    top_level: set[str],
+) -> None:
+    """What is left once the backends are taken out is the service's own settings, the
+    formulas' and their ``disable-NAME-formula`` flags: anything else is a typo, refused
+    rather than ignored.
+
+    Raises:
+        ConfigError: naming the first unknown setting.
+    """
+    formula_keys = _field_names(list(formula_models.values()))
+    disabled = {f"disable_{name}_formula" for name in formula_models}
+    for key in settings:
+        if key not in formula_keys | disabled | top_level:
+            raise ConfigError(f"{key.replace('_', '-')}: unknown setting")
+
+
+def _enabled_formulas(
+    settings: Mapping[str, Any], formula_models: Mapping[str, type[FormulaConfig]]
+) -> dict[str, FormulaConfig]:
+    """Each formula not disabled, validated from the settings its model has (formulas share
+    the flat namespace of settings, as PowerAPI's do).
+
+    Raises:
+        ConfigError: naming the first setting a formula refuses.
+    """
+    enabled: dict[str, FormulaConfig] = {}
+    for name, model in formula_models.items():
+        if _truthy(settings.get(f"disable_{name}_formula", False), f"disable-{name}-formula"):
+            continue
+        values = {k: settings[k] for k in model.model_fields if k in settings}
+        try:
+            enabled[name] = model.model_validate(values)
+        except ValidationError as error:
+            raise ConfigError(_error_line("", error).replace("_", "-")) from None
+    return enabled
 
 
 def _truthy(value: Any, name: str) -> bool:

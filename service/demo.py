@@ -27,8 +27,9 @@ import math
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from wattflow.actors.formulas.base import FormulaConfig
 from wattflow.actors.formulas.gpu import GpuConfig
 from wattflow.actors.formulas.node import NodeConfig
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig
-from wattflow.actors.pipeline import Pipeline
+from wattflow.actors.pipeline import Pipeline, PipelineResult
 from wattflow.actors.pullers.base import Puller
 from wattflow.actors.pullers.jsonl import JsonlPuller, JsonlPullerConfig
 from wattflow.actors.pullers.meter import MeterPuller, MeterPullerConfig
@@ -85,6 +86,52 @@ DEMO_SETTINGS: dict[str, FormulaConfig] = {
 def demo_command(argv: Sequence[str]) -> int:
     """Replay the bundled recordings; exit 0 when every report was accounted for, none was
     dead-lettered and every export was written."""
+    parser = _demo_parser()
+    args = parser.parse_args(argv)
+    if not (args.speed > 0 and math.isfinite(args.speed)):
+        parser.error(f"--speed {args.speed}: give a positive number")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    directory: Path = args.directory or Path(tempfile.mkdtemp(prefix="wattflow-demo-"))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--directory {directory}: {error.strerror or error}")
+    console = Console()
+    store_uri = f"sqlite:///{directory / 'runs.db'}"
+    with open_store(store_uri) as store:
+        repetition = next_repetition(store)
+    identifier = run_id(EXPERIMENT, BENCHMARK, SETTINGS, repetition)
+    result, pipeline = _replay_recordings(console, directory, store_uri, identifier, args.speed)
+    accounted = _print_accounting(console, result, pipeline)
+    with open_store(store_uri) as store:
+        try:
+            run = store.get(identifier)
+        except StoreError as error:  # the recorder failed: said above
+            print_line(console, f"no run recorded: {error}")
+            return 1
+        run = run.model_copy(update={"parameters": PARAMETERS})
+        store.save_run(run)
+        show_summary(console, store, run)
+        written = [
+            ("CSV, PowerAPI's layout", f"{directory}/<sensor>-<target>/PowerReport.csv "
+             f"(GPU and node power: PowerReport-gpu.csv, PowerReport-node.csv): "
+             f"{result.ledger.delivered_by_pusher['csv']} power reports"),
+            ("run store", f"{store_uri}: run {identifier}, {store.count(run)} reports"),
+        ]  # fmt: skip
+        exported = _export_runs(store, directory, repetition, written)
+    console.print()
+    print_line(console, "Written:")
+    for what, where in written:
+        print_line(console, f"  {what + ':':28} {where}")
+    print_line(
+        console,
+        f"Other formats: wattflow export FORMAT --store {store_uri} --experiment {EXPERIMENT} "
+        f"--out PATH (FORMAT: {', '.join(exporters.names())})",
+    )
+    return 0 if accounted and exported else 1
+
+
+def _demo_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wattflow demo",
         description="Replay bundled recordings of one node (hwpc-sensor, 2 GPUs through the "
@@ -107,21 +154,14 @@ def demo_command(argv: Sequence[str]) -> int:
         help=f"Replay speed as a multiple of real time (default: {DEFAULT_SPEED:g}: the 33 s "
         "recording replays in about 3 s; 1 replays it in real time).",
     )
-    args = parser.parse_args(argv)
-    if not (args.speed > 0 and math.isfinite(args.speed)):
-        parser.error(f"--speed {args.speed}: give a positive number")
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    directory: Path = args.directory or Path(tempfile.mkdtemp(prefix="wattflow-demo-"))
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"--directory {directory}: {error.strerror or error}")
-    console = Console()
-    store_uri = f"sqlite:///{directory / 'runs.db'}"
-    with open_store(store_uri) as store:
-        repetition = next_repetition(store)
-    identifier = run_id(EXPERIMENT, BENCHMARK, SETTINGS, repetition)
+    return parser
 
+
+def _replay_recordings(
+    console: Console, directory: Path, store_uri: str, identifier: str, speed: float
+) -> tuple[PipelineResult, Pipeline]:
+    """Run the pipeline on the bundled recordings, to the live table, the CSV files in
+    ``directory`` and the run ``identifier`` in the store, until the recordings end."""
     with ExitStack() as files:
         data = resources.files("wattflow.service") / "data"
         paths = {
@@ -129,9 +169,9 @@ def demo_command(argv: Sequence[str]) -> int:
             for name in (RECORDING, GPU_RECORDING, METER_RECORDING, EVENTS_RECORDING)
         }
         pullers: list[Puller[Any]] = [
-            replay("recording", paths[RECORDING], "HWPCReport", args.speed),
-            replay("gpus", paths[GPU_RECORDING], "GPUReport", args.speed),
-            replay("events", paths[EVENTS_RECORDING], "EventReport", args.speed),
+            replay("recording", paths[RECORDING], "HWPCReport", speed),
+            replay("gpus", paths[GPU_RECORDING], "GPUReport", speed),
+            replay("events", paths[EVENTS_RECORDING], "EventReport", speed),
             MeterPuller(
                 MeterPullerConfig(
                     type="meter", name="meter", files=[paths[METER_RECORDING]], sensor=SENSOR
@@ -145,12 +185,16 @@ def demo_command(argv: Sequence[str]) -> int:
         ]
         settings = {
             **DEMO_SETTINGS,
-            "node": NodeConfig(node_lateness_ms=2000 + math.ceil(GPU_LEAD_S * 1000 / args.speed)),
+            "node": NodeConfig(node_lateness_ms=2000 + math.ceil(GPU_LEAD_S * 1000 / speed)),
         }
         enabled = [(cls, settings.get(name, cls.config_model())) for name, cls in formulas.items()]
         pipeline = Pipeline(pullers, enabled, pushers)
-        result = asyncio.run(serve(pipeline))
+        return asyncio.run(serve(pipeline)), pipeline
 
+
+def _print_accounting(console: Console, result: PipelineResult, pipeline: Pipeline) -> bool:
+    """Print what the replay read and made, and what went wrong; whether every report was
+    accounted for, with no actor failed and no dead letter."""
     ledger = result.ledger
     dead = ledger.rejected_input + ledger.dead_in + ledger.dead_out
     print_line(
@@ -170,53 +214,36 @@ def demo_command(argv: Sequence[str]) -> int:
             "Recorded in the run, used by no formula: "
             + "; ".join(f"{count} × {reason}" for reason, count in ledger.unused.items()),
         )
+    return result.ok and ledger.balanced() and dead == 0
+
+
+def _export_runs(
+    store: RunStore, directory: Path, repetition: int, written: list[tuple[str, str]]
+) -> bool:
+    """Export every demo run in the store to a GPU measurement directory and to Extra-P,
+    adding where each went (or why it failed) to ``written``; whether both were written."""
+    runs = store.runs(EXPERIMENT)
+    counted = f"{len(runs)} run{'s' * (len(runs) > 1)}"
     exported = True
-    with open_store(store_uri) as store:
+    for name, out, shown in (
+        ("gpu-dir", directory / "gpu-dir", "GPU measurement directory"),
+        ("extrap-text", directory / "extrap" / f"{EXPERIMENT}.txt", "Extra-P text input"),
+    ):
         try:
-            run = store.get(identifier)
-        except StoreError as error:  # the recorder failed: said above
-            print_line(console, f"no run recorded: {error}")
-            return 1
-        run = run.model_copy(update={"parameters": PARAMETERS})
-        store.save_run(run)
-        show_summary(console, store, run)
-        written = [
-            ("CSV, PowerAPI's layout", f"{directory}/<sensor>-<target>/PowerReport.csv "
-             f"(GPU and node power: PowerReport-gpu.csv, PowerReport-node.csv): "
-             f"{ledger.delivered_by_pusher['csv']} power reports"),
-            ("run store", f"{store_uri}: run {identifier}, {store.count(run)} reports"),
-        ]  # fmt: skip
-        runs = store.runs(EXPERIMENT)
-        counted = f"{len(runs)} run{'s' * (len(runs) > 1)}"
-        for name, out, shown in (
-            ("gpu-dir", directory / "gpu-dir", "GPU measurement directory"),
-            ("extrap-text", directory / "extrap" / f"{EXPERIMENT}.txt", "Extra-P text input"),
-        ):
-            try:
-                export(store, runs, name, out)
-            except (WattflowError, ValueError, OSError) as error:
-                exported = False
-                written.append((shown, f"FAILED: {error}"))
-                continue
-            if name == "gpu-dir":
-                where = f"{out / EXPERIMENT / BENCHMARK / SETTINGS / str(repetition)}/ ({counted})"
-            else:
-                where = (
-                    f"{out} ({counted}); open it with `extrap --text {out}` "
-                    "(pip install 'wattflow[extrap]')"
-                )
-            written.append((shown, where))
-    console.print()
-    print_line(console, "Written:")
-    for what, where in written:
-        print_line(console, f"  {what + ':':28} {where}")
-    print_line(
-        console,
-        f"Other formats: wattflow export FORMAT --store {store_uri} --experiment {EXPERIMENT} "
-        f"--out PATH (FORMAT: {', '.join(exporters.names())})",
-    )
-    ok = result.ok and ledger.balanced() and dead == 0 and exported
-    return 0 if ok else 1
+            export(store, runs, name, out)
+        except (WattflowError, ValueError, OSError) as error:
+            exported = False
+            written.append((shown, f"FAILED: {error}"))
+            continue
+        if name == "gpu-dir":
+            where = f"{out / EXPERIMENT / BENCHMARK / SETTINGS / str(repetition)}/ ({counted})"
+        else:
+            where = (
+                f"{out} ({counted}); open it with `extrap --text {out}` "
+                "(pip install 'wattflow[extrap]')"
+            )
+        written.append((shown, where))
+    return exported
 
 
 def replay(name: str, path: Path, model: str, speed: float) -> JsonlPuller:
@@ -249,44 +276,93 @@ def print_line(console: Console, text: str) -> None:
 
 def show_summary(console: Console, store: RunStore, run: Run) -> None:
     """Mean power per container, per GPU process and for the node, from the recorded run."""
-    # (scope, target, device) → timestamp → watts, summed over sockets
-    series: dict[tuple[str, str, str], dict[Any, float]] = defaultdict(dict)
-    node: dict[str, list[float]] = defaultdict(list)
-    cgroups: dict[str, str] = {}
-    for report in store.reports(run, ["PowerReport", "GPUReport"]):
-        if isinstance(report, GPUReport):
-            for readings in report.devices.values():
-                for process in readings.processes or ():
-                    cgroups[f"pid:{process.pid}"] = process.cgroup or "-"
-            continue
-        if not isinstance(report, PowerReport):
-            continue
+    power = RecordedPower.of(store, run)
+    for table in (
+        containers_table(power.series),
+        gpus_table(power.series, power.cgroups),
+        meter_table(power.node),
+    ):
+        console.print(table)
+
+
+SeriesKey = tuple[str, str, str]
+"""(scope, target, device): one of the summary's power series."""
+
+
+@dataclass
+class RecordedPower:
+    """A recorded run's power, as the summary's tables read it."""
+
+    series: defaultdict[SeriesKey, dict[Any, float]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )
+    """(scope, target, device) → timestamp → watts, summed over sockets."""
+    node: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """The node formula's powers by target (``node``: the meter's, ``rest``: what the meter
+    has beyond cpu, dram and gpu), and those three parts of the meter's, by name."""
+    cgroups: dict[str, str] = field(default_factory=dict)
+    """Each GPU process (``pid:N``) and its cgroup, to name the GPU table's targets."""
+
+    @classmethod
+    def of(cls, store: RunStore, run: Run) -> RecordedPower:
+        """Read the run's PowerReports, and its GPUReports for the processes' cgroups."""
+        recorded = cls()
+        for report in store.reports(run, ["PowerReport", "GPUReport"]):
+            if isinstance(report, GPUReport):
+                recorded.add_processes(report)
+            elif isinstance(report, PowerReport):
+                recorded.add_power(report)
+        return recorded
+
+    def add_processes(self, report: GPUReport) -> None:
+        """The cgroup of each process on the GPUs: the GPU formula's targets are ``pid:N``,
+        which say nothing of the container they ran in."""
+        for readings in report.devices.values():
+            for process in readings.processes or ():
+                self.cgroups[f"pid:{process.pid}"] = process.cgroup or "-"
+
+    def add_power(self, report: PowerReport) -> None:
+        """A PowerReport into its series, or the node's; RAPL's whole-socket figures are not
+        a container's and are left out."""
         meta = report.metadata
         scope = str(meta.get("scope", ""))
         if scope == "node":
-            node[report.target].append(report.power)
-            if report.target == "node":
-                for part in ("cpu", "dram", "gpu"):
-                    node[part].append(float(meta.get(part, math.nan)))
-            continue
+            self._add_node(report)
+            return
         if meta.get("formula") == "rapl" or report.target in ("rapl", "global"):
-            continue
-        key = (scope, report.target, str(meta.get("device", "")))
-        ticks = series[key]
+            return
+        ticks = self.series[(scope, report.target, str(meta.get("device", "")))]
         ticks[report.timestamp] = ticks.get(report.timestamp, 0.0) + report.power
 
-    def mean(values: Iterable[float]) -> float:
-        found = list(values)
-        return sum(found) / len(found) if found else math.nan
+    def _add_node(self, report: PowerReport) -> None:
+        """The node formula's figure; the meter's (target ``node``) carries the cpu, dram and
+        gpu parts it was set against, read from its metadata."""
+        self.node[report.target].append(report.power)
+        if report.target == "node":
+            for part in ("cpu", "dram", "gpu"):
+                self.node[part].append(float(report.metadata.get(part, math.nan)))
 
+
+def _mean(values: Iterable[float]) -> float:
+    found = list(values)
+    return sum(found) / len(found) if found else math.nan
+
+
+def containers_table(series: Mapping[SeriesKey, dict[Any, float]]) -> Table:
+    """SmartWatts' cpu and dram power of each container, mean over the ticks it reported."""
     containers = Table(title="Containers, SmartWatts (mean W over the ticks it reported)")
     for column in ("container", "cpu W", "dram W"):
         containers.add_column(column, justify="left" if column == "container" else "right")
     for target in sorted({t for scope, t, _ in series if scope in ("cpu", "dram")}):
-        cpu = mean(series.get(("cpu", target, ""), {}).values())
-        dram = mean(series.get(("dram", target, ""), {}).values())
+        cpu = _mean(series.get(("cpu", target, ""), {}).values())
+        dram = _mean(series.get(("dram", target, ""), {}).values())
         containers.add_row(target, f"{cpu:.1f}", f"{dram:.1f}")
+    return containers
 
+
+def gpus_table(series: Mapping[SeriesKey, dict[Any, float]], cgroups: Mapping[str, str]) -> Table:
+    """The GPU formula's power of each process on each GPU (and the idle power, which stays
+    with the GPU), mean and largest while present."""
     gpus = Table(title="GPUs, per process (mean W while present)")
     for column in ("gpu", "target", "cgroup", "ticks", "mean W", "max W"):
         gpus.add_column(column, justify="right" if column.endswith(("W", "ticks")) else "left")
@@ -299,21 +375,24 @@ def show_summary(console: Console, store: RunStore, run: Run) -> None:
             target,
             label,
             str(len(ticks)),
-            f"{mean(ticks.values()):.1f}",
+            f"{_mean(ticks.values()):.1f}",
             f"{max(ticks.values()):.1f}",
         )
+    return gpus
 
+
+def meter_table(node: Mapping[str, list[float]]) -> Table:
+    """The node formula's account of the meter: cpu, dram, gpu and the rest of the system."""
     meter = Table(title="Node against the power meter (mean W over hwpc-sensor's intervals)")
     for column in ("meter", "cpu", "dram", "gpu", "rest", "rest min–max"):
         meter.add_column(column, justify="right")
     rest = node.get("rest", [])
     meter.add_row(
-        f"{mean(node.get('node', [])):.1f}",
-        f"{mean(node.get('cpu', [])):.1f}",
-        f"{mean(node.get('dram', [])):.1f}",
-        f"{mean(node.get('gpu', [])):.1f}",
-        f"{mean(rest):.1f}",
+        f"{_mean(node.get('node', [])):.1f}",
+        f"{_mean(node.get('cpu', [])):.1f}",
+        f"{_mean(node.get('dram', [])):.1f}",
+        f"{_mean(node.get('gpu', [])):.1f}",
+        f"{_mean(rest):.1f}",
         f"{min(rest):.1f}–{max(rest):.1f}" if rest else "-",
     )
-    for table in (containers, gpus, meter):
-        console.print(table)
+    return meter

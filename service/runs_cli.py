@@ -179,63 +179,17 @@ def import_files(
     machine's, which only imports the recording.
     """
     if settings is None:
-        if not parameters:
-            raise StoreError(
-                "give --settings (the run's settings, e.g. 250W or 877MHz,1065MHz), or "
-                "--param NAME=VALUE to name the run after its parameters"
-            )
-        for name in parameters:
-            if "/" in name:
-                raise StoreError(
-                    f"--param {name}: a name with '/' cannot name a run; give --settings"
-                )
-        settings = parameter_settings(parameters)
+        settings = _settings_of(parameters)
     identifier = run_id(experiment, benchmark, settings, repetition)
-    try:
-        existing: Run | None = store.get(identifier)
-    except StoreError:
-        existing = None
+    existing = _existing_run(store, identifier)
     if existing is not None:
-        conflicts = [
-            name
-            for name, value in parameters.items()
-            if name in existing.parameters and existing.parameters[name] != value
-        ]
-        if conflicts:
-            stored = ", ".join(f"{n}={number_text(existing.parameters[n])}" for n in conflicts)
-            wanted = parameter_settings(parameters)
-            keep = " ".join(f"--param {n}={number_text(existing.parameters[n])}" for n in conflicts)
-            raise StoreError(
-                f"run {identifier} already exists with {stored}, and a run is named by its "
-                f"experiment, benchmark, settings and repetition, not by its parameters: to "
-                f"import {wanted} as a run of its own, give --settings {settings},{wanted} "
-                f"(without --settings, the run is named {wanted}); to add these files to the "
-                f"existing run, give {keep}"
-            )
-    first: datetime | None = existing.start if existing else None
-    last: datetime | None = existing.end if existing else None
-    begin = end = None
-    count = 0
-    recorded = RecordedSystem()
-
-    def watched(reports: Iterator[Report]) -> Iterator[Report]:
-        nonlocal first, last, begin, end, count
-        for report in reports:
-            count += 1
-            recorded.add(report)
-            first = report.timestamp if first is None else min(first, report.timestamp)
-            last = report.timestamp if last is None else max(last, report.timestamp)
-            if isinstance(report, EventReport) and report.event == "experiment_begin":
-                begin = report.timestamp
-            if isinstance(report, EventReport) and report.event == "experiment_end":
-                end = report.timestamp
-            yield report
-
+        _refuse_other_parameters(existing, parameters, settings)
+    window = _ImportedWindow(existing)
     for path in files:
-        store.add_reports(identifier, watched(read_file(path, model)))
-    if first is None or last is None:
+        store.add_reports(identifier, window.watched(read_file(path, model)))
+    if window.first is None or window.last is None:
         raise StoreError("no reports in " + ", ".join(map(str, files)))
-    known = merge_system(recorded.info(), existing.system if existing else {})
+    known = merge_system(window.recorded.info(), existing.system if existing else {})
     run = Run(
         id=identifier,
         experiment=experiment,
@@ -244,11 +198,94 @@ def import_files(
         repetition=repetition,
         parameters={**(existing.parameters if existing else {}), **parameters},
         system=merge_system(known, system or {}),
-        start=begin or first,
-        end=end or last,
+        start=window.begin or window.first,
+        end=window.end or window.last,
     )
     store.save_run(run)
-    return run, count
+    return run, window.count
+
+
+def _existing_run(store: RunStore, identifier: str) -> Run | None:
+    """The run these files are added to, when the store has one of that name."""
+    try:
+        return store.get(identifier)
+    except StoreError:
+        return None
+
+
+def _settings_of(parameters: dict[str, float]) -> str:
+    """The settings a run without ``--settings`` is named by: its parameters (``p=4``).
+
+    Raises:
+        StoreError: with no parameters, or one whose name would cut the run's id.
+    """
+    if not parameters:
+        raise StoreError(
+            "give --settings (the run's settings, e.g. 250W or 877MHz,1065MHz), or "
+            "--param NAME=VALUE to name the run after its parameters"
+        )
+    for name in parameters:
+        if "/" in name:
+            raise StoreError(f"--param {name}: a name with '/' cannot name a run; give --settings")
+    return parameter_settings(parameters)
+
+
+def _refuse_other_parameters(existing: Run, parameters: dict[str, float], settings: str) -> None:
+    """A run is named by its experiment, benchmark, settings and repetition, not by its
+    parameters: files imported with other values of the existing run's parameters are another
+    run, which the error says how to name (or how to add them to this one).
+
+    Raises:
+        StoreError: when a parameter has another value in ``existing``.
+    """
+    conflicts = [
+        name
+        for name, value in parameters.items()
+        if name in existing.parameters and existing.parameters[name] != value
+    ]
+    if not conflicts:
+        return
+    stored = ", ".join(f"{n}={number_text(existing.parameters[n])}" for n in conflicts)
+    wanted = parameter_settings(parameters)
+    keep = " ".join(f"--param {n}={number_text(existing.parameters[n])}" for n in conflicts)
+    raise StoreError(
+        f"run {existing.id} already exists with {stored}, and a run is named by its "
+        f"experiment, benchmark, settings and repetition, not by its parameters: to "
+        f"import {wanted} as a run of its own, give --settings {settings},{wanted} "
+        f"(without --settings, the run is named {wanted}); to add these files to the "
+        f"existing run, give {keep}"
+    )
+
+
+class _ImportedWindow:
+    """What the imported reports say of the run's window, seen as they stream into the
+    store: their first and last times (from the existing run's window, when adding to one),
+    the experiment's begin and end events, how many, and the system they were recorded on."""
+
+    def __init__(self, existing: Run | None) -> None:
+        self.first: datetime | None = existing.start if existing else None
+        self.last: datetime | None = existing.end if existing else None
+        self.begin: datetime | None = None
+        self.end: datetime | None = None
+        self.count = 0
+        self.recorded = RecordedSystem()
+
+    def watched(self, reports: Iterator[Report]) -> Iterator[Report]:
+        for report in reports:
+            self.count += 1
+            self.recorded.add(report)
+            moment = report.timestamp
+            self.first = moment if self.first is None else min(self.first, moment)
+            self.last = moment if self.last is None else max(self.last, moment)
+            if isinstance(report, EventReport):
+                self._event(report)
+            yield report
+
+    def _event(self, report: EventReport) -> None:
+        if report.event == "experiment_begin":
+            self.begin = report.timestamp
+        if report.event == "experiment_end":
+            self.end = report.timestamp
 
 
 def _parameters(pairs: Sequence[str]) -> dict[str, float]:
@@ -270,6 +307,24 @@ def _parameters(pairs: Sequence[str]) -> dict[str, float]:
 def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     """``wattflow runs import|list|show|energy|mark``."""
     console = console or Console()
+    args = _runs_parser().parse_args(argv)
+    with open_store(args.store_ or args.store, create=args.action == "import") as store:
+        if args.action == "import":
+            _import(store, args, console)
+        elif args.action == "list":
+            header = ("run", "parameters", "start (UTC)", "duration s", "reports", "exports")
+            print_rows(console, header, _run_rows(store, args.experiment, args.benchmark))
+        elif args.action == "show":
+            show(store, store.get(args.run), console)
+        elif args.action == "energy":
+            print_rows(console, *workload_energy(store, store.get(args.run)))
+        else:
+            mark(store, args.event, args.data, args.run)
+            console.print(f"marked {args.event}")
+    return 0
+
+
+def _runs_parser() -> _Parser:
     parser = _Parser(prog="wattflow runs")
     parser.add_argument("--store", help="sqlite:///path or mongodb://host/db (default: "
                         "runs.db in the user's data directory)")  # fmt: skip
@@ -305,47 +360,45 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     marking.add_argument("--store", dest="store_", default=None)
     marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
                          "latest run)")  # fmt: skip
-    args = parser.parse_args(argv)
-    with open_store(args.store_ or args.store, create=args.action == "import") as store:
-        if args.action == "import":
-            system = None if args.system_info is None else read_system_info(args.system_info)
-            run, count = import_files(
-                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
-                settings=args.settings, repetition=args.repetition,
-                parameters=_parameters(args.param), model=args.model, system=system,
-            )  # fmt: skip
-            held = store.count(run)
-            console.print(f"imported {count} reports into {run.id} ({run.start} – {run.end})")
-            if held > count:
-                console.print(
-                    f"{run.id} already held reports; it now holds {held} (importing "
-                    f"a file twice stores its reports twice)"
-                )
-        elif args.action == "list":
-            header = ("run", "parameters", "start (UTC)", "duration s", "reports", "exports")
-            rows = [
-                (
-                    run.id,
-                    ", ".join(f"{k}={v:g}" for k, v in run.parameters.items()),
-                    run.start.strftime("%Y-%m-%d %H:%M:%S"),
-                    f"{run.duration_s:.1f}",
-                    str(store.count(run)),
-                    ", ".join(
-                        name if outcome == "written" else f"{name} ({outcome})"
-                        for name, outcome in sorted(run.exports.items())
-                    ),
-                )
-                for run in store.runs(args.experiment, args.benchmark)
-            ]
-            print_rows(console, header, rows)
-        elif args.action == "show":
-            show(store, store.get(args.run), console)
-        elif args.action == "energy":
-            print_rows(console, *workload_energy(store, store.get(args.run)))
-        else:
-            mark(store, args.event, args.data, args.run)
-            console.print(f"marked {args.event}")
-    return 0
+    return parser
+
+
+def _import(store: RunStore, args: argparse.Namespace, console: Console) -> None:
+    """``wattflow runs import``; it says when the run held reports already, as importing a
+    file twice stores its reports twice."""
+    system = None if args.system_info is None else read_system_info(args.system_info)
+    run, count = import_files(
+        store, args.files, experiment=args.experiment, benchmark=args.benchmark,
+        settings=args.settings, repetition=args.repetition,
+        parameters=_parameters(args.param), model=args.model, system=system,
+    )  # fmt: skip
+    held = store.count(run)
+    console.print(f"imported {count} reports into {run.id} ({run.start} – {run.end})")
+    if held > count:
+        console.print(
+            f"{run.id} already held reports; it now holds {held} (importing "
+            f"a file twice stores its reports twice)"
+        )
+
+
+def _run_rows(
+    store: RunStore, experiment: str | None, benchmark: str | None
+) -> list[tuple[str, ...]]:
+    """``wattflow runs list``: each run, its parameters, window, reports and exports."""
+    return [
+        (
+            run.id,
+            ", ".join(f"{k}={v:g}" for k, v in run.parameters.items()),
+            run.start.strftime("%Y-%m-%d %H:%M:%S"),
+            f"{run.duration_s:.1f}",
+            str(store.count(run)),
+            ", ".join(
+                name if outcome == "written" else f"{name} ({outcome})"
+                for name, outcome in sorted(run.exports.items())
+            ),
+        )
+        for run in store.runs(experiment, benchmark)
+    ]
 
 
 ENERGY_HEADER = (

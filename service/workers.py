@@ -441,10 +441,19 @@ class WorkerPool:
         when a worker died (even one restarted and drained cleanly after), as its ledger is
         not in the sum."""
         ledger = sum_ledgers([w.ledger for w in self.workers if w.ledger is not None])
-        deaths = sum(len(w.deaths) for w in self.workers)
         closed: Counter[str] = Counter()
         for acceptor in self.acceptors.values():
             closed.update(acceptor.closed)
+        self._log_drained(ledger, closed)
+        problems = self._problems(ledger, closed)
+        for problem in dict.fromkeys(problems):
+            print(f"wattflow: error: {problem}", file=sys.stderr)
+        return 1 if problems or self.aborted else 0
+
+    def _log_drained(self, ledger: Ledger, closed: Counter[str]) -> None:
+        """The exit line: the summed ledger, the workers' restarts and deaths (an error when
+        one died) and, with acceptors, the sensor connections handed and closed unhanded."""
+        deaths = sum(len(w.deaths) for w in self.workers)
         logger.log(
             logging.ERROR if deaths else logging.INFO,
             "pipeline drained: %s workers=%d worker_restarts=%d worker_deaths=%d%s",
@@ -459,6 +468,9 @@ class WorkerPool:
                 else ""
             ),
         )
+
+    def _problems(self, ledger: Ledger, closed: Counter[str]) -> list[str]:
+        """What the exit says went wrong, the failure that stopped the pool first."""
         problems = [f"worker {w.index}/{self.count}: {p}" for w in self.workers for p in w.problems]
         problems += [_death_line(w, self.count) for w in self.workers if w.deaths]
         if closed["stalled"] + closed["failed"]:
@@ -470,9 +482,7 @@ class WorkerPool:
             problems.insert(0, self.failure)
         if not ledger.balanced():
             problems.append(f"reports unaccounted for: {ledger.summary()}")
-        for problem in dict.fromkeys(problems):
-            print(f"wattflow: error: {problem}", file=sys.stderr)
-        return 1 if problems or self.aborted else 0
+        return problems
 
 
 CLOSED_UNHANDED = ("silent", "stalled", "failed", "stopped")
