@@ -179,11 +179,7 @@ def decode_json_lines(
     if kind is not HWPCReport:
         for line in lines:
             number += 1
-            if line.strip():
-                try:
-                    reports.append(decode_json(kind, line, source, number))
-                except DecodeError as error:
-                    errors.append((error, line))
+            _decode_line(kind, line, source, number, reports, errors)
         return reports, errors
     decode = decode_hwpc_document
     invalid = (msgspec.DecodeError, UnicodeDecodeError)  # bytes not UTF-8 in a string
@@ -196,21 +192,9 @@ def decode_json_lines(
         except invalid:
             timestamp = None
         else:
-            raw = document.timestamp
-            timestamp = stamps.get(raw)
-            if timestamp is None:
-                # Also None for a timestamp that cannot be read: rare, and never remembered.
-                timestamp = utc_or_none(raw)
-                if timestamp is not None:
-                    stamps[raw] = timestamp
-            if bad_number_key(document.groups) is not None or not plain_metadata(document):
-                timestamp = None  # pydantic's validation refuses it, naming the key
+            timestamp = _trusted_timestamp(document, stamps)
         if timestamp is None:
-            if line.strip():
-                try:
-                    append(decode_json(kind, line, source, number))
-                except DecodeError as error:
-                    errors.append((error, line))
+            _decode_line(kind, line, source, number, reports, errors)
             continue
         append(
             HWPCReport.trusted(
@@ -222,6 +206,39 @@ def decode_json_lines(
             )
         )
     return reports, errors
+
+
+def _decode_line(
+    kind: type[Report],
+    line: str | bytes,
+    source: str,
+    number: int,
+    reports: list[Report],
+    errors: list[tuple[DecodeError, str | bytes]],
+) -> None:
+    """One line through :func:`decode_json`: its report, or its error; a blank line neither."""
+    if line.strip():
+        try:
+            reports.append(decode_json(kind, line, source, number))
+        except DecodeError as error:
+            errors.append((error, line))
+
+
+def _trusted_timestamp(
+    document: HwpcDocument, stamps: dict[int | float | str, datetime]
+) -> datetime | None:
+    """A checked document's timestamp, each distinct one converted once (``stamps``), or
+    ``None`` where pydantic's validation must decide: a timestamp that cannot be read (rare,
+    and never remembered), a socket or cpu key out of bounds, metadata no output writes."""
+    raw = document.timestamp
+    timestamp = stamps.get(raw)
+    if timestamp is None:
+        timestamp = utc_or_none(raw)
+        if timestamp is not None:
+            stamps[raw] = timestamp
+    if bad_number_key(document.groups) is not None or not plain_metadata(document):
+        return None  # pydantic's validation refuses it, naming the key
+    return timestamp
 
 
 def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
@@ -405,23 +422,38 @@ def _rows(
             yield DecodeError(str(path), reader.reader.line_num, f"not a CSV row: {error}")
             continue
         line = reader.line_num
-        if not_utf8("".join(v for v in row.values() if isinstance(v, str))):
-            yield DecodeError(str(path), line, NOT_UTF8)
+        unreadable = _dict_row_problem(row)
+        if unreadable is not None:
+            yield DecodeError(str(path), line, unreadable)
             continue
-        empty = next((k for k, v in row.items() if v is None or v == ""), None)
-        if empty is not None or None in row:
-            problem = f"empty value for '{empty}'" if empty else "more values than header columns"
-            yield DecodeError(str(path), line, problem)
+        millis = _row_millis(row["timestamp"])
+        if isinstance(millis, str):
+            yield DecodeError(str(path), line, millis)
             continue
-        try:
-            millis = int(row["timestamp"])
-        except ValueError:
-            try:
-                millis = to_millis(to_utc(row["timestamp"]))
-            except ValueError as error:
-                yield DecodeError(str(path), line, f"field 'timestamp': {error}")
-                continue
         yield millis, index, line, row
+
+
+def _dict_row_problem(row: dict[str | None, Any]) -> str | None:
+    """What makes a row of :func:`_rows` unreadable (text not UTF-8, an empty value, more
+    values than columns), or ``None``."""
+    if not_utf8("".join(v for v in row.values() if isinstance(v, str))):
+        return NOT_UTF8
+    empty = next((k for k, v in row.items() if v is None or v == ""), None)
+    if empty is not None or None in row:
+        return f"empty value for '{empty}'" if empty else "more values than header columns"
+    return None
+
+
+def _row_millis(text: str) -> int | str:
+    """A CSV row's timestamp in Unix milliseconds (written as such or as a date), or what is
+    wrong with it."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return to_millis(to_utc(text))
+        except ValueError as error:
+            return f"field 'timestamp': {error}"
 
 
 Counters = dict[str, int | float]
@@ -484,46 +516,15 @@ def _hwpc_rows(
 
     ``reader`` is a ``csv.reader``; ``offset`` is the number of lines before its first.
     """
-    header = layout.header
-    at_ts, at_sensor, at_target, at_socket, at_cpu = layout.at
-    events_at = layout.events_at
+    _, at_sensor, at_target, at_socket, at_cpu = layout.at
     names = layout.names
-    contiguous = layout.plain
-    width = len(header)
     for cells in reader:
         line = offset + reader.line_num
-        if len(cells) != width or "" in cells:
-            yield DecodeError(str(path), line, _bad_cells(header, cells))
+        checked = _checked_cells(cells, layout)
+        if isinstance(checked, str):
+            yield DecodeError(str(path), line, checked)
             continue
-        if not_utf8("".join(cells)):
-            yield DecodeError(str(path), line, NOT_UTF8)
-            continue
-        try:
-            millis = int(cells[at_ts])
-        except ValueError:
-            try:
-                millis = to_millis(to_utc(cells[at_ts]))
-            except ValueError as error:
-                yield DecodeError(str(path), line, f"field 'timestamp': {error}")
-                continue
-        if not FIRST_MILLIS <= millis <= LAST_MILLIS:
-            yield DecodeError(
-                str(path), line, f"field 'timestamp': {cells[at_ts]!r} is out of range"
-            )
-            continue
-        problem = _bad_row_number(cells[at_socket], cells[at_cpu])
-        if problem is not None:
-            yield DecodeError(str(path), line, problem)
-            continue
-        raw = cells[len(CSV_HWPC) :] if contiguous else [cells[i] for i in events_at]
-        try:
-            values: list[int | float] = list(map(int, raw))
-        except ValueError:
-            try:
-                values = [_number(value) for value in raw]
-            except ValueError as error:
-                yield DecodeError(str(path), line, f"counter is not a number: {error}")
-                continue
+        millis, values = checked
         yield (
             millis,
             line,
@@ -533,6 +534,32 @@ def _hwpc_rows(
             cells[at_cpu],
             dict(zip(names, values, strict=True)),
         )
+
+
+def _checked_cells(cells: list[str], layout: _EventsLayout) -> tuple[int, list[int | float]] | str:
+    """A counter row's timestamp (Unix ms) and counters, or what makes the row unreadable."""
+    header = layout.header
+    if len(cells) != len(header) or "" in cells:
+        return _bad_cells(header, cells)
+    if not_utf8("".join(cells)):
+        return NOT_UTF8
+    at_ts, _, _, at_socket, at_cpu = layout.at
+    millis = _row_millis(cells[at_ts])
+    if isinstance(millis, str):
+        return millis
+    if not FIRST_MILLIS <= millis <= LAST_MILLIS:
+        return f"field 'timestamp': {cells[at_ts]!r} is out of range"
+    problem = _bad_row_number(cells[at_socket], cells[at_cpu])
+    if problem is not None:
+        return problem
+    raw = cells[len(CSV_HWPC) :] if layout.plain else [cells[i] for i in layout.events_at]
+    try:
+        return millis, list(map(int, raw))
+    except ValueError:
+        try:
+            return millis, [_number(value) for value in raw]
+        except ValueError as error:
+            return f"counter is not a number: {error}"
 
 
 def _bad_row_number(socket: str, cpu: str) -> str | None:
@@ -603,13 +630,7 @@ def read_hwpc_csv(
     Raises:
         DecodeError: when a file's header lacks a required column (nothing could be read).
     """
-    handles: list[TextIO]
-    if resume is None:
-        handles = [path.open(newline="", encoding="utf-8", errors=CSV_ERRORS) for path in paths]
-        positions: list[tuple[list[str], int] | None] = [None] * len(paths)
-    else:
-        handles = [handle for handle, _, _ in resume]
-        positions = [(header, line) for _, header, line in resume]
+    handles, positions = _handles(paths, resume)
     groups = [csv_group_name(path) for path in paths]
     try:
         streams = [
@@ -629,21 +650,42 @@ def read_hwpc_csv(
                 if current is not None:
                     yield from _flush(current, pending)
                 current = millis
-            group = groups[index]
-            for key, sockets in entries.items():
-                found = pending.get(key)
-                if found is None:
-                    pending[key] = {group: sockets}
-                elif group in found:
-                    _merge_sockets(found[group], sockets)
-                else:
-                    found[group] = sockets
+            _add_block(pending, groups[index], entries)
         yield from errors
         if current is not None:
             yield from _flush(current, pending)
     finally:
         for handle in handles:
             handle.close()
+
+
+def _handles(
+    paths: list[Path], resume: Sequence[tuple[TextIO, list[str], int]] | None
+) -> tuple[list[TextIO], list[tuple[list[str], int] | None]]:
+    """Each file's text handle and where it stands (see :func:`read_hwpc_csv`'s ``resume``;
+    ``None``: at its start, header unread)."""
+    if resume is None:
+        handles: list[TextIO] = [
+            path.open(newline="", encoding="utf-8", errors=CSV_ERRORS) for path in paths
+        ]
+        return handles, [None] * len(paths)
+    return [handle for handle, _, _ in resume], [(header, line) for _, header, line in resume]
+
+
+def _add_block(
+    pending: dict[tuple[str, str], dict[str, Sockets]],
+    group: str,
+    entries: dict[tuple[str, str], Sockets],
+) -> None:
+    """Add a block of one group's rows to the reports of its tick."""
+    for key, sockets in entries.items():
+        found = pending.get(key)
+        if found is None:
+            pending[key] = {group: sockets}
+        elif group in found:
+            _merge_sockets(found[group], sockets)
+        else:
+            found[group] = sockets
 
 
 def _only_blocks(
