@@ -137,11 +137,6 @@ def receive_connections(channel: socket.socket) -> list[socket.socket] | None:
             return None
 
 
-def open_files_limit() -> int:
-    """The soft open-files limit (``RLIMIT_NOFILE``) of this process."""
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def raise_open_files_limit(wanted: int = WANTED_OPEN_FILES) -> int:
     """Raise the soft open-files limit to ``wanted`` (or the hard limit, if lower), and say so;
     return the soft limit now (``wanted`` when unlimited).

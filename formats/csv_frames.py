@@ -69,9 +69,6 @@ class _File:
     buffer: bytearray = field(default_factory=bytearray)
     """Where each chunk is read (:func:`_read_chunk`), one byte longer than it."""
 
-    def pending_rows(self) -> int:
-        return 0 if self.pending is None else len(self.pending)
-
     def needs_chunk(self) -> bool:
         """Whether the file has more to read and no rows pending."""
         return not self.eof and self.pending is None
