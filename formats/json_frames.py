@@ -639,12 +639,10 @@ class _LineColumns:
 
 
 Decoded = tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]
-"""What a JSON input hands on from a batch: its frames (one per sensor), or its reports and each
-line that could not become one with its error."""
+"""A batch's frames (one per sensor), or its reports and each line that is not one, with why."""
 
 LineRun = tuple[str, int, Sequence[bytes | str]]
-"""Consecutive lines of one batch: where they came from (the source their dead letters name),
-the number of the first, and the lines."""
+"""Consecutive lines: the source their dead letters name, the first one's number, the lines."""
 
 
 def decode_json_runs(
@@ -666,13 +664,9 @@ def decode_json_runs(
         frames = decode_hwpc_frames(every, layouts)
         if frames is not None:
             return frames, []
-    reports: list[Report] = []
-    errors: list[tuple[DecodeError, str | bytes]] = []
-    for source, first_line, lines in runs:
-        decoded, refused = decode_json_lines(kind, lines, source, first_line)
-        reports += decoded
-        errors += refused
-    return reports, errors
+    decoded = [decode_json_lines(kind, lines, source, first) for source, first, lines in runs]
+    reports = list(chain.from_iterable(made for made, _ in decoded))
+    return reports, list(chain.from_iterable(refused for _, refused in decoded))
 
 
 def decode_json_batch(

@@ -349,14 +349,13 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
             senders.append(frames[0])
             line += len(lines)
         decoded, errors = decode_json_runs(kind, runs, self._layouts, framed=framed and not dead)
-        firsts = [first for _, first, _ in runs]
         for error, raw in errors:
             at = error.line or 0
             text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            dead.append((at, senders[bisect_right(firsts, at) - 1], text, error.problem))
+            sender = senders[bisect_right(runs, at, key=itemgetter(1)) - 1]
+            dead.append((at, sender, text, error.problem))
         for _, sender, payload, problem in sorted(dead, key=itemgetter(0)):  # a message first
             peer = _peer(sender)
-            emitter.reject(
-                payload, f"{where} from {peer}: {problem}" if peer else f"{where}: {problem}"
-            )
+            source = f"{where} from {peer}" if peer else where
+            emitter.reject(payload, f"{source}: {problem}")
         return decoded
