@@ -12,8 +12,9 @@ input's ``--max-batch``):
 
 1. **msgspec parse**: msgspec's checked parse of each line, the first step of the Python way of
    decoding (``formats/json_frames.py``), shown for comparison;
-2. **decode into frames**: the whole decode of a batch into HWPCFrames, as the JSON inputs do
-   it: with the C parser where it was built (the label says which);
+2. **decode into frames**: the whole decode of a batch into HWPCFrames, through the function
+   every JSON input calls (``decode_json_runs``): with the C parser where it was built (the
+   label says which);
 3. **route**: the router's split of each frame for the RAPL and node formulas (``global_parts``)
    and for SmartWatts (per sensor);
 4. **SmartWatts** and **RAPL**: each formula's ``process`` on its parts, one instance per sensor,
@@ -47,9 +48,9 @@ from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.actors.pullers.socket import SocketPullerConfig
 from wattflow.formats.frames import Frame, HWPCFrame, PowerFrame
-from wattflow.formats.json_frames import c_parser_built, decode_hwpc_frames
+from wattflow.formats.json_frames import c_parser_built, decode_json_runs
 from wattflow.formats.report_table import encode_json_lines
-from wattflow.formats.reports import Report
+from wattflow.formats.reports import HWPCReport, Report
 
 TARGET_SHARE = 0.40
 """The share of orjson's decode rate the live path is to reach."""
@@ -70,8 +71,8 @@ def decode_all(batches: list[list[bytes]]) -> list[list[HWPCFrame]]:
     layouts: dict[str, Any] = {}
     decoded = []
     for batch in batches:
-        frames = decode_hwpc_frames(batch, layouts)
-        if frames is None:
+        frames, _ = decode_json_runs(HWPCReport, [("socket", 1, batch)], layouts)
+        if not frames or not isinstance(frames[0], HWPCFrame):
             raise SystemExit("a batch did not decode into frames: the generator changed?")
         decoded.append(frames)
     return decoded

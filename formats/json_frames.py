@@ -638,23 +638,46 @@ class _LineColumns:
         )
 
 
+Decoded = tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]
+"""A batch's frames (one per sensor), or its reports and each line that is not one, with why."""
+
+LineRun = tuple[str, int, Sequence[bytes | str]]
+"""Consecutive lines: the source their dead letters name, the first one's number, the lines."""
+
+
+def decode_json_runs(
+    kind: type[Report],
+    runs: Sequence[LineRun],
+    layouts: dict[str, Layout] | None = None,
+    *,
+    framed: bool = True,
+) -> Decoded:
+    """Decode a batch of JSON lines the one way every JSON input (socket, JSON Lines, ZeroMQ)
+    does: hwpc-sensor's reports into frames when the whole batch is plain (see
+    :func:`decode_hwpc_frames`; ``layouts`` is what the input remembers of its sensors, and
+    ``framed=False`` leaves frames out), else each run line by line with
+    :func:`~wattflow.formats.powerapi.decode_json_lines`, so that a dead letter names its own
+    run's source and line. A batch is one batch whatever runs it came in: a socket's reads,
+    however the network cut them, or a ZeroMQ batch's messages make one frame per sensor."""
+    if kind is HWPCReport and framed and runs:
+        every = runs[0][2] if len(runs) == 1 else [line for *_, lines in runs for line in lines]
+        frames = decode_hwpc_frames(every, layouts)
+        if frames is not None:
+            return frames, []
+    decoded = [decode_json_lines(kind, lines, source, first) for source, first, lines in runs]
+    reports = list(chain.from_iterable(made for made, _ in decoded))
+    return reports, list(chain.from_iterable(refused for _, refused in decoded))
+
+
 def decode_json_batch(
     kind: type[Report],
     lines: Sequence[bytes | str],
     source: str,
     first_line: int,
     layouts: dict[str, Layout] | None = None,
-) -> tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]:
-    """Decode consecutive JSON lines, numbered from ``first_line``, the way every JSON input
-    does: hwpc-sensor's reports into frames when the batch is plain (see
-    :func:`decode_hwpc_frames`; ``layouts`` is what the input remembers of its sensors),
-    anything else with :func:`~wattflow.formats.powerapi.decode_json_lines` (reports, and each
-    line that could not become one with its error)."""
-    if kind is HWPCReport:
-        frames = decode_hwpc_frames(lines, layouts)
-        if frames is not None:
-            return frames, []
-    return decode_json_lines(kind, lines, source, first_line)
+) -> Decoded:
+    """:func:`decode_json_runs` of one run of lines, numbered from ``first_line``."""
+    return decode_json_runs(kind, [(source, first_line, lines)], layouts)
 
 
 # --- MongoDB documents ------------------------------------------------------------------------
@@ -759,6 +782,23 @@ def _document_frames(
     for sensor, batch in sensors.items():
         layouts[sensor] = batch.layout()
     return frames or None
+
+
+def decode_documents(
+    kind: type[Report],
+    documents: Sequence[dict[str, Any]],
+    source: str,
+    layouts: dict[str, Layout] | None = None,
+) -> tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, dict[str, Any]]]]:
+    """Decode a batch of MongoDB documents the one way the MongoDB input does: frames when the
+    batch is plain (:func:`decode_hwpc_document_frames`), else document by document
+    (:func:`decode_document_reports`: reports, and each document that is not one, with its
+    error)."""
+    if kind is HWPCReport:
+        frames = decode_hwpc_document_frames(documents, layouts)
+        if frames is not None:
+            return frames, []
+    return decode_document_reports(kind, documents, source)
 
 
 def decode_document_reports(

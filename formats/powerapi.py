@@ -146,9 +146,14 @@ def decode_json(kind: type[Report], data: str | bytes, source: str, line: int | 
         DecodeError: naming ``source``, ``line`` and the missing or invalid field.
     """
     if kind is HWPCReport:
-        fast = _decode_hwpc(data)
+        fast = _decode_hwpc(data, {})
         if fast is not None:
             return fast
+    return _validated(kind, data, source, line)
+
+
+def _validated(kind: type[Report], data: str | bytes, source: str, line: int | None) -> Report:
+    """pydantic's validation of one JSON document: the report, or the error naming the field."""
     try:
         return kind.model_validate_json(data)
     except ValidationError as error:
@@ -167,98 +172,49 @@ def decode_json_lines(
 ) -> tuple[list[Report], list[tuple[DecodeError, str | bytes]]]:
     """Decode consecutive JSON lines, numbered from ``first_line``; blank lines are skipped.
 
-    Returns the reports, and each line that could not become one with its error, in order. An
-    HWPCReport line that passes msgspec's checks becomes a report here; any other line goes
-    through :func:`decode_json`, so its report, or its error and the reason it gives, are
-    exactly those of one line decoded alone. Each timestamp is converted once per call: the
-    reports of a tick share one datetime, which encoders then format once.
+    Returns the reports, and each line that could not become one with its error, in order.
+    Each line is decoded as :func:`decode_json` decodes it alone (an HWPCReport by msgspec,
+    else by pydantic, whose report or error and the reason it gives are the line's), except
+    that each timestamp is converted once per call: the reports of a tick share one datetime,
+    which encoders then format once. A line msgspec refused goes straight to pydantic.
     """
     reports: list[Report] = []
     errors: list[tuple[DecodeError, str | bytes]] = []
-    number = first_line - 1
-    if kind is not HWPCReport:
-        for line in lines:
-            number += 1
-            _decode_line(kind, line, source, number, reports, errors)
-        return reports, errors
-    decode = decode_hwpc_document
-    invalid = (msgspec.DecodeError, UnicodeDecodeError)  # bytes not UTF-8 in a string
     stamps: dict[int | float | str, datetime] = {}
-    append = reports.append
-    for line in lines:
-        number += 1
-        try:
-            document = decode(line)
-        except invalid:
-            timestamp = None
-        else:
-            timestamp = _trusted_timestamp(document, stamps)
-        if timestamp is None:
-            _decode_line(kind, line, source, number, reports, errors)
-            continue
-        append(
-            HWPCReport.trusted(
-                timestamp=timestamp,
-                sensor=document.sensor,
-                target=document.target,
-                metadata=document.metadata,
-                groups=document.groups,
-            )
-        )
+    hwpc = kind is HWPCReport
+    for number, line in enumerate(lines, first_line):
+        report = _decode_hwpc(line, stamps) if hwpc else None
+        if report is not None:
+            reports.append(report)
+        elif line.strip():
+            try:
+                reports.append(_validated(kind, line, source, number))
+            except DecodeError as error:
+                errors.append((error, line))
     return reports, errors
 
 
-def _decode_line(
-    kind: type[Report],
-    line: str | bytes,
-    source: str,
-    number: int,
-    reports: list[Report],
-    errors: list[tuple[DecodeError, str | bytes]],
-) -> None:
-    """One line through :func:`decode_json`: its report, or its error; a blank line neither."""
-    if line.strip():
-        try:
-            reports.append(decode_json(kind, line, source, number))
-        except DecodeError as error:
-            errors.append((error, line))
-
-
-def _trusted_timestamp(
-    document: HwpcDocument, stamps: dict[int | float | str, datetime]
-) -> datetime | None:
-    """A checked document's timestamp, each distinct one converted once (``stamps``), or
-    ``None`` where pydantic's validation must decide: a timestamp that cannot be read (rare,
-    and never remembered), a socket or cpu key out of bounds, metadata no output writes."""
-    raw = document.timestamp
-    timestamp = stamps.get(raw)
-    if timestamp is None:
-        timestamp = utc_or_none(raw)
-        if timestamp is not None:
-            stamps[raw] = timestamp
-    if bad_number_key(document.groups) is not None or not plain_metadata(document):
-        return None  # pydantic's validation refuses it, naming the key
-    return timestamp
-
-
-def _decode_hwpc(data: str | bytes) -> HWPCReport | None:
+def _decode_hwpc(data: str | bytes, stamps: dict[int | float | str, datetime]) -> HWPCReport | None:
     """hwpc-sensor's JSON the fast way, or ``None`` to leave it to the full validation.
 
     Every report of a sensor goes through here. Anything msgspec's checks refuse, a timestamp
-    :func:`to_utc` cannot read, or a socket or cpu key out of bounds, falls back to pydantic,
-    whose error names the field (and which also accepts the rare forms msgspec does not, such
-    as counters written as strings).
+    :func:`to_utc` cannot read, a socket or cpu key out of bounds, or metadata no output writes
+    falls back to pydantic, whose error names the field (and which also accepts the rare forms
+    msgspec does not, such as counters written as strings). ``stamps`` holds the timestamps
+    already converted, each once (one that cannot be read is never remembered).
     """
     try:
         document = decode_hwpc_document(data)
     except (msgspec.DecodeError, UnicodeDecodeError):  # bytes not UTF-8 in a string
         return None
-    timestamp = utc_or_none(document.timestamp)
-    if (
-        timestamp is None
-        or bad_number_key(document.groups) is not None
-        or not plain_metadata(document)
-    ):
+    raw = document.timestamp
+    timestamp = stamps.get(raw)
+    if timestamp is None:
+        timestamp = utc_or_none(raw)
+        if timestamp is None:
+            return None
+        stamps[raw] = timestamp
+    if bad_number_key(document.groups) is not None or not plain_metadata(document):
         return None
     return HWPCReport.trusted(
         timestamp=timestamp,

@@ -11,10 +11,9 @@ from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
 from wattflow.actors.partition import Partition
-from wattflow.formats.frames import Frame
-from wattflow.formats.json_frames import Layout, decode_hwpc_frames
-from wattflow.formats.powerapi import decode_json_lines
-from wattflow.formats.reports import HWPCReport, Report
+from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.json_frames import Layout, LineRun, decode_json_runs
+from wattflow.formats.reports import Report
 
 if TYPE_CHECKING:
     from wattflow.actors.checkpoints import StateStore
@@ -69,16 +68,27 @@ async def boundary(emitter: Emitter, position: Any) -> None:
         await report(position)
 
 
+async def hand_on(emitter: Emitter, decoded: list[HWPCFrame] | list[Report]) -> None:
+    """Emit what a decoder made of a batch
+    (:func:`~wattflow.formats.json_frames.decode_json_runs`, ``decode_documents``): each frame
+    on its own, or the reports as one batch."""
+    if decoded and isinstance(decoded[0], HWPCFrame):
+        for frame in decoded:
+            await emitter.emit([frame])
+    else:
+        await emitter.emit(decoded)
+
+
 class LineOutbox:
     """Complete JSON lines an input read and has not handed on yet, decoded together when they
     are: a busy sensor's reads, however the network cut them, become one frame
-    (:func:`~wattflow.formats.json_frames.decode_hwpc_frames`) rather than one per read, and
+    (:func:`~wattflow.formats.json_frames.decode_json_runs`) rather than one per read, and
     the frame engine's costs per frame are shared by hundreds of reports."""
 
     def __init__(self, kind: type[Report], source: str) -> None:
         self.kind = kind
         self.source = source
-        self.segments: list[tuple[int, list[bytes]]] = []
+        self.runs: list[LineRun] = []
         """Runs of consecutive lines, each with the number of its first line."""
         self.size = 0
         """The number of lines held."""
@@ -88,30 +98,20 @@ class LineOutbox:
     def add(self, lines: list[bytes], first_line: int) -> None:
         """Hold consecutive lines, the first numbered ``first_line``."""
         if lines:
-            self.segments.append((first_line, lines))
+            self.runs.append((self.source, first_line, lines))
             self.size += len(lines)
 
     async def emit(self, emitter: Emitter) -> None:
         """Decode what is held and hand it on: frames when every line is plain, else reports,
         each line that is not one dead-lettered with its number."""
-        segments, self.segments, self.size = self.segments, [], 0
-        if not segments:
+        runs, self.runs, self.size = self.runs, [], 0
+        if not runs:
             return
-        if self.kind is HWPCReport:
-            every = segments[0][1] if len(segments) == 1 else [x for _, s in segments for x in s]
-            frames = decode_hwpc_frames(every, self.layouts)
-            if frames is not None:
-                for frame in frames:
-                    await emitter.emit([frame])
-                return
-        reports: list[Report] = []
-        for first_line, lines in segments:
-            decoded, errors = decode_json_lines(self.kind, lines, self.source, first_line)
-            for error, raw in errors:
-                text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-                emitter.reject(text, str(error))
-            reports.extend(decoded)
-        await emitter.emit(reports)
+        decoded, errors = decode_json_runs(self.kind, runs, self.layouts)
+        for error, raw in errors:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            emitter.reject(text, str(error))
+        await hand_on(emitter, decoded)
 
 
 C = TypeVar("C", bound=PullerConfig)

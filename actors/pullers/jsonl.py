@@ -24,15 +24,11 @@ from wattflow.actors.pullers.files import (
 from wattflow.actors.pullers.threaded import InThread
 from wattflow.formats import jsonl
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import HWPCFrame
-from wattflow.formats.json_frames import Layout, decode_json_batch
+from wattflow.formats.json_frames import Decoded, Layout, decode_json_batch
 from wattflow.formats.reports import Report, report_kind
 
 _CHUNK_BYTES = 1 << 20
 """Bytes read at once: hundreds of reports, decoded and handed on together."""
-
-_Decoded = tuple[list[HWPCFrame] | list[Report], list[tuple[DecodeError, str | bytes]]]
-"""What :func:`decode_json_batch` makes of a chunk's lines."""
 
 
 class JsonlPullerConfig(FilePullerConfig):
@@ -170,7 +166,7 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
 
 def _replay(
     kind: type[Report], paths: list[Path]
-) -> Iterator[_Decoded | list[Report | DecodeError]]:
+) -> Iterator[Decoded | list[Report | DecodeError]]:
     """The files read and decoded in turn, in the replay's thread (:class:`InThread`): each chunk
     of a JSON Lines file as what :func:`decode_json_batch` makes of its lines, a document of
     PowerAPI's file input as the list of its reports and dead letters."""
@@ -202,7 +198,7 @@ async def _decode(
     source: str,
     first_line: int,
     layouts: dict[str, Layout],
-) -> _Decoded:
+) -> Decoded:
     """:func:`decode_json_batch` of a followed file's lines: on the loop up to
     :data:`INLINE_DECODE_BYTES`, in a thread beyond."""
     if size_bytes <= INLINE_DECODE_BYTES:

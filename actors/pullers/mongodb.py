@@ -53,14 +53,10 @@ from wattflow.actors.connections import describe_driver_error, read_secret, reda
 from wattflow.actors.errors import PullError
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
+from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
 from wattflow.actors.runtime import Backoff
-from wattflow.formats.json_frames import (
-    Layout,
-    decode_document_reports,
-    decode_hwpc_document_frames,
-)
-from wattflow.formats.reports import HWPCReport, Report, report_kind
+from wattflow.formats.json_frames import Layout, decode_documents
+from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
 
@@ -427,17 +423,11 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     async def _emit(self, documents: list[Document], kind: type[Report], emitter: Emitter) -> None:
         """Hand a batch on as the JSON inputs do: hwpc-sensor's documents as one frame per
         sensor when the batch is plain, else document by document, each document that is not
-        a report dead-lettered."""
-        if kind is HWPCReport:
-            frames = decode_hwpc_document_frames(documents, self._layouts)
-            if frames is not None:
-                for frame in frames:
-                    await emitter.emit([frame])
-                return
-        reports, errors = decode_document_reports(kind, documents, self.source)
+        a report dead-lettered (:func:`~wattflow.formats.json_frames.decode_documents`)."""
+        decoded, errors = decode_documents(kind, documents, self.source, self._layouts)
         for error, document in errors:
             emitter.reject(printable(document), str(error))
-        await emitter.emit(reports)
+        await hand_on(emitter, decoded)
 
     # --- the overlap between backlog and stream -----------------------------------------------
 

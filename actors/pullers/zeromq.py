@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_right
+from collections.abc import Sequence
+from operator import itemgetter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import zmq
 import zmq.asyncio
@@ -25,11 +28,10 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 
 from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
+from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
-from wattflow.formats import powerapi
 from wattflow.formats.frames import Frame, HWPCFrame
-from wattflow.formats.json_frames import Layout, decode_hwpc_frames
+from wattflow.formats.json_frames import Layout, LineRun, decode_hwpc_frames, decode_json_runs
 from wattflow.formats.reports import HWPCReport, Report, report_kind
 
 logger = logging.getLogger(__name__)
@@ -220,7 +222,7 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         self, kind: type[Report], messages: list[list[zmq.Frame]], where: str, emitter: Emitter
     ) -> None:
         """Hand on what messages hold: hwpc-sensor's plain reports as frames (one per sensor,
-        :func:`~wattflow.formats.json_frames.decode_hwpc_frames`), anything else message by
+        :func:`~wattflow.formats.json_frames.decode_json_runs`), anything else message by
         message.
 
         With a partition, a message under a topic that names one of its sensors is taken on
@@ -241,8 +243,7 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
             if frames is not None and all(
                 self.partition.owns(sensor) for frame in frames for sensor in frame.sensors()
             ):
-                for frame in frames:
-                    await emitter.emit([frame])
+                await hand_on(emitter, frames)
                 return
             framed = frames is not None
         for topic, group in by_topic.items():
@@ -272,13 +273,10 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         other partitions take are dead-lettered (:meth:`Partition.divide
         <wattflow.actors.partition.Partition.divide>`, which cuts a frame per sensor as the
         partition filter does)."""
-        frames = self._frames(kind, messages) if framed else None
-        batches: list[list[Report] | list[Frame]] = []
-        for frame in frames or []:
-            alone: list[Frame] = [frame]
-            batches.append(alone)
-        if frames is None:
-            batches.append([r for m in messages for r in self._decode(kind, m, where, emitter)])
+        decoded = self._decode(kind, messages, where, emitter, framed)
+        batches: list[Sequence[Report] | Sequence[Frame]] = [decoded]
+        if decoded and isinstance(decoded[0], HWPCFrame):
+            batches = [[frame] for frame in decoded]
         for batch in batches:
             if topic is None or self.partition is None:
                 await emitter.emit(batch)
@@ -320,25 +318,44 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         return kept
 
     def _decode(
-        self, kind: type[Report], frames: list[zmq.Frame], where: str, emitter: Emitter
-    ) -> list[Report]:
-        """One message's reports; each line that is not a report becomes a dead letter.
+        self,
+        kind: type[Report],
+        messages: list[list[zmq.Frame]],
+        where: str,
+        emitter: Emitter,
+        framed: bool,
+    ) -> list[HWPCFrame] | list[Report]:
+        """The messages' frames, or their reports (one run of lines per message, for
+        :func:`~wattflow.formats.json_frames.decode_json_runs`); each line that is not a report,
+        and each message that is not ``[reports]`` or ``[topic, reports]``, a dead letter, in
+        the order they came.
 
         Reasons name the address and the sending host but no message or line number, so a
-        stream of bad input adds to a few counters instead of creating a reason per message.
+        stream of bad input adds to a few counters instead of creating a reason per message;
+        the host is looked up only for a dead letter. The lines are numbered through the batch
+        to find each line's message and put the dead letters in order.
         """
-        peer = _peer(frames[0])
-        source = f"{where} from {peer}" if peer else where
-        if len(frames) > 2:
-            emitter.reject(
-                [frame.bytes for frame in frames],
-                f"{source}: {len(frames)} frames, expected [reports] or [topic, reports]",
-            )
-            return []
-        payload = frames[-1].bytes
-        lines = payload.split(b"\n")
-        reports, errors = powerapi.decode_json_lines(kind, lines, source, 1)
+        runs: list[LineRun] = []
+        senders: list[zmq.Frame] = []
+        dead: list[tuple[int, zmq.Frame, Any, str]] = []
+        line = 1
+        for frames in messages:
+            if len(frames) > 2:
+                problem = f"{len(frames)} frames, expected [reports] or [topic, reports]"
+                dead.append((line, frames[0], [frame.bytes for frame in frames], problem))
+                continue
+            lines = frames[-1].bytes.split(b"\n")
+            runs.append((where, line, lines))
+            senders.append(frames[0])
+            line += len(lines)
+        decoded, errors = decode_json_runs(kind, runs, self._layouts, framed=framed and not dead)
         for error, raw in errors:
+            at = error.line or 0
             text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            emitter.reject(text, f"{source}: {error.problem}")
-        return reports
+            sender = senders[bisect_right(runs, at, key=itemgetter(1)) - 1]
+            dead.append((at, sender, text, error.problem))
+        for _, sender, payload, problem in sorted(dead, key=itemgetter(0)):  # a message first
+            peer = _peer(sender)
+            source = f"{where} from {peer}" if peer else where
+            emitter.reject(payload, f"{source}: {problem}")
+        return decoded
