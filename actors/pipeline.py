@@ -91,16 +91,13 @@ def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partitio
 
 
 class _Emitter:
-    """The router's mailbox as one puller sees it.
+    """The router's mailbox as one puller sees it (its
+    :class:`~wattflow.actors.pullers.base.Emitter`), and the pipeline's checkpoints too (its
+    :class:`~wattflow.actors.pullers.base.Acknowledger`, handed to the puller as such).
 
     With a partition, the reports of sensors other instances take are let go here, right
     after decoding, whatever the input: counted as skipped, never entered.
     """
-
-    acknowledges = True
-    """The pipeline commits this input's position once the outputs wrote what came before it
-    (:mod:`wattflow.actors.checkpoints`); a puller that can resume reports its position
-    through :meth:`boundary` rather than saving it itself."""
 
     def __init__(self, pipeline: Pipeline, name: str, input_name: str) -> None:
         self._pipeline = pipeline
@@ -194,6 +191,7 @@ class PullerActor(Actor):
         super().__init__(f"puller:{puller.config.name}")
         self.puller = puller
         self.emitter = emitter
+        puller.acknowledger = emitter
 
     async def run(self) -> None:
         """Pull; an error the puller marks retryable (:class:`PullUnavailable`) is retried with
@@ -304,7 +302,7 @@ class Pipeline:
         for puller, _ in resumable:
             store = store or puller.state_store()
         if interval_s is None:
-            intervals = [getattr(p.config, "checkpoint_interval_s", 5.0) for p, _ in resumable]
+            intervals = [p.checkpoint_interval_s for p, _ in resumable]
             interval_s = min(intervals, default=5.0)
         checkpoints = Checkpoints(store, interval_s, len(self.formulas))
         checkpoints.inputs = [emitter for _, emitter in resumable]
