@@ -271,9 +271,10 @@ class MeterPuller(Puller[MeterPullerConfig]):
             tasks.append(asyncio.create_task(self._listen(emitter)))
         try:
             await asyncio.gather(*tasks)
-        finally:
+        finally:  # the first error ends the input: the others are cancelled, and waited for
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _handle_lines(
         self,
