@@ -347,3 +347,12 @@ class Checkpoints:
                 await self._saver
         if self.store is not None:
             await self.store.close()
+
+    async def abandon(self) -> None:
+        """The run failed or was cut short: cancel the save under way (a checkpoint of a run
+        that did not drain is no clean stop's) and wait until it has ended, so that no save
+        outlives the run. The store is left as it is."""
+        saver, self._ready = self._saver, None
+        if saver is not None and not saver.done():
+            saver.cancel()
+            await asyncio.gather(saver, return_exceptions=True)

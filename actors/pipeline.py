@@ -38,7 +38,9 @@ from wattflow.actors.runtime import (
     QueueConfig,
     RestartPolicy,
     Supervisor,
+    first_set,
     retry_with_backoff,
+    task_group,
 )
 from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
@@ -91,16 +93,13 @@ def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partitio
 
 
 class _Emitter:
-    """The router's mailbox as one puller sees it.
+    """The router's mailbox as one puller sees it (its
+    :class:`~wattflow.actors.pullers.base.Emitter`), and the pipeline's checkpoints too (its
+    :class:`~wattflow.actors.pullers.base.Acknowledger`, handed to the puller as such).
 
     With a partition, the reports of sensors other instances take are let go here, right
     after decoding, whatever the input: counted as skipped, never entered.
     """
-
-    acknowledges = True
-    """The pipeline commits this input's position once the outputs wrote what came before it
-    (:mod:`wattflow.actors.checkpoints`); a puller that can resume reports its position
-    through :meth:`boundary` rather than saving it itself."""
 
     def __init__(self, pipeline: Pipeline, name: str, input_name: str) -> None:
         self._pipeline = pipeline
@@ -194,6 +193,7 @@ class PullerActor(Actor):
         super().__init__(f"puller:{puller.config.name}")
         self.puller = puller
         self.emitter = emitter
+        puller.acknowledger = emitter
 
     async def run(self) -> None:
         """Pull; an error the puller marks retryable (:class:`PullUnavailable`) is retried with
@@ -304,7 +304,7 @@ class Pipeline:
         for puller, _ in resumable:
             store = store or puller.state_store()
         if interval_s is None:
-            intervals = [getattr(p.config, "checkpoint_interval_s", 5.0) for p, _ in resumable]
+            intervals = [p.checkpoint_interval_s for p, _ in resumable]
             interval_s = min(intervals, default=5.0)
         checkpoints = Checkpoints(store, interval_s, len(self.formulas))
         checkpoints.inputs = [emitter for _, emitter in resumable]
@@ -322,15 +322,7 @@ class Pipeline:
         document), that input restores it only once it has reached its server. Reports another
         input (the GPU samples over ZeroMQ, a meter) handed on before would start their formula
         instances afresh, and the state saved for them would be ignored."""
-        waits = [
-            asyncio.ensure_future(self.state_ready.wait()),
-            asyncio.ensure_future(self.stopping.wait()),
-        ]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        await first_set(self.state_ready, self.stopping)
 
     def restore_state(self, data: bytes | None) -> None:
         """Take the formulas' state from a saved checkpoint, and create at once every instance
@@ -544,13 +536,25 @@ class Pipeline:
         self.stop()
 
     def stop(self) -> None:
-        """Ask the pullers to stop reading; what entered is still drained and written."""
+        """Ask the pullers to stop reading; what entered is still drained and written.
+
+        Idempotent: a signal handler, the supervisor giving up and a test may all call it, any
+        number of times; the first starts the drain (and its deadline), the others do nothing.
+        """
         if not self.stopping.is_set():
             logger.info("stopping: draining the pipeline")
             self.stopping.set()
 
     async def run(self) -> PipelineResult:
         """Run until the input ends or :meth:`stop` is called, then drain; return the result.
+
+        Every task of the run (each actor's, the checkpoint timer, the drain) belongs to one
+        task group: when ``run`` returns or raises, none is left running. In order: the saved
+        state is restored, the pre-processors start, the stages start back to front, the drain
+        closes them front to back; then the pre-processors stop, the last checkpoint is saved
+        and the dead-letter file closed. When the run fails or is cancelled (a second signal),
+        the group cancels the actors still running and waits for them, the pre-processors still
+        stop, and a checkpoint being saved is cancelled: it is not a clean stop's.
 
         Process-wide settings (the garbage collector's, signal handlers) are left to the program
         that runs the pipeline: ``wattflow run`` tunes the collector for itself.
@@ -566,21 +570,32 @@ class Pipeline:
             self.state_ready.set()
         for pre_processor in self.pre_processors.values():
             await pre_processor.start()
-        self._start_actors()
-        timer = asyncio.ensure_future(self._checkpoint_timer())
-        drained = asyncio.ensure_future(self._drain(timer))
         try:
-            await self._within_deadline(drained)
+            async with task_group() as tasks:
+                self.supervisor.group = tasks
+                await self._run_stages(tasks)
         except BaseException:
-            drained.cancel()
+            await checkpoints.abandon()
             raise
         finally:
-            timer.cancel()
+            self.supervisor.group = None
             for pre_processor in self.pre_processors.values():
                 await asyncio.to_thread(pre_processor.stop)
         await checkpoints.close()
         self.dead_letters.close()
         return self._result()
+
+    async def _run_stages(self, tasks: asyncio.TaskGroup) -> None:
+        """Start every stage, and the checkpoint timer, as tasks of ``tasks``; return once the
+        drain is done (or, past its deadline, what still ran is cancelled)."""
+        self._start_actors()
+        timer = tasks.create_task(self._checkpoint_timer(), name="checkpoint timer")
+        drained = tasks.create_task(self._drain(timer), name="drain")
+        try:
+            await self._within_deadline(drained, tasks)
+        finally:
+            timer.cancel()
+            drained.cancel()
 
     def _start_actors(self) -> None:
         """Start every stage, back to front, so each consumer runs before its producers."""
@@ -611,7 +626,9 @@ class Pipeline:
         await self.router.mailbox.close()
         await self.supervisor.wait()
 
-    async def _within_deadline(self, drained: asyncio.Future[None]) -> None:
+    async def _within_deadline(
+        self, drained: asyncio.Future[None], tasks: asyncio.TaskGroup
+    ) -> None:
         """Wait for the drain; once :meth:`stop` is called, for ``drain_timeout_s`` at most.
 
         Past the deadline the outputs stop writing (:meth:`PusherActor.give_up`), so what is
@@ -619,7 +636,7 @@ class Pipeline:
         is cancelled (:meth:`_cancel_after_deadline`).
         """
         if self.drain_timeout_s is not None:
-            stopped: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
+            stopped: asyncio.Future[Any] = tasks.create_task(self.stopping.wait(), name="stop")
             await asyncio.wait({drained, stopped}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
             if not drained.done():

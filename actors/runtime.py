@@ -21,7 +21,8 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TextIO, TypeVar
@@ -379,11 +380,19 @@ class Supervisor:
         self.restarting: dict[str, str] = {}
         """Actors waiting out their backoff before a restart, with the error that stopped them."""
         self.on_give_up: Callable[[str], None] | None = None
+        self.group: asyncio.TaskGroup | None = None
+        """The task group that owns the actors' tasks, set by the pipeline while it runs (so
+        that none outlives it, whatever ends it); a supervisor used on its own starts them as
+        tasks of the loop's."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self, actor: Actor, *, restart: bool = True) -> asyncio.Task[None]:
         """Start an actor under supervision; without ``restart`` its first failure is final."""
-        task = asyncio.create_task(self._supervise(actor, restart), name=actor.name)
+        supervised = self._supervise(actor, restart)
+        if self.group is not None:
+            task = self.group.create_task(supervised, name=actor.name)
+        else:
+            task = asyncio.create_task(supervised, name=actor.name)
         self._tasks[actor.name] = task
         return task
 
@@ -438,10 +447,42 @@ class Supervisor:
             await asyncio.gather(*chosen)
 
     async def cancel_all(self) -> None:
-        """Cancel every actor still running; used only when a drain cannot complete."""
+        """Cancel every actor still running, and wait until each has ended; used only when a
+        drain cannot complete. Calling it again, or after the actors ended, does nothing."""
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+
+@asynccontextmanager
+async def task_group() -> AsyncIterator[asyncio.TaskGroup]:
+    """An :class:`asyncio.TaskGroup` that raises the first error of its tasks or body as
+    itself, not wrapped in an exception group: what ends a pipeline's run is what its caller
+    handles (an actor's error, a cancellation), as it was before the run owned its tasks.
+
+    The group's guarantee is kept: when it is left, whatever way, every task it started has
+    ended, the others cancelled once one failed.
+    """
+    error: BaseException | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            yield group
+    except BaseExceptionGroup as errors:
+        error = errors.exceptions[0]
+    if error is not None:
+        raise error
+
+
+async def first_set(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set. The waits it starts have ended when it returns
+    (or raises): none is left pending on an event that may never be set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 class Backoff:

@@ -10,10 +10,11 @@ Every label is bounded: actors and outputs are fixed when the pipeline is built,
 nodes, scopes and sockets a handful each. Reasons and targets, which are not bounded, are never
 labels.
 
-Two things are watched only while the status is on, by wrapping each formula's hand-off to the
-outputs: SmartWatts' FormulaReports (the model error per sensor, scope and socket) and the
-newest timestamp each formula emitted (the tick lag). A pipeline without ``--http-port`` pays
-for neither.
+Two things are watched only while the status is on, by an observer of each formula's output
+(:attr:`FormulaActor.observers <wattflow.actors.formulas.base.FormulaActor.observers>`, told of
+each batch the formula made before it is named and handed on): SmartWatts' FormulaReports (the
+model error per sensor, scope and socket) and the newest timestamp each formula emitted (the
+tick lag). A pipeline without ``--http-port`` pays for neither.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from wattflow.actors.checkpoints import barrier_of
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.pipeline import Pipeline
 from wattflow.formats.frames import FormulaFrame, Frame
@@ -179,16 +180,10 @@ class PipelineStatus:
     # --- watching the formulas' output -------------------------------------------------------
 
     def _watch(self, actor: FormulaActor) -> None:
-        """Wrap the formula's hand-off, to see its newest timestamp and its FormulaReports."""
+        """Observe the formula's output as it made it, to see its newest timestamp and its
+        FormulaReports (the actor never shows its observers a barrier or an empty batch)."""
         watch = self._watches[actor.name] = _FormulaWatch()
-        handed_on = actor.dispatch
-
-        async def dispatch(produced: list[Report | Frame]) -> None:
-            if produced and barrier_of(produced) is None:
-                self._seen(watch, produced)
-            await handed_on(produced)
-
-        actor.dispatch = dispatch
+        actor.observers.append(partial(self._seen, watch))
 
     def _seen(self, watch: _FormulaWatch, produced: list[Report | Frame]) -> None:
         newest = _newest_ms(produced[-1])

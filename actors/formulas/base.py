@@ -225,6 +225,9 @@ class Formula(ABC, Generic[C]):
 
 Dispatch = Callable[[list[Report | Frame]], Awaitable[None]]
 
+Observer = Callable[[list[Report | Frame]], None]
+"""Told of each batch a formula made, as it made it (see :attr:`FormulaActor.observers`)."""
+
 
 class FormulaActor(Actor):
     """Runs every instance of one formula.
@@ -257,6 +260,11 @@ class FormulaActor(Actor):
         self.ledger = ledger
         self.dead_letters = dead_letters
         self.dispatch = dispatch
+        self.observers: list[Observer] = []
+        """Told of each batch of output the formula made (never empty, never a barrier), in
+        order, before :attr:`dispatch` hands it on: so they see it as the formula made it,
+        before it is named. The status (``--http-port``) watches the output here; with no
+        observer a batch costs one test of an empty list."""
         self.on_done: Callable[[], Awaitable[None]] | None = None
         self._in_flight: list[tuple[Hashable, Report | Frame]] = []
         self._logged_failures: set[str] = set()
@@ -343,6 +351,8 @@ class FormulaActor(Actor):
             for key, reports in groups.items():
                 produced.extend(self._process(self.instance(key), reports))
             self._in_flight = []
+            if self.observers:
+                self._observe(produced)
             await self.dispatch(produced)
         produced = []
         for formula in self.instances.values():
@@ -353,9 +363,17 @@ class FormulaActor(Actor):
                 out = Output()
                 out.fail((), error, unit="flush")
             produced.extend(self._settle(out, 0))
+        if self.observers:
+            self._observe(produced)
         await self.dispatch(produced)
         if self._final is not None:
             await self._snapshot(self._final)
+
+    def _observe(self, produced: list[Report | Frame]) -> None:
+        """Tell the observers of a batch the formula made (an empty one is not told)."""
+        if produced:
+            for observer in self.observers:
+                observer(produced)
 
     async def _next_batch(self) -> list[tuple[Hashable, Report | Frame]] | None:
         """The next batch of the mailbox (``None`` once it is closed and empty); for a formula
@@ -371,6 +389,8 @@ class FormulaActor(Actor):
         while True:
             produced, wait_s = self._wake_due()
             if produced:
+                if self.observers:
+                    self._observe(produced)
                 await self.dispatch(produced)
             if wait_s is None or len(self.mailbox):
                 return await self.mailbox.get(self.queue.max_batch)

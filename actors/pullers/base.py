@@ -60,12 +60,21 @@ class Emitter(Protocol):
         whose they are before decoding (a ZeroMQ topic)."""
 
 
-async def boundary(emitter: Emitter, position: Any) -> None:
-    """Tell the pipeline the input handed on everything up to ``position`` (an emitter that
-    commits no checkpoints, as in a puller run on its own, has no ``boundary``)."""
-    report = getattr(emitter, "boundary", None)
-    if report is not None:
-        await report(position)
+class Acknowledger(Protocol):
+    """The pipeline's checkpoints as an input that can resume sees them.
+
+    The pipeline commits the input's position once the outputs wrote what came before it
+    (:mod:`wattflow.actors.checkpoints`), so the input reports its position here rather than
+    saving it itself. A puller run on its own (a test, a tool) has none: it keeps its position
+    itself, if it can.
+    """
+
+    async def boundary(self, position: Any) -> None:
+        """The input handed on everything up to ``position``; a checkpoint due starts here."""
+
+    def restore(self, data: bytes | None) -> None:
+        """Hand the formulas the state an input read from its own store beside its position
+        (``None`` when it holds none), before the input hands anything on."""
 
 
 async def hand_on(emitter: Emitter, decoded: list[HWPCFrame] | list[Report]) -> None:
@@ -132,6 +141,10 @@ class Puller(ABC, Generic[C]):
     ``emit`` already lets the others go; an input uses it to keep a position of its own (the
     MongoDB checkpoint) or to avoid decoding what is not its own."""
 
+    acknowledger: Acknowledger | None = None
+    """Where the input reports its positions, set by the pipeline before ``pull`` (its
+    emitter, which commits them by acknowledgement); ``None`` for a puller run on its own."""
+
     def __init__(self, config: C, *, stream: bool = False) -> None:
         self.config = config
         self.stream = stream
@@ -150,9 +163,21 @@ class Puller(ABC, Generic[C]):
     @property
     def resumable(self) -> bool:
         """Whether the input can be read again from a position after a restart: it then reports
-        its position at each batch boundary (``emitter.boundary``), and the pipeline commits it
+        its position at each batch boundary (:meth:`boundary`), and the pipeline commits it
         once the outputs wrote what came before it (:mod:`wattflow.actors.checkpoints`)."""
         return False
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        """How often this input, when it can resume, would have its position committed (the
+        pipeline takes the shortest of its inputs' unless ``--state-interval-s`` is given)."""
+        return 5.0
+
+    async def boundary(self, position: Any) -> None:
+        """Tell the pipeline the input handed on everything up to ``position``; nothing when
+        the puller runs on its own (no :attr:`acknowledger`)."""
+        if self.acknowledger is not None:
+            await self.acknowledger.boundary(position)
 
     def resume_from(self, position: Any) -> None:
         """Take the position saved with the last checkpoint (``None`` before the first), before

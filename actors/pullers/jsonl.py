@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt
 
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller, boundary
+from wattflow.actors.pullers.base import Emitter, Puller
 from wattflow.actors.pullers.files import (
     INLINE_DECODE_BYTES,
     BatchEmitter,
@@ -97,7 +97,7 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
         names = {str(path) for path in self.config.files}
         self._positions: dict[str, Any] = {k: v for k, v in saved.items() if k in names}
         self._lock = asyncio.Lock()
-        await boundary(emitter, dict(self._positions))
+        await self.boundary(dict(self._positions))
         await asyncio.gather(*(self._follow(path, emitter) for path in self.config.files))
 
     async def _follow(self, path: Path, emitter: Emitter) -> None:
@@ -160,7 +160,7 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
         await batcher.flush()
         place.handed_on(consumed, len(lines))
         self._positions[str(place.path)] = place.position()
-        await boundary(emitter, dict(self._positions))
+        await self.boundary(dict(self._positions))
         return partial
 
 

@@ -40,7 +40,7 @@ from pydantic import Field, PositiveInt, model_validator
 
 from wattflow.actors.errors import PullError, PullUnavailable
 from wattflow.actors.pullers import pullers
-from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, boundary
+from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.pullers.files import (
     INLINE_DECODE_BYTES,
     FileFollower,
@@ -265,15 +265,16 @@ class MeterPuller(Puller[MeterPullerConfig]):
         self._positions: dict[str, Any] = {k: v for k, v in saved.items() if k in names}
         self._lock = asyncio.Lock()
         if self.resumable:
-            await boundary(emitter, dict(self._positions))
+            await self.boundary(dict(self._positions))
         tasks = [asyncio.create_task(self._read_file(path, emitter)) for path in self.config.files]
         if self.config.port is not None:
             tasks.append(asyncio.create_task(self._listen(emitter)))
         try:
             await asyncio.gather(*tasks)
-        finally:
+        finally:  # the first error ends the input: the others are cancelled, and waited for
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _handle_lines(
         self,
@@ -312,7 +313,7 @@ class MeterPuller(Puller[MeterPullerConfig]):
             place.handed_on(len(data) - len(rest), len(lines))
             if self.resumable:
                 self._positions[str(place.path)] = {**place.position(), "header": decoder.header}
-                await boundary(emitter, dict(self._positions))
+                await self.boundary(dict(self._positions))
         return rest
 
     async def _read_file(self, path: Path, emitter: Emitter) -> None:
@@ -353,7 +354,7 @@ class MeterPuller(Puller[MeterPullerConfig]):
                     async with self._lock:  # a boundary: socket lines are not read again
                         await self._handle_lines([_text(line)], decoder, number, emitter)
                         if self.resumable:
-                            await boundary(emitter, dict(self._positions))
+                            await self.boundary(dict(self._positions))
             except (ConnectionError, ValueError) as error:  # ValueError: a line over the limit
                 logger.info("%s closed: %s", peer, error)
             finally:

@@ -206,6 +206,16 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
     def state_store(self) -> StateStore | None:
         return _CheckpointStore(self) if self.stream else None
 
+    @property
+    def checkpoint_interval_s(self) -> float:
+        return self.config.checkpoint_interval_s
+
+    async def _boundary(self, position: _Position) -> None:
+        """Tell the pipeline the input handed on everything up to ``position`` (its snapshot
+        is taken only when there is a pipeline to tell)."""
+        if self.acknowledger is not None:
+            await self.acknowledger.boundary(position.snapshot())
+
     async def probe(self) -> str:
         """Ping the server and say what it is."""
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
@@ -286,7 +296,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 if position is not None:
                     position.last_id = last_id
                     self._remember(documents)
-                    await _boundary(emitter, position)
+                    await self._boundary(position)
             return last_id, False
         finally:
             await cursor.close()
@@ -311,7 +321,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                     _, position.backlog_done = await self._read_backlog(
                         collection, kind, emitter, position.last_id, position
                     )
-                    await _boundary(emitter, position)
+                    await self._boundary(position)
                     continue
                 if position.polling:
                     await self._poll(collection, kind, emitter, position, checkpoints)
@@ -323,7 +333,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 await self._wait_for_server(error, emitter)
             except PyMongoError as error:
                 await self._wait_for_server(error, emitter)
-        if not getattr(emitter, "acknowledges", False):
+        if self.acknowledger is None:
             # On its own, at a clean stop, everything read has been handed on: the exact
             # position is saved. In a pipeline, the drain's last checkpoint saves it.
             await self._save_at_exit(checkpoints, position)
@@ -386,7 +396,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                     # Caught up: every document the backlog read is behind us in the stream.
                     self._forget_backlog()
                 position.token = changes.resume_token
-                await _boundary(emitter, position)
+                await self._boundary(position)
 
     def _read_ids_again(self, position: _Position, error: OperationFailure) -> None:
         """The server refused the saved token: read by ``_id`` after the last document handed
@@ -416,7 +426,7 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 collection, kind, emitter, position.last_id, position
             )
             self._forget_backlog()
-            await _boundary(emitter, position)
+            await self._boundary(position)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(emitter.stopping.wait(), self.config.poll_interval_s)
 
@@ -519,8 +529,8 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 if saved is not None:
                     logger.info("%s: resuming from checkpoint %s", self.source, self._checkpoint_id)
                 state = None if saved is None else saved.get("state")
-                if hasattr(emitter, "restore"):  # with no state too: the other inputs wait
-                    emitter.restore(None if state is None else bytes(state))
+                if self.acknowledger is not None:  # with no state too: the others wait
+                    self.acknowledger.restore(None if state is None else bytes(state))
                 return _Position(saved or start)
         return None
 
@@ -598,13 +608,6 @@ class MongoDBPuller(Puller[MongoDBPullerConfig]):
                 "%s: server back after %.1f s", self.source, time.monotonic() - self._down_since
             )
             self._down_since = None
-
-
-async def _boundary(emitter: Emitter, position: _Position) -> None:
-    """Tell the pipeline the input handed on everything up to ``position``."""
-    boundary = getattr(emitter, "boundary", None)
-    if boundary is not None:
-        await boundary(position.snapshot())
 
 
 class _CheckpointStore(StateStore):

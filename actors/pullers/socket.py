@@ -343,11 +343,14 @@ class SocketPuller(Puller[SocketPullerConfig]):
             self._connections.add(connection)
             connection.task = loop.create_task(self._serve(connection, emitter))
 
-        if self.handoff is not None:
-            await self._take_handed(self.handoff, serve, emitter)
-        else:
-            await self._accept(serve, emitter)
-        await self._close_connections()
+        try:
+            if self.handoff is not None:
+                await self._take_handed(self.handoff, serve, emitter)
+            else:
+                await self._accept(serve, emitter)
+            await self._close_connections()
+        finally:  # cut short (the drain deadline, a second signal): no connection outlives it
+            await self._cancel_connections()
 
     async def _serve(self, connection: _Connection, emitter: Emitter) -> None:
         try:
@@ -428,6 +431,15 @@ class SocketPuller(Puller[SocketPullerConfig]):
             connection.cut()
         if self._connections:
             await asyncio.wait(self._tasks())
+
+    async def _cancel_connections(self) -> None:
+        """Cancel the connections' tasks still running, and wait until they have ended; none
+        is left once :meth:`_close_connections` has run."""
+        running = self._tasks()
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
     def _tasks(self) -> set[asyncio.Task[None]]:
         return {c.task for c in self._connections if c.task is not None}

@@ -101,6 +101,7 @@ class NvmlPuller(Puller[NvmlPullerConfig]):
                 pacer.slot.release()
         finally:
             stopper.cancel()
+            await asyncio.gather(stopper, return_exceptions=True)
             pacer.stop()
             pacer.slot.release()  # never leave the thread waiting for a batch nobody emits
             await asyncio.to_thread(pacer.join)
