@@ -368,6 +368,7 @@ class Pipeline:
         for formula, config in formulas:
             if not formula.enabled(config) or not _fed(formula, given):
                 continue
+            config = formula.configured(config, frozenset(given))
             formula.prepare(config)
             actor = FormulaActor(
                 formula,

@@ -25,7 +25,13 @@ from wattflow.actors.formulas.energy import EnergyConfig, EnergyFormula
 from wattflow.actors.naming import TargetNaming
 from wattflow.formats.frames import Column, PowerFrame
 from wattflow.formats.lineprotocol import lines
-from wattflow.formats.reports import PowerReport, Report, TargetEnergyReport
+from wattflow.formats.reports import (
+    GPUReport,
+    HWPCReport,
+    PowerReport,
+    Report,
+    TargetEnergyReport,
+)
 from wattflow.formats.targets import LABEL_KEYS
 
 DEMO = ROOT / "service" / "data"
@@ -519,3 +525,30 @@ def test_a_scope_that_stopped_reporting_holds_the_others_back_no_longer_than_the
 
     wait_until(postgres_ended, 10, "the CPU-only workload to end by the GPU's time")
     assert [r.reason for r in ended] == ["silent"]
+
+
+def test_a_scope_yet_to_come_holds_the_others_back_at_the_streams_start() -> None:
+    """A replay reads the GPU samples' file at full speed while SmartWatts is still learning:
+    the GPU's reports of the whole stream come before the job's first CPU report. With hwpc
+    and GPU inputs the formula waits for the cpu and dram scopes (as long as the silence, in
+    real time), so the job is not ended by the GPU's time and then started again."""
+    given = frozenset({HWPCReport.kind, GPUReport.kind})
+    config = EnergyFormula.configured(
+        EnergyConfig(target_energy=True, target_end_silence_s=3), given
+    )
+    assert isinstance(config, EnergyConfig)
+    formula = EnergyFormula(config, "node-1")
+    for second in range(21):
+        gpus = [_power(second, "gpu0", "gpu", 60.0)]
+        if second <= 8:
+            gpus.append(_power(second, JOB_GPU, "gpu", 100.0))
+        assert _run(formula, *gpus) == []
+    for second in range(21):
+        assert _run(formula, _power(second, JOB_CPU, "cpu", 5.0)) == []
+    assert _run(formula, _power(20, JOB_CPU, "dram", 1.0)) == []  # every scope has come
+    out = Output()
+    formula.flush(out)
+    job = [r for r in out.items() if isinstance(r, TargetEnergyReport) and r.target == "slurm/101"]
+    assert [(r.reason, r.energy) for r in job] == [
+        ("running", {"cpu": 100.0, "dram": 0.0, "gpu": 800.0})
+    ]

@@ -167,6 +167,13 @@ class Formula(ABC, Generic[C]):
         """Load what the instances will need (a library), before the pipeline starts."""
 
     @classmethod
+    def configured(cls, config: FormulaConfig, given: frozenset[str]) -> FormulaConfig:
+        """The settings the instances get once the kinds the pipeline's inputs give (``given``)
+        are known: the settings as they are, unless the formula needs to know what will come
+        (the energy formula: which scopes to wait for)."""
+        return config
+
+    @classmethod
     def enabled(cls, config: FormulaConfig) -> bool:
         """Whether the settings ask for this formula at all (a formula that is off unless
         asked for, such as the energy formula, says so here): one that is not is not started."""

@@ -20,8 +20,12 @@ energy the formulas measured, and with the node formula's ``rest`` it is the met
 **Ended.** A workload has ended when, in its sensor's own time (the reports' timestamps, so a
 replay ends workloads as the live run did; the slowest scope's, so that the CPU reports
 SmartWatts hands on after the GPU's still count), it has had no report for
-``--target-end-silence-s``; or, with ``--target-cgroup-root``, once none of its cgroups exists
-there any more (checked, for the workloads absent from the newest tick, once per tick). When the
+``--target-end-silence-s`` (at the stream's start, the time waits for the scopes the inputs
+give, cpu and dram with hwpc-sensor's reports and gpu with GPU samples, for as long as the
+silence in real time: SmartWatts reports nothing while it learns its first models, and a job
+whose GPU reports came first would otherwise end by them and start again); or, with
+``--target-cgroup-root``, once none of its cgroups exists there any more (checked, for the
+workloads absent from the newest tick, once per tick). When the
 whole stream pauses for ``--target-end-silence-s`` of real time, every workload it held has
 ended. At a stop, the workloads still running are reported with their energy so far
 (``reason: running``), and the state is checkpointed like every formula's, so a restart loses
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, PrivateAttr
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
@@ -91,6 +95,8 @@ class EnergyConfig(FormulaConfig):
         description="Most workloads held per sensor; beyond, the one silent longest is "
         "reported (reason evicted) to make room.",
     )
+    _scopes_expected: frozenset[str] = PrivateAttr(default=frozenset())
+    """The scopes the pipeline's inputs will give (:meth:`EnergyFormula.configured`)."""
 
 
 @dataclass
@@ -176,7 +182,7 @@ class EnergyFormula(Formula[EnergyConfig]):
         self.clocks: dict[str, _Clock] = {}
         self.newest_ms: int | None = None
         self.checked_ms: int | None = None
-        self.last_input = time.monotonic()
+        self.last_input = self.started = time.monotonic()
         self.evicted: list[tuple[str, _Workload]] = []
         """Workloads let go to make room, reported at the next end check."""
 
@@ -187,6 +193,18 @@ class EnergyFormula(Formula[EnergyConfig]):
     @classmethod
     def takes_formula_output(cls, config: FormulaConfig) -> bool:
         return cls.enabled(config)
+
+    @classmethod
+    def configured(cls, config: FormulaConfig, given: frozenset[str]) -> FormulaConfig:
+        """The scopes to wait for at the stream's start: cpu and dram where an input gives
+        hwpc-sensor's reports (SmartWatts), gpu where one gives GPU samples."""
+        assert isinstance(config, EnergyConfig)
+        expected = config.model_copy()
+        scopes = {"cpu", "dram"} if HWPCReport.kind in given else set()
+        if GPUReport.kind in given:
+            scopes.add("gpu")
+        expected._scopes_expected = frozenset(scopes)
+        return expected
 
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
@@ -260,6 +278,8 @@ class EnergyFormula(Formula[EnergyConfig]):
         reporting (its input gone) does not hold the others back for longer than the silence.
         """
         live_after = self.last_input - self.config.target_end_silence_s
+        if self.started > live_after and not self.config._scopes_expected <= set(self.clocks):
+            return None  # a scope yet to come holds the others back as long as one that stopped
         ticks = [
             clock.newest_ms
             for clock in self.clocks.values()
