@@ -523,7 +523,13 @@ def test_a_node_interval_that_raises_is_logged_and_the_next_ones_are_reported(
 
 
 class FaultyWakeNode(NodeFormula):
-    """Raises on its first wake by the actor's timer, before doing anything."""
+    """Raises on its first wake by the actor's timer, before doing anything. It waits for
+    RAPL readings too, as with an hwpc-sensor input that gives none: the intervals are held
+    until that source has been quiet for the lateness, and the timer releases them."""
+
+    @classmethod
+    def configured(cls, config: FormulaConfig, given: frozenset[str]) -> FormulaConfig:
+        return super().configured(config, given | {HWPCReport.kind})
 
     def __init__(self, config: NodeConfig, key: Hashable) -> None:
         super().__init__(config, key)
@@ -608,7 +614,10 @@ def test_a_node_rapl_tick_that_raises_in_a_frame_fails_as_it_does_report_by_repo
     formulas = []
     batches: list[list[Any]] = [[part], reports]
     for batch in batches:
-        formula = FaultyNodeRapl(NodeConfig(), "node-1")
+        waiting = NodeConfig(node_lateness_ms=600_000)  # for a meter that never comes
+        config = NodeFormula.configured(waiting, frozenset({HWPCReport.kind, MeterReport.kind}))
+        assert isinstance(config, NodeConfig)
+        formula = FaultyNodeRapl(config, "node-1")
         out = Output()
         formula.process(batch, out)
         assert [(r, reason) for r, reason in out.rejected] == [

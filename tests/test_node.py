@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -19,6 +20,7 @@ from pymongo import MongoClient
 
 from wattflow.actors.checkpoints import decode_checkpoint
 from wattflow.actors.formulas import formulas
+from wattflow.actors.formulas import node as node_formula
 from wattflow.actors.formulas.base import FormulaActor, Output
 from wattflow.actors.formulas.node import NodeConfig, NodeFormula
 from wattflow.actors.pullers.meter import MeterPuller, MeterPullerConfig
@@ -517,6 +519,59 @@ def node_outputs(parts: list[list[Report]], config: NodeConfig, *, restart: bool
     ]
 
 
+def _waiting_for_every_source() -> NodeConfig:
+    """The settings of a node whose inputs give the meter, RAPL, the GPUs and cpu estimates
+    (as :meth:`NodeFormula.configured` finds them), none of them ever counted as quiet."""
+    config = NodeConfig(node_lateness_ms=600_000, node_shares=True)
+    config._sources_expected = frozenset({"meter", "rapl", "gpu", "cpu estimates"})
+    return config
+
+
+def _source_of(report: Report) -> str:
+    return type(report).__name__
+
+
+def test_the_intervals_are_the_same_whatever_order_the_sources_come_in() -> None:
+    """A live node's sources come interleaved, a replay's file after file, in any order. The
+    node formula reports an interval once every source came past it, in their own time, so
+    every order gives the same reports, and those of the interleaved stream come as it goes,
+    not only at the end."""
+    config = _waiting_for_every_source()
+    stream = node_stream(6)
+    interleaved = node_outputs([stream], config, restart=False)
+    assert len(interleaved) == 6 * 4
+    draw = random.Random(7)
+    kinds = sorted({_source_of(r) for r in stream})
+    for order in [kinds, kinds[::-1], *(draw.sample(kinds, len(kinds)) for _ in range(4))]:
+        by_source = [r for kind in order for r in stream if _source_of(r) == kind]
+        assert node_outputs([by_source], config, restart=False) == interleaved, order
+    formula, out = NodeFormula(config, "node-1"), Output()
+    formula.process(stream, out)
+    assert len([r for r in out.items() if isinstance(r, PowerReport)]) == 5 * 4, (
+        "every interval but the last reported before the end (its estimates come with the next)"
+    )
+
+
+def test_a_source_far_behind_the_others_holds_a_bounded_number_of_intervals(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A meter that keeps sending but lags ever further behind in its own time would have the
+    node hold every interval since: past ``MAX_HELD_INTERVALS`` the oldest are reported without
+    it (no node figure then: the meter has not covered them), and a warning says so once."""
+    monkeypatch.setattr(node_formula, "MAX_HELD_INTERVALS", 3)
+    formula, out = NodeFormula(_waiting_for_every_source(), "node-1"), Output()
+    stream = [r for r in node_stream(8) if not isinstance(r, MeterReport)]
+    with caplog.at_level(logging.WARNING):
+        for report in stream:
+            formula.process([report], out)
+            assert len(formula.anchor_ends) <= 3 + 1
+    assert [r.getMessage() for r in caplog.records].count(
+        "node node-1: a source lags more than 3 intervals behind the others; the oldest "
+        "intervals are reported without it"
+    ) == 1
+    assert not [r for r in out.items() if isinstance(r, PowerReport)], "no meter, no figure"
+
+
 @pytest.mark.parametrize("lateness_ms", [0, 600_000])
 def test_the_node_formula_restored_from_its_state_goes_on_as_if_never_stopped(
     lateness_ms: int,
@@ -537,10 +592,16 @@ def test_the_node_formula_restored_from_its_state_goes_on_as_if_never_stopped(
             assert continued == whole
 
 
-def test_intervals_held_at_a_crash_are_reported_after_the_restart(tmp_path: Path) -> None:
-    """The node formula holds each interval ``--node-lateness-ms`` for late sources. Killed
-    while it holds them, after a checkpoint, and started again on the same ``--state-file``
-    with nothing more to read, it reports them at its stop: exactly a clean run's reports."""
+@pytest.mark.parametrize("restarted_lateness_ms", ["600000", "300"])
+def test_intervals_held_at_a_crash_are_reported_after_the_restart(
+    tmp_path: Path, restarted_lateness_ms: str
+) -> None:
+    """The node formula holds each interval until every source came past it, or one quiet
+    for ``--node-lateness-ms`` lets it go: an hwpc-sensor input whose RAPL readings never come
+    holds them all. Killed while it holds them, after a checkpoint, and started again on the
+    same ``--state-file`` with nothing more to read, it reports them at its stop, or, with a
+    shorter lateness, once that has passed while every input is idle: exactly a clean run's
+    reports."""
     seconds = 8
     meter = meter_csv(tmp_path / "meter.csv", seconds)
     clean_out = tmp_path / "clean.jsonl"
@@ -552,11 +613,15 @@ def test_intervals_held_at_a_crash_are_reported_after_the_restart(tmp_path: Path
     expected = node_reports(clean_out)
     assert len(expected["node"]) == 4 * seconds
     state, out = tmp_path / "state", tmp_path / "power.jsonl"
+    silent = tmp_path / "hwpc.jsonl"
+    silent.touch()
     args = (
         "run", "-s", "--state-file", str(state), "--state-interval-s", "0.2",
         "--node-lateness-ms", "600000",
-        "--input", "meter", "--files", str(meter), "--poll-interval-s", "0.05",
-        "--sensor", "node-1", "--output", "jsonl", "--file", str(out),
+        "--input", "meter", "--name", "meter", "--files", str(meter),
+        "--poll-interval-s", "0.05", "--sensor", "node-1",
+        "--input", "jsonl", "--name", "hwpc", "--files", str(silent),
+        "--output", "jsonl", "--file", str(out),
     )  # fmt: skip
 
     def held_intervals() -> int:
@@ -576,8 +641,11 @@ def test_intervals_held_at_a_crash_are_reported_after_the_restart(tmp_path: Path
         first.process.kill()
         first.process.wait()
     assert not out.exists() or not node_reports(out), "the lateness held every interval"
-    with Service(tmp_path / "second.log", *args) as second:
+    restarted = [restarted_lateness_ms if arg == "600000" else arg for arg in args]
+    with Service(tmp_path / "second.log", *restarted) as second:
         second.wait_for_log("restored the state of 1 formula instances")
+        if restarted_lateness_ms != "600000":  # reported by the formula's timer, no input
+            second.wait_for_lines(out, 2 * 4 * seconds)
         log = second.stop()
     assert "Traceback" not in log
     assert node_reports(out) == expected

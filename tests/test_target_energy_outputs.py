@@ -87,10 +87,11 @@ def records() -> list[TargetEnergyReport]:
     found = [r for r in out.items() if isinstance(r, TargetEnergyReport)]
     assert [(r.target, r.reason) for r in found] == [
         ("pod/435532e3-546d-45e2-8862-d3c7b320d2d9/" + "7c" * 32, "silent"),
+        ("gpu0", "running"),  # those still running at the stop, by name
         ("slurm/4242", "running"),
-        ("gpu0", "running"),
     ]
-    return found
+    pod, gpu, job = found
+    return [pod, job, gpu]
 
 
 def write(pusher: Pusher[Any], *batches: list[TargetEnergyReport]) -> list[tuple[Report, str]]:

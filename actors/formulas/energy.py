@@ -36,7 +36,6 @@ is reported (``evicted``) to make room.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Hashable
@@ -48,6 +47,7 @@ from pydantic import Field, PositiveInt, PrivateAttr
 
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
+from wattflow.actors.formulas.window import StreamTime
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     GPUReport,
@@ -136,8 +136,6 @@ class _Clock:
 
     newest_ms: int | None = None
     intervals: dict[int, int] = field(default_factory=dict)
-    seen_at: float = -math.inf
-    """``time.monotonic()`` of the scope's latest report (never, after a restart)."""
 
     def interval_ms(self, millis: int) -> int:
         """The length of the tick that ends at ``millis`` (0 for the first tick: unknown)."""
@@ -182,7 +180,11 @@ class EnergyFormula(Formula[EnergyConfig]):
         self.clocks: dict[str, _Clock] = {}
         self.newest_ms: int | None = None
         self.checked_ms: int | None = None
-        self.last_input = self.started = time.monotonic()
+        self.last_input = time.monotonic()
+        self.stream = StreamTime(
+            config.target_end_silence_s, config._scopes_expected, started=self.last_input
+        )
+        """How far the stream has come in its own time: its slowest scope's newest tick."""
         self.evicted: list[tuple[str, _Workload]] = []
         """Workloads let go to make room, reported at the next end check."""
 
@@ -228,7 +230,7 @@ class EnergyFormula(Formula[EnergyConfig]):
         scope = str(report.metadata["scope"])
         millis = to_millis(report.timestamp)
         clock = self.clocks.setdefault(scope, _Clock())
-        clock.seen_at = self.last_input
+        self.stream.observe(scope, millis, self.last_input)
         interval = clock.interval_ms(millis)
         if interval > self.config.target_end_silence_s * 1000:
             interval = 0  # a gap in the stream is not integrated over (the tick only restarts)
@@ -263,29 +265,23 @@ class EnergyFormula(Formula[EnergyConfig]):
         if now_ms is None:
             return
         oldest = now_ms - self.config.target_end_silence_s * 1000
-        for name in [n for n, w in self.workloads.items() if w.end_ms < oldest]:
+        for name in sorted(n for n, w in self.workloads.items() if w.end_ms < oldest):
             out.emit(self._record(name, self.workloads.pop(name), "silent"))
 
     def _stream_time(self) -> int | None:
         """How far the stream has come: the newest tick of its slowest scope among those that
-        reported within ``target_end_silence_s`` of real time.
+        reported within ``target_end_silence_s`` of real time before the latest input
+        (:class:`~wattflow.actors.formulas.window.StreamTime`).
 
         The scopes come from other formulas at their own pace: SmartWatts holds its ticks a
         while, the GPU formula its own, and a replay of separate files reads each at full
         speed. Judged by the newest tick of any scope, a job whose GPU process stopped would
         end by the GPU's time while its CPU reports of those seconds were still on their way,
         and those would start a second record of the same job. A scope that has stopped
-        reporting (its input gone) does not hold the others back for longer than the silence.
+        reporting (its input gone), or one yet to come at the start, does not hold the others
+        back for longer than the silence.
         """
-        live_after = self.last_input - self.config.target_end_silence_s
-        if self.started > live_after and not self.config._scopes_expected <= set(self.clocks):
-            return None  # a scope yet to come holds the others back as long as one that stopped
-        ticks = [
-            clock.newest_ms
-            for clock in self.clocks.values()
-            if clock.newest_ms is not None and clock.seen_at >= live_after
-        ]
-        return min(ticks) if ticks else self.newest_ms
+        return self.stream.time_ms(self.last_input)
 
     def _end_gone(self, out: Output) -> None:
         """Report the workloads absent from the newest tick none of whose cgroups exists
@@ -294,7 +290,7 @@ class EnergyFormula(Formula[EnergyConfig]):
         if root is None or self.newest_ms is None or self.checked_ms == self.newest_ms:
             return
         self.checked_ms = self.newest_ms
-        absent = [n for n, w in self.workloads.items() if w.end_ms < self.newest_ms]
+        absent = sorted(n for n, w in self.workloads.items() if w.end_ms < self.newest_ms)
         for name in absent:
             if not any(_exists(root, path) for path in self.workloads[name].cgroups):
                 out.emit(self._record(name, self.workloads.pop(name), "gone"))
@@ -308,13 +304,14 @@ class EnergyFormula(Formula[EnergyConfig]):
         """The stream paused for ``target_end_silence_s``: every workload it held has ended,
         and the ticks after the pause start their clocks afresh."""
         self.clocks.clear()
-        for name in list(self.workloads):
+        self.stream.sources.clear()
+        for name in sorted(self.workloads):
             out.emit(self._record(name, self.workloads.pop(name), "silent"))
 
     def flush(self, out: Output) -> None:
         """At a stop, the workloads still running, with their energy so far."""
         self._end_silent(out)
-        for name in list(self.workloads):
+        for name in sorted(self.workloads):  # by name: the order they came in varies
             out.emit(self._record(name, self.workloads.pop(name), "running"))
 
     def _record(self, name: str, workload: _Workload, reason: str) -> TargetEnergyReport:
@@ -344,6 +341,8 @@ class EnergyFormula(Formula[EnergyConfig]):
         self.workloads = {name: _Workload.of(w) for name, w in state["workloads"].items()}
         for scope, (newest, intervals) in state["clocks"].items():
             self.clocks[scope] = _Clock(newest, {int(t): int(i) for t, i in intervals})
+        restored = {scope: clock.newest_ms for scope, clock in self.clocks.items()}
+        self.stream.restore({scope: ms for scope, ms in restored.items() if ms is not None})
         self.newest_ms = state["newest_ms"]
 
 

@@ -17,13 +17,20 @@ piecewise-constant power over its intervals (a meter reading or a RAPL delta sta
 since the previous one) and averaged over the node's intervals, which are hwpc-sensor's ticks
 when RAPL readings come in, else the GPU sampler's, else the meter's. A source that starts or
 stops inside an interval (a stream's edge) counts for the energy it measured in it; what no
-source measured is in the rest. An interval is reported
-``--node-lateness-ms`` of real time after its end is known (or at shutdown), with the sources
-that cover it by then, by the actor's timer (:meth:`NodeFormula.deadline`) when no input
-follows; a meter whose clock is off is set right with the meter input's clock
-offset. What the formula holds (each source's recent power and last reading, the intervals not
-yet reported, the targets' estimates waiting for them) is checkpointed with the other formulas'
-state, so the intervals held at a crash are reported after the restart.
+source measured is in the rest. A meter whose clock is off is set right with the meter input's
+clock offset.
+
+When. An interval is reported once every source has reported past its end, in the sources' own
+time (:class:`~wattflow.actors.formulas.window.StreamTime`): the meter, RAPL and the GPUs when
+the pipeline's inputs give them, and, with ``--node-shares``, the estimates of each scope (a
+later tick's, since a tick's estimates may come in several batches). So a replay, which reads
+each file at its own pace, reports the intervals the live run reported, with the same sources
+in each. A source that has been quiet for ``--node-lateness-ms`` of real time (a sampler that
+stopped, one that never came) holds the intervals back no longer; the actor's timer
+(:meth:`NodeFormula.deadline`) releases them when no input follows, and at shutdown every
+interval held is reported. What the formula holds (each source's recent power and last reading,
+the intervals not yet reported, the targets' estimates waiting for them) is checkpointed with the
+other formulas' state, so the intervals held at a crash are reported after the restart.
 
 cpu and dram come from the RAPL counters (all sockets), gpu from the NVML energy counter or
 power (all devices): the same measurements the other formulas share among their targets.
@@ -31,6 +38,8 @@ power (all devices): the same measurements the other formulas share among their 
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from bisect import bisect_right
 from collections import defaultdict
@@ -40,7 +49,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from wattflow.actors.backend import CommaList
 from wattflow.actors.formulas import formulas
@@ -54,6 +63,7 @@ from wattflow.actors.formulas.rapl import (
     rapl_groups,
     tick_energy,
 )
+from wattflow.actors.formulas.window import StreamTime
 from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
@@ -71,12 +81,24 @@ _SHARED_SCOPES = frozenset({"cpu", "dram", "gpu"})
 _NOT_A_TARGET = frozenset({"rapl", "global"})
 
 
+MAX_HELD_INTERVALS = 10_000
+"""Intervals held at most for a source that lags behind the others in its own time (hours of
+hwpc-sensor's ticks): beyond, the oldest are reported without it, and a warning says so."""
+
+_LOG = logging.getLogger(__name__)
+
+_READINGS = frozenset({"meter", "rapl", "gpu"})
+"""The sources whose last reading the formula keeps (:attr:`NodeFormula.previous`)."""
+
 _GPU_COUNTER = "gpu_counter"
 """The GPUs' last energy counter reading, kept apart from their last power reading."""
 
 
 class NodeConfig(FormulaConfig):
     """Settings of the node formula."""
+
+    _sources_expected: frozenset[str] = PrivateAttr(default=frozenset())
+    """The sources the pipeline's inputs will give (:meth:`NodeFormula.configured`)."""
 
     node_channels: CommaList = Field(
         default_factory=list,
@@ -86,7 +108,7 @@ class NodeConfig(FormulaConfig):
     node_lateness_ms: int = Field(
         default=2000,
         ge=0,
-        description="How long (real time) the node formula waits for late sources.",
+        description="How long (real time) a quiet source holds the node's intervals back.",
     )
     node_shares: bool = Field(
         default=False,
@@ -172,9 +194,30 @@ class NodeFormula(Formula[NodeConfig]):
         self.series = {source: _Series() for source in SOURCES}
         self.previous: dict[str, tuple[int, dict[str, float]]] = {}
         self.anchor_ends: list[int] = []
-        self.anchor_seen: list[float] = []
         self.anchor_source: str | None = None
-        self.targets: dict[int, dict[str, float]] = defaultdict(dict)
+        self.targets: dict[int, dict[str, list[float]]] = defaultdict(dict)
+        """Each interval's estimates per target, as they came: summed exactly
+        (:func:`math.fsum`) when reported, so the order they came in changes no digit."""
+        self.stream = StreamTime(config.node_lateness_ms / 1000.0, config._sources_expected)
+        """How far the node's sources have come in their own time."""
+        self.warned_held = False
+
+    @classmethod
+    def configured(cls, config: FormulaConfig, given: frozenset[str]) -> FormulaConfig:
+        """The sources to wait for: the meter, RAPL where an input gives hwpc-sensor's
+        reports, the GPUs where one gives GPU samples and, with ``--node-shares``, the
+        estimates of the scopes the other formulas make from them."""
+        assert isinstance(config, NodeConfig)
+        expected = config.model_copy()
+        sources = {"meter"}
+        if HWPCReport.kind in given:
+            sources |= {"rapl", _estimates("cpu"), _estimates("dram")}
+        if GPUReport.kind in given:
+            sources |= {"gpu", _estimates("gpu")}
+        if not config.node_shares:
+            sources = {source for source in sources if source in SOURCES or source == "rapl"}
+        expected._sources_expected = frozenset(sources)
+        return expected
 
     @classmethod
     def takes_formula_output(cls, config: FormulaConfig) -> bool:
@@ -242,12 +285,18 @@ class NodeFormula(Formula[NodeConfig]):
             },
             "anchor_source": self.anchor_source,
             "anchor_ends": list(self.anchor_ends),
-            "targets": {str(end): dict(powers) for end, powers in self.targets.items()},
+            "targets": {
+                str(end): {target: list(parts) for target, parts in powers.items()}
+                for end, powers in self.targets.items()
+            },
+            "stream": self.stream.state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Take back what :meth:`state` gave. The intervals held wait ``--node-lateness-ms``
-        again from now, as the sources after a restart can be late too."""
+        """Take back what :meth:`state` gave. The sources restored count as come now: the
+        intervals held wait for their late readings for ``--node-lateness-ms`` again, and are
+        reported then even if no input comes (a state written before the stream time was kept
+        takes each source's last reading for it)."""
         for source, (first_start, ends, watts) in state["series"].items():
             if source not in self.series:
                 raise ValueError(f"no source {source!r} in the node formula")
@@ -260,18 +309,22 @@ class NodeFormula(Formula[NodeConfig]):
         }
         self.anchor_source = state["anchor_source"]
         self.anchor_ends = list(map(int, state["anchor_ends"]))
-        self.anchor_seen = [time.monotonic()] * len(self.anchor_ends)
+        newest = state.get("stream") or {
+            name: end for name, (end, _) in self.previous.items() if name in _READINGS
+        }
+        self.stream.restore(newest, seen_at=time.monotonic())
         self.targets.update(
-            (int(end), {target: float(power) for target, power in powers.items()})
+            (int(end), {target: _parts(power) for target, power in powers.items()})
             for end, powers in state["targets"].items()
         )
 
     def deadline(self) -> float | None:
-        """When the oldest interval held has waited ``--node-lateness-ms``: the actor wakes the
-        instance then, so a stream that pauses still has its last intervals reported."""
+        """When a source that holds the intervals back has been quiet for
+        ``--node-lateness-ms``: the actor wakes the instance then, so a stream that pauses
+        still has its last intervals reported."""
         if len(self.anchor_ends) < 2:
             return None
-        return self.anchor_seen[1] + self.config.node_lateness_ms / 1000.0  # as _report_ready
+        return self.stream.deadline()
 
     def wake(self, out: Output) -> None:
         self._report_ready(out, flushing=False)
@@ -354,8 +407,10 @@ class NodeFormula(Formula[NodeConfig]):
         if not self.config.node_shares:
             out.absorb()
             return
-        totals = self.targets[_millis(report.timestamp)]
-        totals[report.target] = totals.get(report.target, 0.0) + report.power
+        millis = _millis(report.timestamp)
+        # a tick's estimates are complete once a later tick's come: this one's may be split
+        self.stream.observe(_estimates(report.metadata["scope"]), millis - 1, time.monotonic())
+        self.targets[millis].setdefault(report.target, []).append(report.power)
         out.absorb()
 
     def _interval(
@@ -380,6 +435,7 @@ class NodeFormula(Formula[NodeConfig]):
         time goes on from there)."""
         previous = self.previous.get(name)
         self.previous[name] = (end, values)
+        self.stream.observe(name, end, time.monotonic())
         if previous is None:
             return True
         start = previous[0]
@@ -414,6 +470,7 @@ class NodeFormula(Formula[NodeConfig]):
             self._reading("gpu", end, {"gpu": energy_j - earlier_j}, deltas=True)
         else:
             self.previous["gpu"] = (end, {"gpu": 0.0})
+            self.stream.observe("gpu", end, time.monotonic())
         out.absorb()
         return True
 
@@ -423,25 +480,23 @@ class NodeFormula(Formula[NodeConfig]):
         if self.anchor_source is None or rank[name] < rank[self.anchor_source]:
             self.anchor_source = name
             self.anchor_ends = [start, end]
-            self.anchor_seen = [time.monotonic()] * 2
             return
         if name == self.anchor_source and (not self.anchor_ends or end > self.anchor_ends[-1]):
             self.anchor_ends.append(end)
-            self.anchor_seen.append(time.monotonic())
 
     # --- output --------------------------------------------------------------------------------
 
     def _report_ready(self, out: Output, *, flushing: bool) -> None:
-        """Report each interval once it has waited the lateness, or at shutdown.
+        """Report each interval once every source came past its end, or at shutdown.
 
         Sources arrive at their own pace (a meter's logger may send once a minute, a replay
-        reads one file before the next), so an interval waits ``--node-lateness-ms`` of real
-        time after its end is known before the sources that covered it by then are averaged.
-        This runs after each batch and, through :meth:`wake`, when :meth:`deadline` passes
-        without input.
+        reads one file before the next), so an interval waits for the slowest source's
+        readings to pass its end, in the sources' own time, unless that source has been quiet
+        for ``--node-lateness-ms`` of real time. This runs after each batch and, through
+        :meth:`wake`, when :meth:`deadline` passes without input.
         """
-        now, lateness_s = time.monotonic(), self.config.node_lateness_ms / 1000.0
-        while len(self.anchor_ends) >= 2 and (flushing or self.anchor_seen[1] + lateness_s <= now):
+        horizon = math.inf if flushing else self._horizon()
+        while len(self.anchor_ends) >= 2 and horizon is not None and self.anchor_ends[1] <= horizon:
             start, end = self.anchor_ends[0], self.anchor_ends[1]
             active = [s for s in SOURCES if self.series[s].covered_until is not None]
             targets = self._targets_until(end)  # reported with the interval, or never
@@ -452,10 +507,30 @@ class NodeFormula(Formula[NodeConfig]):
                 except Exception as error:  # its inputs were absorbed: no report to dead-letter
                     out.fail((), error, unit="interval", since=mark)
             self.anchor_ends.pop(0)
-            self.anchor_seen.pop(0)
         if self.anchor_ends:
             for source in SOURCES:
                 self.series[source].forget_before(self.anchor_ends[0])
+
+    def _horizon(self) -> float | None:
+        """How far the intervals may be reported: as far as the sources have come, or further
+        where more than ``MAX_HELD_INTERVALS`` are held (``None``: not at all yet)."""
+        horizon = self.stream.time_ms(time.monotonic())
+        if len(self.anchor_ends) <= MAX_HELD_INTERVALS:
+            return horizon
+        self._warn_held()
+        overflow = self.anchor_ends[len(self.anchor_ends) - MAX_HELD_INTERVALS]
+        return overflow if horizon is None else max(horizon, overflow)
+
+    def _warn_held(self) -> None:
+        """Said once per instance: the oldest intervals go without the slowest source."""
+        if not self.warned_held:
+            self.warned_held = True
+            _LOG.warning(
+                "node %s: a source lags more than %d intervals behind the others; the oldest "
+                "intervals are reported without it",
+                self.key,
+                MAX_HELD_INTERVALS,
+            )
 
     def _emit(
         self, start: int, end: int, active: list[str], targets: dict[str, float], out: Output
@@ -488,7 +563,7 @@ class NodeFormula(Formula[NodeConfig]):
         targets = self.targets.pop(end, {})
         for stale in [t for t in self.targets if t < end]:
             del self.targets[stale]
-        return targets
+        return {target: math.fsum(parts) for target, parts in targets.items()}
 
     def _node_report(
         self, timestamp: datetime, target: str, power_w: float, metadata: dict[str, float]
@@ -501,6 +576,16 @@ class NodeFormula(Formula[NodeConfig]):
             power=power_w,
             metadata={"scope": "node", "formula": FORMULA_NAME, **metadata},
         )
+
+
+def _parts(saved: float | list[float]) -> list[float]:
+    """A target's estimates of an interval as saved (a sum, before they were kept apart)."""
+    return [float(part) for part in saved] if isinstance(saved, list) else [float(saved)]
+
+
+def _estimates(scope: object) -> str:
+    """The source of the other formulas' estimates of a scope (cpu, dram, gpu)."""
+    return f"{scope} estimates"
 
 
 def _share(power_w: float, meter_w: float) -> float:
