@@ -136,7 +136,7 @@ def decode_state(saved: object, kind: type[S]) -> S:
 
 
 class Packed(msgspec.Struct, frozen=True, gc=False):
-    """Packed kept to the bit: JSON has no NaN, and text loses nothing here but costs more.
+    """Floats kept to the bit: JSON has no NaN, and text loses nothing here but costs more.
     Its JSON is ``{"shape": [...], "f8": <base64 of the float64s>}``."""
 
     shape: tuple[int, ...]

@@ -604,7 +604,7 @@ def _save_device(state: _DeviceState) -> SavedDevice:
         counter_read_us=state.counter_read_us,
         spent_mj=state.spent_mj,
         counter_w=state.counter_w,
-        idle_w=Packed.of(list(state.idle_readings)),
+        idle_w=Packed.of(state.idle_readings),
         idle_spans=Packed.of([list(span) for span in state.idle_spans]),
         span=state.span,
         windows=[_save_window(window) for window in state.windows],

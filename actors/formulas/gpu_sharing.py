@@ -541,7 +541,7 @@ class ProcessPowers:
                     p.recent_share,
                     p.seen_us,
                     None if p.learned is None else (p.learned.power_w, p.learned.stderr_w),
-                    (list(p.solo_w), list(p.solo_s), p.engine_s),
+                    (p.solo_w, p.solo_s, p.engine_s),
                 )
                 for key, p in self.processes.items()
             ],

@@ -22,6 +22,7 @@ import importlib
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -627,7 +628,7 @@ class FrequencyLayers:
         """Every layer's model, for a checkpoint."""
         return [model.state() for model in self.models.values()]
 
-    def restore(self, state: list[ModelState]) -> None:
+    def restore(self, state: Iterable[ModelState]) -> None:
         """Take back what :meth:`state` gave, on new layers."""
         for saved in state:
             model = self.model(max(saved.frequency, self.base_clock) if self.compat else 0)

@@ -306,7 +306,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 compat=self.compat,
                 last_ms=self.last_ms,
                 latest_ms=self.latest_ms,
-                arrival=list(self.arrival),
+                arrival=self.arrival,
                 pending=None if pending is None else [encode_json(r) for r in pending],
                 scopes={
                     scope.name: {socket: layers.state() for socket, layers in scope.layers.items()}
@@ -325,14 +325,15 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             reports = [decode_json(HWPCReport, text, "saved state", None) for text in saved.pending]
             frame, _ = HWPCFrame.from_reports([r for r in reports if isinstance(r, HWPCReport)])
             pending = frame if frame.count else None
-        layers: dict[str, dict[str, FrequencyLayers]] = {}
-        for scope in self.scopes:
-            layers[scope.name] = {}
-            for socket, models in saved.scopes.get(scope.name, {}).items():
-                layers[scope.name][socket] = self._new_layers(scope)
-                layers[scope.name][socket].restore(models)
+        layers = {
+            scope.name: {
+                socket: self._new_layers(scope, models)
+                for socket, models in saved.scopes.get(scope.name, {}).items()
+            }
+            for scope in self.scopes
+        }
         self.last_ms, self.latest_ms = saved.last_ms, saved.latest_ms
-        self.arrival = list(saved.arrival)
+        self.arrival = saved.arrival
         self.pending = pending
         for scope in self.scopes:
             scope.layers = layers[scope.name]
@@ -524,9 +525,10 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             layers = scope.layers[socket] = self._new_layers(scope)
         return layers
 
-    def _new_layers(self, scope: Scope) -> FrequencyLayers:
+    def _new_layers(self, scope: Scope, saved: Sequence[ModelState] = ()) -> FrequencyLayers:
+        """A scope's models of one socket: none yet, or those a checkpoint ``saved``."""
         config = self.config
-        return FrequencyLayers(
+        layers = FrequencyLayers(
             base_clock=config.cpu_base_clock,
             min_samples=config.learn_min_samples_required,
             history_window=config.learn_history_window_size,
@@ -535,6 +537,8 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             base_mhz=self.base_frequency,
             frequency_terms=scope.frequency_terms,
         )
+        layers.restore(saved)
+        return layers
 
 
 def _refusal(report: HWPCReport) -> str:
