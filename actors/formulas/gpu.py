@@ -280,7 +280,7 @@ class _DeviceState:
 class TickSpan(msgspec.Struct, array_like=True, frozen=True):
     """The counter span that settled a held tick: its end, its ticks, its read length."""
 
-    us: int | None
+    us: int
     ticks: int
     read_s: float | None = None
 
@@ -692,28 +692,12 @@ def _restore_device(saved: SavedDevice, idle_window: int) -> _DeviceState:
 
 
 def _restore_tick(saved: SavedTick) -> _Tick:
-    fields = saved.report
-    report = GPUReport.trusted(
-        timestamp=fields.timestamp,
-        sensor=fields.sensor,
-        target=fields.target,
-        metadata=dict(fields.metadata),
-    )
-    span = saved.span or TickSpan(None, 0)
-    start_us, end_us = saved.us
-    return _Tick(
-        report,
-        start_us,
-        end_us,
-        saved.reading_w,
-        saved.util_gpu,
-        saved.waits,
-        saved.power_w,
-        saved.settled,
-        span.us,
-        span.ticks,
-        span.read_s,
-    )
+    report = GPUReport.trusted(**msgspec.structs.asdict(saved.report))
+    tick = _Tick(report, *saved.us, saved.reading_w, saved.util_gpu, saved.waits, saved.power_w)
+    tick.settled = saved.settled
+    if saved.span is not None:
+        tick.span_us, tick.span_ticks, tick.span_read_s = msgspec.structs.astuple(saved.span)
+    return tick
 
 
 def _micros(timestamp: datetime) -> int:
