@@ -20,17 +20,18 @@ The cost is one check per input batch and one barrier per interval: no per-repor
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
+import math
 import os
 import time
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import orjson
@@ -81,22 +82,90 @@ def barrier_of(batch: Sequence[Any]) -> Barrier | None:
 
 # --- encoding state -------------------------------------------------------------------------
 
-
-def pack_floats(values: Any) -> dict[str, Any] | None:
-    """Floats (a list, list of lists or array) as exact bytes: JSON has no NaN, and text loses
-    nothing here but costs more."""
-    if values is None:
-        return None
-    array = np.asarray(values, dtype=np.float64)
-    return {"shape": list(array.shape), "f8": base64.b64encode(array.tobytes()).decode()}
+Saved = dict[str, Any]
+"""A formula instance's state as a checkpoint holds it: the JSON object of its
+:class:`FormulaState`, with that layout's ``version``."""
 
 
-def unpack_floats(packed: dict[str, Any] | None) -> npt.NDArray[np.float64] | None:
-    """The array :func:`pack_floats` packed."""
-    if packed is None:
-        return None
-    data = np.frombuffer(base64.b64decode(packed["f8"]), dtype=np.float64)
-    return data.reshape(packed["shape"]).copy()
+class FormulaState(msgspec.Struct, kw_only=True, frozen=True, tag_field="version"):
+    """What a formula instance keeps across a restart, typed and versioned.
+
+    Each formula's state is a subclass tagged with its layout's version (``tag=1``): the tag
+    is written as ``version`` and checked on the way back. A layout is changed only by giving
+    it a new version; one that merely drops a field or adds one with a default stays readable
+    by both releases and keeps its number. :func:`decode_state` refuses, whole and with one
+    message naming the formula and both versions, a state it cannot read, before the
+    instance takes any of it: a restart never goes on from half a state.
+    """
+
+    formula: ClassVar[str]
+    """The formula, as the messages about its state name it."""
+    also_reads: ClassVar[frozenset[int | None]] = frozenset()
+    """Other versions whose states this layout reads as they are (their fields are its
+    fields, or have defaults); ``None`` for a state with no version at all, as the formulas
+    saved them before states were versioned."""
+
+
+S = TypeVar("S", bound=FormulaState)
+
+
+def encode_state(state: FormulaState) -> Saved:
+    """A formula's state as JSON-ready values, ``version`` first."""
+    saved: Saved = msgspec.to_builtins(state)
+    return saved
+
+
+def decode_state(saved: object, kind: type[S]) -> S:
+    """The state a checkpoint holds, as ``kind``; a ``ValueError`` naming the formula and the
+    versions found and expected for one of another version or a body that does not fit."""
+    expected = kind.__struct_config__.tag
+    if not isinstance(saved, dict):
+        raise ValueError(f"{kind.formula} state is not an object but {type(saved).__name__}")
+    found = saved.get("version")
+    if found != expected:
+        if not (found is None or type(found) is int) or found not in kind.also_reads:
+            raise ValueError(f"{kind.formula} state of version {found}, not {expected}")
+        if found is not None:
+            saved = {**saved, "version": expected}
+    try:
+        return msgspec.convert(saved, kind)
+    except msgspec.ValidationError as error:
+        raise ValueError(
+            f"{kind.formula} state of version {found} does not fit version {expected}: {error}"
+        ) from None
+
+
+class Packed(msgspec.Struct, frozen=True, gc=False):
+    """Floats kept to the bit: JSON has no NaN, and text loses nothing here but costs more.
+    Its JSON is ``{"shape": [...], "f8": <base64 of the float64s>}``."""
+
+    shape: tuple[int, ...]
+    f8: bytes
+
+    def __post_init__(self) -> None:
+        """Refuse, as it is decoded, bytes that are not an array of the shape given."""
+        if min(self.shape, default=0) < 0 or len(self.f8) != 8 * math.prod(self.shape):
+            raise ValueError(f"{len(self.f8)} bytes for an array of shape {self.shape}")
+
+    @classmethod
+    def of(cls, values: Any) -> Packed:
+        """The floats of a sequence, sequence of rows (all as long) or array."""
+        array = np.asarray(values, dtype=np.float64)
+        return cls(array.shape, array.tobytes())
+
+    def array(self) -> npt.NDArray[np.float64]:
+        """The floats, in their shape (an array of their own, not the state's buffer)."""
+        return np.frombuffer(self.f8, dtype=np.float64).reshape(self.shape).copy()
+
+    def values(self) -> Any:
+        """The floats as (nested) lists of Python floats."""
+        return np.frombuffer(self.f8, dtype=np.float64).reshape(self.shape).tolist()
+
+
+def pack_floats(values: Any) -> Saved:
+    """The JSON of :class:`Packed` of ``values``, as a state holds it (to write one by hand)."""
+    packed: Saved = msgspec.to_builtins(Packed.of(values))
+    return packed
 
 
 def encode_checkpoint(checkpoint: dict[str, Any]) -> bytes:

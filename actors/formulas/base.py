@@ -223,11 +223,19 @@ class Formula(ABC, Generic[C]):
         """What the instance learned and still holds, as JSON-ready values (a checkpoint keeps
         it; :meth:`restore` takes it back after a restart), or ``None`` when it keeps nothing
         worth saving. It must not share mutable objects with the instance: it is encoded
-        later, while the instance goes on."""
+        later, while the instance goes on.
+
+        A formula's state is a :class:`~wattflow.actors.checkpoints.FormulaState`, typed and
+        tagged with its layout's version, returned through
+        :func:`~wattflow.actors.checkpoints.encode_state` (whose values are copies)."""
         return None
 
     def restore(self, state: Any) -> None:
-        """Take back what :meth:`state` gave, on a fresh instance, before its first report."""
+        """Take back what :meth:`state` gave, on a fresh instance, before its first report:
+        all of it, or none. A state this release cannot read (another version, a body that
+        does not fit, :func:`~wattflow.actors.checkpoints.decode_state`) raises a
+        ``ValueError`` that names the formula, before the instance is changed; the actor logs
+        it and starts the instance afresh."""
 
 
 Dispatch = Callable[[list[Report | Frame]], Awaitable[None]]

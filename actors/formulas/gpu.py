@@ -77,10 +77,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
+import msgspec
 import numpy as np
 from pydantic import AliasChoices, Field, PositiveInt
 
-from wattflow.actors.checkpoints import pack_floats, unpack_floats
+from wattflow.actors.checkpoints import FormulaState, Packed, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.gpu_readings import (
@@ -90,6 +91,7 @@ from wattflow.actors.formulas.gpu_readings import (
     tick_power_w,
 )
 from wattflow.actors.formulas.gpu_sharing import (
+    PowersState,
     ProcessEnergy,
     ProcessPowers,
     ProcessWindow,
@@ -101,9 +103,9 @@ logger = logging.getLogger(__name__)
 FORMULA_NAME = "gpu"
 
 STATE_VERSION = 2
-"""The layout of :meth:`GpuFormula.state`; a state of another version is refused (the
-instance starts afresh and the log says so), but for version 1 (before processes' active power
-was learned), which is read with nothing learned yet."""
+"""The layout of :meth:`GpuFormula.state` (:class:`GpuState`); a state of another version is
+refused (the instance starts afresh and the log says so), but for version 1 (before processes'
+active power was learned), which is read with nothing learned yet."""
 
 ROUNDING = 1e-12
 """What the device keeps, as a part of the tick's power, below which it is the split's
@@ -223,19 +225,19 @@ class _Tick:
         return (self.end_us - self.start_us) / 1e6
 
 
-@dataclass(slots=True)
-class _Span:
+class _Span(msgspec.Struct, array_like=True):
     """The ticks of one counter span released so far: idle is learned from a span once its
-    last tick is released, if every one of its ticks rested."""
+    last tick is released, if every one of its ticks rested. A checkpoint keeps it as it is,
+    a list of its fields in their order (``read_s`` came last, later)."""
 
     end_us: int
     ticks: int
-    read_s: float | None = None
-    """Its length between the counter's reading times (see :attr:`_Tick.span_read_s`)."""
     seen: int = 0
     energy_j: float = 0.0
     seconds: float = 0.0
     rested: bool = True
+    read_s: float | None = None
+    """Its length between the counter's reading times (see :attr:`_Tick.span_read_s`)."""
 
 
 @dataclass
@@ -275,6 +277,88 @@ class _DeviceState:
     uncovered_ticks: int = 0
 
 
+class TickSpan(msgspec.Struct, array_like=True, frozen=True):
+    """The counter span that settled a held tick: its end, its ticks, its read length."""
+
+    us: int
+    ticks: int
+    read_s: float | None = None
+
+
+class SavedReport(msgspec.Struct, frozen=True):
+    """What a held tick's reports take from its GPU report."""
+
+    timestamp: datetime
+    sensor: str
+    target: str
+    metadata: dict[str, Any]
+    """The report's own metadata, carried on to the tick's reports as it came."""
+
+
+class SavedTick(msgspec.Struct, kw_only=True, frozen=True):
+    """A held :class:`_Tick` as a checkpoint keeps it."""
+
+    report: SavedReport
+    us: tuple[int, int]
+    reading_w: float | None
+    util_gpu: float | None
+    waits: bool
+    power_w: float
+    settled: bool
+    span: TickSpan | None = None
+
+
+class SavedWindow(msgspec.Struct, kw_only=True, frozen=True):
+    """A :class:`_Window` as a checkpoint keeps it."""
+
+    us: tuple[int, int]
+    shares: dict[str, float]
+    targets: dict[str, str]
+    busy: bool
+    process: tuple[float, float, dict[str, float]] | None
+    """The :class:`ProcessWindow`'s seconds, samples and noise shares (``None`` under MIG)."""
+    learning: tuple[float, float]
+    """:attr:`_Window.active_j` and :attr:`_Window.released_s`."""
+
+
+WindowV1 = tuple[int, int, dict[str, float], bool]
+"""A window as version 1 kept it: start and end (µs), each target's SM utilisation (%), busy;
+nothing learned."""
+
+
+class SavedDevice(msgspec.Struct, kw_only=True, frozen=True):
+    """A :class:`_DeviceState` as a checkpoint keeps it; the fields with defaults came after
+    version 1 (or, for ``idle_spans`` and ``span``, within it)."""
+
+    timestamp: datetime | None
+    counter_mj: float | None
+    counter_us: int | None
+    counter_read_us: int | None = None
+    spent_mj: float
+    counter_w: float | None
+    idle_w: Packed
+    """The resting ticks' power readings (:attr:`_DeviceState.idle_readings`)."""
+    idle_spans: Packed | None = None
+    """The resting spans, as rows of (energy J, seconds, ticks)."""
+    span: _Span | None = None
+    windows: list[SavedWindow | WindowV1]
+    powers: PowersState | None = None
+    sample_us: int = DRIVER_SAMPLE_US
+    covered_us: int | None
+    held: list[SavedTick]
+    released_us: int | None
+    uncovered_ticks: int
+
+
+class GpuState(FormulaState, frozen=True, tag=STATE_VERSION):
+    """What the GPU formula keeps across a restart: each device's state, by index."""
+
+    formula = "GPU formula"
+    also_reads = frozenset({1})  # before processes' active power was learned
+
+    devices: dict[str, SavedDevice]
+
+
 @formulas.register(FORMULA_NAME)
 class GpuFormula(Formula[GpuConfig]):
     """One instance per sensor (node); it keeps the state of each of the node's devices."""
@@ -300,20 +384,16 @@ class GpuFormula(Formula[GpuConfig]):
 
     # --- checkpoints -------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Saved:
         """Each device's counter, learned idle readings, process windows and held ticks."""
-        return {
-            "version": STATE_VERSION,
-            "devices": {index: _save_device(device) for index, device in self.devices.items()},
-        }
+        devices = {index: _save_device(device) for index, device in self.devices.items()}
+        return encode_state(GpuState(devices=devices))
 
-    def restore(self, state: dict[str, Any]) -> None:
-        version = state.get("version")
-        if version not in (1, STATE_VERSION):
-            raise ValueError(f"GPU formula state of version {version}, not {STATE_VERSION}")
+    def restore(self, state: Saved) -> None:
+        saved = decode_state(state, GpuState)
         window = self.config.gpu_idle_window
         self.devices = {
-            str(index): _restore_device(saved, window) for index, saved in state["devices"].items()
+            index: _restore_device(device, window) for index, device in saved.devices.items()
         }
 
     def process(self, reports: list[Report], out: Output) -> None:
@@ -516,174 +596,108 @@ class GpuFormula(Formula[GpuConfig]):
         )
 
 
-def _save_device(state: _DeviceState) -> dict[str, Any]:
-    """A device's state as JSON-ready values (floats round-trip exactly through JSON)."""
-    return {
-        "timestamp": None if state.timestamp is None else state.timestamp.isoformat(),
-        "counter_mj": state.counter_mj,
-        "counter_us": state.counter_us,
-        "counter_read_us": state.counter_read_us,
-        "spent_mj": state.spent_mj,
-        "counter_w": state.counter_w,
-        "idle_w": pack_floats(list(state.idle_readings)),
-        "idle_spans": pack_floats([list(span) for span in state.idle_spans]),
-        "span": None if state.span is None else _save_span(state.span),
-        "windows": [_save_window(window) for window in state.windows],
-        "powers": state.powers.state(),
-        "sample_us": state.sample_us,
-        "covered_us": state.covered_us,
-        "held": [_save_tick(tick) for tick in state.held],
-        "released_us": state.released_us,
-        "uncovered_ticks": state.uncovered_ticks,
-    }
-
-
-def _save_window(window: _Window) -> dict[str, Any]:
-    process = window.process
-    return {
-        "us": [window.start_us, window.end_us],
-        "shares": dict(window.shares),
-        "targets": dict(window.targets),
-        "busy": window.busy,
-        "process": None
-        if process is None
-        else [process.seconds, process.samples, dict(process.noise)],
-        "learning": [window.active_j, window.released_s],
-    }
-
-
-def _restore_window(saved: dict[str, Any] | list[Any]) -> _Window:
-    """A window from :func:`_save_window`, or from version 1's ``[start, end, {target: SM %},
-    busy]`` (split by time share: nothing was learned then)."""
-    if isinstance(saved, list):
-        start, end, shares, busy = saved
-        fractions = {str(target): float(value) / 100.0 for target, value in shares.items()}
-        return _Window(int(start), int(end), fractions, {t: t for t in fractions}, bool(busy))
-    start, end = saved["us"]
-    shares = {str(key): float(value) for key, value in saved["shares"].items()}
-    process = None
-    if saved["process"] is not None:
-        seconds, samples, noise = saved["process"]
-        process = ProcessWindow(
-            float(seconds),
-            shares,
-            float(samples),
-            {str(key): float(value) for key, value in noise.items()},
-        )
-    active_j, released_s = saved["learning"]
-    return _Window(
-        int(start),
-        int(end),
-        shares,
-        {str(key): str(target) for key, target in saved["targets"].items()},
-        bool(saved["busy"]),
-        process,
-        float(active_j),
-        float(released_s),
+def _save_device(state: _DeviceState) -> SavedDevice:
+    return SavedDevice(
+        timestamp=state.timestamp,
+        counter_mj=state.counter_mj,
+        counter_us=state.counter_us,
+        counter_read_us=state.counter_read_us,
+        spent_mj=state.spent_mj,
+        counter_w=state.counter_w,
+        idle_w=Packed.of(state.idle_readings),
+        idle_spans=Packed.of([list(span) for span in state.idle_spans]),
+        span=state.span,
+        windows=[_save_window(window) for window in state.windows],
+        powers=state.powers.state(),
+        sample_us=state.sample_us,
+        covered_us=state.covered_us,
+        held=[_save_tick(tick) for tick in state.held],
+        released_us=state.released_us,
+        uncovered_ticks=state.uncovered_ticks,
     )
 
 
-def _save_tick(tick: _Tick) -> dict[str, Any]:
+def _save_window(window: _Window) -> SavedWindow:
+    process = window.process
+    return SavedWindow(
+        us=(window.start_us, window.end_us),
+        shares=window.shares,
+        targets=window.targets,
+        busy=window.busy,
+        process=None if process is None else (process.seconds, process.samples, process.noise),
+        learning=(window.active_j, window.released_s),
+    )
+
+
+def _restore_window(saved: SavedWindow | WindowV1) -> _Window:
+    """A window from :func:`_save_window`, or from version 1's (split by time share: nothing
+    was learned then)."""
+    if isinstance(saved, tuple):
+        start_us, end_us, sm_percent, busy = saved
+        fractions = {target: value / 100.0 for target, value in sm_percent.items()}
+        return _Window(start_us, end_us, fractions, {t: t for t in fractions}, busy)
+    process = None
+    if saved.process is not None:
+        seconds, samples, noise = saved.process
+        process = ProcessWindow(seconds, saved.shares, samples, noise)
+    (start_us, end_us), (active_j, released_s) = saved.us, saved.learning
+    return _Window(
+        start_us, end_us, saved.shares, saved.targets, saved.busy, process, active_j, released_s
+    )
+
+
+def _save_tick(tick: _Tick) -> SavedTick:
     report = tick.report  # only what the tick's reports take from it
-    return {
-        "report": {
-            "timestamp": report.timestamp.isoformat(),
-            "sensor": report.sensor,
-            "target": report.target,
-            "metadata": dict(report.metadata),
-        },
-        "us": [tick.start_us, tick.end_us],
-        "reading_w": tick.reading_w,
-        "util_gpu": tick.util_gpu,
-        "waits": tick.waits,
-        "power_w": tick.power_w,
-        "settled": tick.settled,
-        "span": None if tick.span_us is None else [tick.span_us, tick.span_ticks, tick.span_read_s],
-    }
+    return SavedTick(
+        report=SavedReport(report.timestamp, report.sensor, report.target, report.metadata),
+        us=(tick.start_us, tick.end_us),
+        reading_w=tick.reading_w,
+        util_gpu=tick.util_gpu,
+        waits=tick.waits,
+        power_w=tick.power_w,
+        settled=tick.settled,
+        span=None
+        if tick.span_us is None
+        else TickSpan(tick.span_us, tick.span_ticks, tick.span_read_s),
+    )
 
 
-def _save_span(span: _Span) -> list[Any]:
-    return [
-        span.end_us,
-        span.ticks,
-        span.seen,
-        span.energy_j,
-        span.seconds,
-        span.rested,
-        span.read_s,
-    ]
-
-
-def _restore_device(saved: dict[str, Any], idle_window: int) -> _DeviceState:
+def _restore_device(saved: SavedDevice, idle_window: int) -> _DeviceState:
     """A device's state from :func:`_save_device`, bounded as the running formula bounds it.
     A state saved before spans taught idle has only resting ticks: they teach idle until the
     first whole resting span, as for a device that has not rested a whole span yet."""
-    stamp = saved["timestamp"]
-    readings = unpack_floats(saved["idle_w"])
-    idle = [] if readings is None else readings.tolist()[-idle_window:]
-    spans = unpack_floats(saved.get("idle_spans"))
     idle_spans: deque[tuple[float, float, int]] = deque()
-    for energy_j, seconds, ticks in [] if spans is None else spans.reshape(-1, 3).tolist():
+    spans = [] if saved.idle_spans is None else saved.idle_spans.array().reshape(-1, 3).tolist()
+    for energy_j, seconds, ticks in spans:
         idle_spans.append((energy_j, seconds, int(ticks)))
     _bound_spans(idle_spans, idle_window)
-    span = saved.get("span")
-    windows = [_restore_window(window) for window in saved["windows"][-MAX_WINDOWS:]]
-    powers = saved.get("powers")
     return _DeviceState(
-        timestamp=None if stamp is None else datetime.fromisoformat(stamp),
-        counter_mj=_float_or_none(saved["counter_mj"]),
-        counter_us=saved["counter_us"],
-        counter_read_us=saved.get("counter_read_us"),
-        spent_mj=float(saved["spent_mj"]),
-        counter_w=_float_or_none(saved["counter_w"]),
+        timestamp=saved.timestamp,
+        counter_mj=saved.counter_mj,
+        counter_us=saved.counter_us,
+        counter_read_us=saved.counter_read_us,
+        spent_mj=saved.spent_mj,
+        counter_w=saved.counter_w,
         idle_spans=idle_spans,
-        span=None if span is None else _restore_span(span),
-        idle_readings=deque(idle),
-        windows=deque(windows),
-        covered_us=saved["covered_us"],
-        held=deque(_restore_tick(tick) for tick in saved["held"][-MAX_HELD_TICKS:]),
-        powers=ProcessPowers() if powers is None else ProcessPowers.restore(powers),
-        sample_us=int(saved.get("sample_us", DRIVER_SAMPLE_US)),
-        released_us=saved["released_us"],
-        uncovered_ticks=int(saved["uncovered_ticks"]),
+        span=saved.span,
+        idle_readings=deque(saved.idle_w.values()[-idle_window:]),
+        windows=deque(_restore_window(window) for window in saved.windows[-MAX_WINDOWS:]),
+        covered_us=saved.covered_us,
+        held=deque(_restore_tick(tick) for tick in saved.held[-MAX_HELD_TICKS:]),
+        powers=ProcessPowers() if saved.powers is None else ProcessPowers.restore(saved.powers),
+        sample_us=saved.sample_us,
+        released_us=saved.released_us,
+        uncovered_ticks=saved.uncovered_ticks,
     )
 
 
-def _restore_tick(saved: dict[str, Any]) -> _Tick:
-    fields = saved["report"]
-    report = GPUReport.trusted(
-        timestamp=datetime.fromisoformat(fields["timestamp"]),
-        sensor=fields["sensor"],
-        target=fields["target"],
-        metadata=dict(fields["metadata"]),
-    )
-    start_us, end_us = saved["us"]
-    span_us, span_ticks, *read = saved.get("span") or (None, 0)
-    return _Tick(
-        report,
-        int(start_us),
-        int(end_us),
-        _float_or_none(saved["reading_w"]),
-        _float_or_none(saved["util_gpu"]),
-        bool(saved["waits"]),
-        float(saved["power_w"]),
-        bool(saved["settled"]),
-        None if span_us is None else int(span_us),
-        int(span_ticks),
-        _float_or_none(read[0]) if read else None,
-    )
-
-
-def _restore_span(saved: list[Any]) -> _Span:
-    end_us, ticks, seen, energy_j, seconds, rested, *read = saved
-    read_s = _float_or_none(read[0]) if read else None
-    return _Span(
-        int(end_us), int(ticks), read_s, int(seen), float(energy_j), float(seconds), bool(rested)
-    )
-
-
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _restore_tick(saved: SavedTick) -> _Tick:
+    report = GPUReport.trusted(**msgspec.structs.asdict(saved.report))
+    tick = _Tick(report, *saved.us, saved.reading_w, saved.util_gpu, saved.waits, saved.power_w)
+    tick.settled = saved.settled
+    if saved.span is not None:
+        tick.span_us, tick.span_ticks, tick.span_read_s = msgspec.structs.astuple(saved.span)
+    return tick
 
 
 def _micros(timestamp: datetime) -> int:
@@ -910,7 +924,7 @@ def _close_span(state: _DeviceState, tick: _Tick, rested: bool, idle_window: int
         return False
     span = state.span
     if span is None or span.end_us != tick.span_us:
-        span = state.span = _Span(tick.span_us, tick.span_ticks, tick.span_read_s)
+        span = state.span = _Span(tick.span_us, tick.span_ticks, read_s=tick.span_read_s)
     span.seen += 1
     span.energy_j += tick.power_w * tick.seconds
     span.seconds += tick.seconds

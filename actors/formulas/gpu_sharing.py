@@ -55,13 +55,14 @@ figure; checkpointed with the formula's, so a restart keeps what was learned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from scipy.optimize import nnls
 
-from wattflow.actors.checkpoints import pack_floats, unpack_floats
+from wattflow.actors.checkpoints import Packed
 
 MAX_PROCESSES = 32
 """Processes a device learns at once; past that, the one seen longest ago is forgotten."""
@@ -127,6 +128,29 @@ least 1 W): a perfect fit never turns the correction into a division by zero."""
 Split = Literal["power", "time"]
 
 Floats = npt.NDArray[np.float64]
+
+
+class ProcessState(msgspec.Struct, array_like=True, frozen=True):
+    """A process as a checkpoint keeps it: ``[key, target, recent share, seen (µs), learned
+    (power, stderr) or null, [solo powers, solo engine times, engine time]]``."""
+
+    key: str
+    target: str
+    recent_share: float
+    seen_us: int
+    learned: tuple[float, float] | None
+    solo: tuple[list[float], list[float], float]
+
+
+class PowersState(msgspec.Struct, kw_only=True, frozen=True):
+    """What a device's :class:`ProcessPowers` keeps across a restart."""
+
+    processes: list[ProcessState]
+    gram: Packed
+    noise: Packed
+    cross: Packed
+    sums: tuple[float, float, float, float, float]
+    """Σ weighted energy², the model error, windows, active energy and engine time."""
 
 
 @dataclass(slots=True)
@@ -507,56 +531,47 @@ class ProcessPowers:
 
     # --- checkpoints ---------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """The sums and each process's recent share and learned figure, JSON-ready."""
-        return {
-            "processes": [
-                [
+    def state(self) -> PowersState:
+        """The sums and each process's recent share and learned figure."""
+        return PowersState(
+            processes=[
+                ProcessState(
                     key,
                     p.target,
                     p.recent_share,
                     p.seen_us,
-                    None if p.learned is None else [p.learned.power_w, p.learned.stderr_w],
-                    [p.solo_w, p.solo_s, p.engine_s],
-                ]
+                    None if p.learned is None else (p.learned.power_w, p.learned.stderr_w),
+                    (p.solo_w, p.solo_s, p.engine_s),
+                )
                 for key, p in self.processes.items()
             ],
-            "gram": pack_floats(self.gram.ravel().tolist()),
-            "noise": pack_floats(self.noise.ravel().tolist()),
-            "cross": pack_floats(self.cross.tolist()),
-            "sums": [
-                self.energy_sq,
-                self.model_error_w2,
-                self.windows,
-                self.energy_j,
-                self.engine_s,
-            ],
-        }
+            gram=Packed.of(self.gram.ravel()),
+            noise=Packed.of(self.noise.ravel()),
+            cross=Packed.of(self.cross),
+            sums=(self.energy_sq, self.model_error_w2, self.windows, self.energy_j, self.engine_s),
+        )
 
     @classmethod
-    def restore(cls, saved: dict[str, Any]) -> ProcessPowers:
+    def restore(cls, saved: PowersState) -> ProcessPowers:
         powers = cls()
-        for key, target, share, seen_us, learned, solo in saved["processes"][:MAX_PROCESSES]:
-            solo_w, solo_s, engine_s = solo
-            powers.processes[str(key)] = _Process(
-                str(target),
-                float(share),
-                int(seen_us),
-                None if learned is None else Learned(float(learned[0]), float(learned[1])),
-                [float(value) for value in solo_w][-SOLO_WINDOWS:],
-                [float(value) for value in solo_s][-SOLO_WINDOWS:],
-                float(engine_s),
+        for process in saved.processes[:MAX_PROCESSES]:
+            learned = process.learned
+            solo_w, solo_s, engine_s = process.solo
+            powers.processes[process.key] = _Process(
+                process.target,
+                process.recent_share,
+                process.seen_us,
+                None if learned is None else Learned(*learned),
+                solo_w[-SOLO_WINDOWS:],
+                solo_s[-SOLO_WINDOWS:],
+                engine_s,
             )
         size = len(powers.processes)
-        powers.gram = _matrix(saved["gram"], size)
-        powers.noise = _matrix(saved["noise"], size)
-        cross = unpack_floats(saved["cross"])
-        powers.cross = (
-            np.zeros(size) if cross is None else np.asarray(cross, dtype=np.float64)[:size]
-        )
-        sums = [float(value) for value in saved["sums"]]
-        powers.energy_sq, powers.model_error_w2, powers.windows, powers.energy_j = sums[:4]
-        powers.engine_s = sums[4]
+        powers.gram = _matrix(saved.gram, size)
+        powers.noise = _matrix(saved.noise, size)
+        powers.cross = saved.cross.array()[:size]
+        powers.energy_sq, powers.model_error_w2, powers.windows, powers.energy_j = saved.sums[:4]
+        powers.engine_s = saved.sums[4]
         return powers
 
 
@@ -617,8 +632,8 @@ def _grown(matrix: Floats, size: int) -> Floats:
     return grown
 
 
-def _matrix(packed: Any, size: int) -> Floats:
-    values = unpack_floats(packed)
-    if values is None or len(values) != size * size:
+def _matrix(packed: Packed, size: int) -> Floats:
+    values = packed.array()
+    if len(values) != size * size:
         return np.zeros((size, size))
-    return np.asarray(values, dtype=np.float64).reshape(size, size)
+    return values.reshape(size, size)

@@ -22,13 +22,15 @@ import importlib
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from wattflow.actors.checkpoints import pack_floats, unpack_floats
+from wattflow.actors.checkpoints import Packed
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -45,6 +47,35 @@ class Relearning:
     """The model is learned again once its window of errors sums up above this."""
     error_method: ErrorMethod
     """How the window of errors is summed up."""
+
+
+class Previous(msgspec.Struct, frozen=True):
+    """The last sample already in a :class:`FrequencyModel`'s equations."""
+
+    features: Packed
+    power: float
+
+
+class ModelState(msgspec.Struct, kw_only=True, frozen=True):
+    """A model and its windows, as a checkpoint keeps them (floats to the bit); the fields
+    after ``events`` are a :class:`FrequencyModel`'s, left at their defaults in compat mode."""
+
+    frequency: int
+    samples: Packed | None
+    """The sample window's rows (``None``: empty, as the states before versions said)."""
+    powers: Packed
+    errors: Packed
+    coef: Packed | None
+    intercept: float
+    hash: str
+    id: int
+    events: tuple[str, ...]
+    information: Packed | None = None
+    moment: Packed | None = None
+    count: float = 0.0
+    pending: Packed | None = None
+    pending_powers: Packed | None = None
+    previous: Previous | None = None
 
 
 class PowerModel:
@@ -212,36 +243,33 @@ class PowerModel:
         self.hash = digest.hexdigest()
         return True
 
-    def state(self) -> dict[str, Any]:
-        """The model and its windows, for a checkpoint (floats kept exactly)."""
-        return {
-            "frequency": self.frequency,
-            "samples": _rows(self.samples),
-            "powers": pack_floats(list(self.powers)),
-            "errors": pack_floats(list(self.errors)),
-            "coef": pack_floats(self.coef),
-            "coef_text": "" if self.coef is None else str(self.coef),
-            "intercept": self.intercept,
-            "hash": self.hash,
-            "id": self.id,
-            "events": list(self.events),
-        }
+    def state(self) -> ModelState:
+        """The model and its windows, for a checkpoint."""
+        return ModelState(
+            frequency=self.frequency,
+            samples=Packed.of(self.samples),
+            powers=Packed.of(self.powers),
+            errors=Packed.of(self.errors),
+            coef=None if self.coef is None else Packed.of(self.coef),
+            intercept=self.intercept,
+            hash=self.hash,
+            id=self.id,
+            events=self.events,
+        )
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Take back what :meth:`state` gave (the windows keep their lengths)."""
-        self.events = tuple(state["events"])
-        self.samples.clear()
-        self.samples.extend(_unrows(state["samples"]))
-        self.powers.clear()
-        self.powers.extend(_floats(state["powers"]))
-        self.errors.clear()
-        self.errors.extend(_floats(state["errors"]))
+    def restore(self, state: ModelState) -> None:
+        """Take back what :meth:`state` gave, on a new model (the windows keep their
+        lengths)."""
+        self.events = state.events
+        self.samples.extend([] if state.samples is None else state.samples.values())
+        self.powers.extend(state.powers.values())
+        self.errors.extend(state.errors.values())
         errors = list(self.errors)
         self.sorted_errors = None if any(map(math.isnan, errors)) else sorted(errors)
-        self.coef = unpack_floats(state["coef"])
-        self.intercept = float(state["intercept"])
-        self.hash = state["hash"]
-        self.id = int(state["id"])
+        self.coef = None if state.coef is None else state.coef.array()
+        self.intercept = state.intercept
+        self.hash = state.hash
+        self.id = state.id
 
 
 class FrequencyModel(PowerModel):
@@ -336,31 +364,27 @@ class FrequencyModel(PowerModel):
             self.learn(relearning.max_intercept_w)
         return error_w
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ModelState:
         previous = self.previous
-        return {
-            **super().state(),
-            "information": pack_floats(self.information),
-            "moment": pack_floats(self.moment),
-            "count": self.count,
-            "pending": _rows(self.pending),
-            "pending_powers": pack_floats(self.pending_powers),
-            "previous": None
-            if previous is None
-            else {"features": pack_floats(previous[0]), "power": previous[1]},
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        self.information = unpack_floats(state["information"])
-        self.moment = unpack_floats(state["moment"])
-        self.count = float(state["count"])
-        self.pending = _unrows(state["pending"])
-        self.pending_powers = _floats(state["pending_powers"])
-        previous = state["previous"]
-        self.previous = (
-            None if previous is None else (_floats(previous["features"]), float(previous["power"]))
+        return msgspec.structs.replace(
+            super().state(),
+            information=None if self.information is None else Packed.of(self.information),
+            moment=None if self.moment is None else Packed.of(self.moment),
+            count=self.count,
+            pending=Packed.of(self.pending),
+            pending_powers=Packed.of(self.pending_powers),
+            previous=None if previous is None else Previous(Packed.of(previous[0]), previous[1]),
         )
+
+    def restore(self, state: ModelState) -> None:
+        super().restore(state)
+        self.information = None if state.information is None else state.information.array()
+        self.moment = None if state.moment is None else state.moment.array()
+        self.count = state.count
+        self.pending = [] if state.pending is None else state.pending.values()
+        self.pending_powers = [] if state.pending_powers is None else state.pending_powers.values()
+        previous = state.previous
+        self.previous = None if previous is None else (previous.features.values(), previous.power)
 
     def drifted(self, relearning: Relearning) -> bool:
         """As SmartWatts judges it, but only on a full error window.
@@ -600,17 +624,16 @@ class FrequencyLayers:
         self.compat = compat
         self.models: dict[int, PowerModel] = {}
 
-    def state(self) -> list[dict[str, Any]]:
+    def state(self) -> list[ModelState]:
         """Every layer's model, for a checkpoint."""
         return [model.state() for model in self.models.values()]
 
-    def restore(self, state: list[dict[str, Any]]) -> None:
-        """Take back what :meth:`state` gave."""
+    def restore(self, state: Iterable[ModelState]) -> None:
+        """Take back what :meth:`state` gave, on new layers."""
         for saved in state:
-            frequency = int(saved["frequency"])
-            model = self.model(max(frequency, self.base_clock) if self.compat else 0)
+            model = self.model(max(saved.frequency, self.base_clock) if self.compat else 0)
             model.restore(saved)
-            self.models[frequency] = model
+            self.models[saved.frequency] = model
 
     def layer_frequency(self, package_frequency: int) -> int:
         """The layer a package frequency (MHz) falls in."""
@@ -647,19 +670,3 @@ class FrequencyLayers:
                 compat=self.compat,
             )
         return found
-
-
-def _rows(rows: Any) -> dict[str, Any] | None:
-    """Rows of floats (all as long) packed exactly; an empty window as no rows."""
-    rows = list(rows)
-    return pack_floats(rows) if rows else None
-
-
-def _unrows(packed: dict[str, Any] | None) -> list[list[float]]:
-    array = unpack_floats(packed)
-    return [] if array is None else [list(row) for row in array.tolist()]
-
-
-def _floats(packed: dict[str, Any] | None) -> list[float]:
-    array = unpack_floats(packed)
-    return [] if array is None else [float(value) for value in array.tolist()]

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, PositiveInt
 
+from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.formats.frames import (
@@ -57,6 +58,16 @@ class RaplConfig(FormulaConfig):
         default=None,
         description="Reproduce another formula's numbers: smartwatts-2.4 for SmartWatts 2.4.1.",
     )
+
+
+class RaplState(FormulaState, frozen=True, tag=1):
+    """What the RAPL formula keeps across a restart."""
+
+    formula = "RAPL formula"
+    also_reads = frozenset({None})  # before states were versioned: the same fields
+
+    previous_ms: int | None
+    """The last tick: after a restart, the next one has its interval at once."""
 
 
 def rapl_groups(report: HWPCReport) -> list[str]:
@@ -318,12 +329,12 @@ class RaplFormula(Formula[RaplConfig]):
         self.period_ms = config.sensor_reports_frequency
         self.min_interval_s = config.sensor_reports_frequency / 4000.0
 
-    def state(self) -> dict[str, int | None]:
+    def state(self) -> Saved:
         """The last tick: after a restart, the next one has its interval at once."""
-        return {"previous_ms": self.previous_ms}
+        return encode_state(RaplState(previous_ms=self.previous_ms))
 
-    def restore(self, state: dict[str, int | None]) -> None:
-        self.previous_ms = state["previous_ms"]
+    def restore(self, state: Saved) -> None:
+        self.previous_ms = decode_state(state, RaplState).previous_ms
 
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:

@@ -55,12 +55,14 @@ from pydantic import (
     model_validator,
 )
 
+from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.power_model import (
     FloatArray,
     FrequencyLayers,
     FrequencyModel,
+    ModelState,
     PowerModel,
     Relearning,
     dynamic_power,
@@ -184,6 +186,23 @@ class Scope:
     layers: dict[str, FrequencyLayers] = field(default_factory=dict)
 
 
+class SmartWattsState(FormulaState, frozen=True, tag=1):
+    """What a SmartWatts instance keeps across a restart."""
+
+    formula = "SmartWatts formula"
+    also_reads = frozenset({None})  # before states were versioned: the same fields
+
+    compat: bool
+    """Whether it was saved in compat mode: the other mode's models and ticks do not fit."""
+    last_ms: int | None
+    latest_ms: int | None
+    arrival: list[int]
+    pending: list[str] | None
+    """The ticks still pending, as hwpc-sensor's JSON of each of their reports."""
+    scopes: dict[str, dict[str, list[ModelState]]]
+    """Each scope's models, by socket, one per frequency layer."""
+
+
 Produced = list[Frame]
 """What the estimates of some ticks make: PowerFrames and FormulaFrames, in tick order."""
 
@@ -277,39 +296,47 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
 
     # --- checkpoints -------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Saved:
         """Every scope's and socket's models with their windows, where the sensor's stream
         stands, and the ticks still pending (as hwpc-sensor's JSON: at most the lateness
         window, or SmartWatts' buffered ticks in compat mode)."""
         pending = None if self.pending is None else self.pending.reports()
-        return {
-            "compat": self.compat,
-            "last_ms": self.last_ms,
-            "latest_ms": self.latest_ms,
-            "arrival": list(self.arrival),
-            "pending": None if pending is None else [encode_json(r) for r in pending],
-            "scopes": {
-                scope.name: {socket: layers.state() for socket, layers in scope.layers.items()}
-                for scope in self.scopes
-            },
-        }
+        return encode_state(
+            SmartWattsState(
+                compat=self.compat,
+                last_ms=self.last_ms,
+                latest_ms=self.latest_ms,
+                arrival=self.arrival,
+                pending=None if pending is None else [encode_json(r) for r in pending],
+                scopes={
+                    scope.name: {socket: layers.state() for socket, layers in scope.layers.items()}
+                    for scope in self.scopes
+                },
+            )
+        )
 
-    def restore(self, state: dict[str, Any]) -> None:
-        if bool(state["compat"]) != self.compat:
-            raise ValueError("saved in the other mode (--compat)")
-        self.last_ms = state["last_ms"]
-        self.latest_ms = state["latest_ms"]
-        self.arrival = [int(tick) for tick in state["arrival"]]
-        if state["pending"]:
-            reports = [
-                decode_json(HWPCReport, text, "saved state", None) for text in state["pending"]
-            ]
-            frame, _ = HWPCFrame.from_reports(reports)  # type: ignore[arg-type]
-            self.pending = frame if frame.count else None
-        saved = state["scopes"]
+    def restore(self, state: Saved) -> None:
+        """Take back what :meth:`state` gave: all of it, or (a ``ValueError``) none of it."""
+        saved = decode_state(state, SmartWattsState)
+        if saved.compat != self.compat:
+            raise ValueError("SmartWatts formula state saved in the other mode (--compat)")
+        pending = None
+        if saved.pending:
+            reports = [decode_json(HWPCReport, text, "saved state", None) for text in saved.pending]
+            frame, _ = HWPCFrame.from_reports([r for r in reports if isinstance(r, HWPCReport)])
+            pending = frame if frame.count else None
+        layers = {
+            scope.name: {
+                socket: self._new_layers(scope, models)
+                for socket, models in saved.scopes.get(scope.name, {}).items()
+            }
+            for scope in self.scopes
+        }
+        self.last_ms, self.latest_ms = saved.last_ms, saved.latest_ms
+        self.arrival = saved.arrival
+        self.pending = pending
         for scope in self.scopes:
-            for socket, layers in saved.get(scope.name, {}).items():
-                self.layers(scope, socket).restore(layers)
+            scope.layers = layers[scope.name]
 
     # --- the way in: reports into frames, frames into the pending ticks ---------------------
 
@@ -495,16 +522,22 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         """The models of one scope and socket, created on first use."""
         layers = scope.layers.get(socket)
         if layers is None:
-            config = self.config
-            layers = scope.layers[socket] = FrequencyLayers(
-                base_clock=config.cpu_base_clock,
-                min_samples=config.learn_min_samples_required,
-                history_window=config.learn_history_window_size,
-                error_window=config.learn_error_window_size,
-                compat=self.compat,
-                base_mhz=self.base_frequency,
-                frequency_terms=scope.frequency_terms,
-            )
+            layers = scope.layers[socket] = self._new_layers(scope)
+        return layers
+
+    def _new_layers(self, scope: Scope, saved: Sequence[ModelState] = ()) -> FrequencyLayers:
+        """A scope's models of one socket: none yet, or those a checkpoint ``saved``."""
+        config = self.config
+        layers = FrequencyLayers(
+            base_clock=config.cpu_base_clock,
+            min_samples=config.learn_min_samples_required,
+            history_window=config.learn_history_window_size,
+            error_window=config.learn_error_window_size,
+            compat=self.compat,
+            base_mhz=self.base_frequency,
+            frequency_terms=scope.frequency_terms,
+        )
+        layers.restore(saved)
         return layers
 
 
