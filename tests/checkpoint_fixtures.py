@@ -69,6 +69,11 @@ class Case:
     in_checkpoint: bool = True
     """Whether the whole checkpoint holds this state too (one setting per formula there, as
     in a run)."""
+    reported_before: int | None = None
+    """How many reports the previous release had made of :attr:`before` when it saved the
+    state, where this release makes another number of them (``None``: the same): the node
+    formula held every interval then (its lateness was real time), and reports as its
+    sources come now. What it held is reported after the restart instead."""
 
     @property
     def path(self) -> Path:
@@ -206,6 +211,7 @@ def cases() -> list[Case]:
             "node-1",
             node_before,
             node_after,
+            reported_before=0,
         ),
         Case(
             "energy",

@@ -41,10 +41,12 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
+import msgspec
 from pydantic import Field, PositiveInt, PrivateAttr
 
+from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.window import StreamTime
@@ -99,35 +101,33 @@ class EnergyConfig(FormulaConfig):
     """The scopes the pipeline's inputs will give (:meth:`EnergyFormula.configured`)."""
 
 
-@dataclass
-class _Workload:
-    """What is known of one workload: its names, its span, its energy and its cgroups."""
+Scalar = str | int | float | bool | None
+LabelValue = Scalar | dict[str, Scalar]
+"""A workload's name as the naming step or a Kubernetes lookup gives it: a value, or PowerAPI
+2.10's nested ``k8s`` table of values."""
 
-    labels: dict[str, Any]
+
+class _Workload(msgspec.Struct):
+    """What is known of one workload: its names, its span, its energy and its cgroups; saved
+    as it is in the formula's state."""
+
+    labels: dict[str, LabelValue]
     start_ms: int
     end_ms: int
-    energy: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SCOPES, 0.0))
-    cgroups: list[str] = field(default_factory=list)
+    energy: dict[str, float] = msgspec.field(default_factory=lambda: dict.fromkeys(SCOPES, 0.0))
+    cgroups: list[str] = msgspec.field(default_factory=list)
 
-    def saved(self) -> dict[str, Any]:
-        return {
-            "labels": dict(self.labels),
-            "start_ms": self.start_ms,
-            "end_ms": self.end_ms,
-            "energy": dict(self.energy),
-            "cgroups": list(self.cgroups),
-        }
 
-    @classmethod
-    def of(cls, saved: dict[str, Any]) -> _Workload:
-        energy = {scope: float(saved["energy"].get(scope, 0.0)) for scope in SCOPES}
-        return cls(
-            labels=dict(saved["labels"]),
-            start_ms=int(saved["start_ms"]),
-            end_ms=int(saved["end_ms"]),
-            energy=energy,
-            cgroups=[str(path) for path in saved["cgroups"]][:MAX_CGROUPS],
-        )
+class EnergyState(FormulaState, frozen=True, tag=1):
+    """What the energy formula keeps across a restart: its workloads and its scopes' ticks."""
+
+    formula = "energy formula"
+    also_reads = frozenset({None})  # before states were versioned: the same fields
+
+    workloads: dict[str, _Workload]
+    clocks: dict[str, tuple[int | None, list[tuple[int, int]]]]
+    """Each scope's newest tick and the intervals of its recent ticks (tick, length in ms)."""
+    newest_ms: int | None
 
 
 @dataclass
@@ -327,23 +327,25 @@ class EnergyFormula(Formula[EnergyConfig]):
             reason=reason,
         )
 
-    def state(self) -> Any:
-        return {
-            "workloads": {name: w.saved() for name, w in self.workloads.items()},
-            "clocks": {
-                scope: [clock.newest_ms, list(clock.intervals.items())]
-                for scope, clock in self.clocks.items()
-            },
-            "newest_ms": self.newest_ms,
+    def state(self) -> Saved:
+        clocks = {
+            scope: (clock.newest_ms, list(clock.intervals.items()))
+            for scope, clock in self.clocks.items()
         }
+        return encode_state(EnergyState(self.workloads, clocks, self.newest_ms))
 
-    def restore(self, state: Any) -> None:
-        self.workloads = {name: _Workload.of(w) for name, w in state["workloads"].items()}
-        for scope, (newest, intervals) in state["clocks"].items():
-            self.clocks[scope] = _Clock(newest, {int(t): int(i) for t, i in intervals})
+    def restore(self, state: Saved) -> None:
+        saved = decode_state(state, EnergyState)
+        for workload in saved.workloads.values():
+            for scope in SCOPES:
+                workload.energy.setdefault(scope, 0.0)
+            del workload.cgroups[MAX_CGROUPS:]
+        self.workloads = saved.workloads
+        for scope, (newest, intervals) in saved.clocks.items():
+            self.clocks[scope] = _Clock(newest, dict(intervals))
         restored = {scope: clock.newest_ms for scope, clock in self.clocks.items()}
         self.stream.restore({scope: ms for scope, ms in restored.items() if ms is not None})
-        self.newest_ms = state["newest_ms"]
+        self.newest_ms = saved.newest_ms
 
 
 _LABEL_PREFIXES = ("target_", "container_", "pod_", "vm", "slurm_", "service", "k8s")

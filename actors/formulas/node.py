@@ -46,12 +46,14 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import ClassVar
 
+import msgspec
 import numpy as np
 from pydantic import Field, PrivateAttr
 
 from wattflow.actors.backend import CommaList
+from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.gpu_readings import NoReading, tick_power_w
@@ -114,6 +116,25 @@ class NodeConfig(FormulaConfig):
         default=False,
         description="Also report each target's estimated power and share of node power.",
     )
+
+
+class NodeState(FormulaState, frozen=True, tag=1):
+    """What the node formula keeps across a restart: bounded by the intervals it holds."""
+
+    formula = "node formula"
+    also_reads = frozenset({None})  # before states were versioned: the same fields
+
+    series: dict[str, tuple[int | None, list[int], list[float]]]
+    """Each source's power since the oldest interval held: (first start, ends, watts)."""
+    previous: dict[str, tuple[int, dict[str, float]]]
+    """Each source's last reading: (its end in ms, its values)."""
+    anchor_source: str | None
+    anchor_ends: list[int]
+    """The ends of the node's intervals not yet reported, after the last one reported."""
+    targets: dict[str, dict[str, list[float] | float]]
+    """Each held interval's estimates per target (a sum, before they were kept apart)."""
+    stream: dict[str, int] = msgspec.field(default_factory=dict)
+    """How far each source had come (none before the stream time was kept)."""
 
 
 @dataclass
@@ -271,51 +292,50 @@ class NodeFormula(Formula[NodeConfig]):
 
     # --- checkpoints ---------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Saved:
         """Each source's power since the oldest interval held, each source's last reading, the
         node's intervals not yet reported and the targets' estimates waiting for them: bounded
-        by ``--node-lateness-ms`` of intervals."""
-        return {
-            "series": {
-                source: [series.first_start, list(series.ends), list(series.watts)]
-                for source, series in self.series.items()
-            },
-            "previous": {
-                name: [end, dict(values)] for name, (end, values) in self.previous.items()
-            },
-            "anchor_source": self.anchor_source,
-            "anchor_ends": list(self.anchor_ends),
-            "targets": {
-                str(end): {target: list(parts) for target, parts in powers.items()}
-                for end, powers in self.targets.items()
-            },
-            "stream": self.stream.state(),
-        }
+        by the intervals held (:data:`MAX_HELD_INTERVALS` at most)."""
+        return encode_state(
+            NodeState(
+                series={
+                    source: (series.first_start, series.ends, series.watts)
+                    for source, series in self.series.items()
+                },
+                previous=self.previous,
+                anchor_source=self.anchor_source,
+                anchor_ends=self.anchor_ends,
+                targets={
+                    str(end): dict[str, list[float] | float](powers)
+                    for end, powers in self.targets.items()
+                },
+                stream=self.stream.state(),
+            )
+        )
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: Saved) -> None:
         """Take back what :meth:`state` gave. The sources restored count as come now: the
         intervals held wait for their late readings for ``--node-lateness-ms`` again, and are
         reported then even if no input comes (a state written before the stream time was kept
         takes each source's last reading for it)."""
-        for source, (first_start, ends, watts) in state["series"].items():
-            if source not in self.series:
-                raise ValueError(f"no source {source!r} in the node formula")
-            self.series[source] = _Series(
-                list(map(int, ends)), list(map(float, watts)), first_start
-            )
-        self.previous = {
-            name: (int(end), {key: float(value) for key, value in values.items()})
-            for name, (end, values) in state["previous"].items()
+        saved = decode_state(state, NodeState)
+        unknown = saved.series.keys() - set(SOURCES)
+        if unknown:
+            raise ValueError(f"no source {sorted(unknown)[0]!r} in the node formula")
+        self.series = {
+            source: _Series(ends, watts, first_start)
+            for source, (first_start, ends, watts) in saved.series.items()
         }
-        self.anchor_source = state["anchor_source"]
-        self.anchor_ends = list(map(int, state["anchor_ends"]))
-        newest = state.get("stream") or {
-            name: end for name, (end, _) in self.previous.items() if name in _READINGS
+        self.previous = dict(saved.previous)
+        self.anchor_source = saved.anchor_source
+        self.anchor_ends = saved.anchor_ends
+        newest = saved.stream or {
+            name: end for name, (end, _) in saved.previous.items() if name in _READINGS
         }
         self.stream.restore(newest, seen_at=time.monotonic())
         self.targets.update(
             (int(end), {target: _parts(power) for target, power in powers.items()})
-            for end, powers in state["targets"].items()
+            for end, powers in saved.targets.items()
         )
 
     def deadline(self) -> float | None:
@@ -580,7 +600,7 @@ class NodeFormula(Formula[NodeConfig]):
 
 def _parts(saved: float | list[float]) -> list[float]:
     """A target's estimates of an interval as saved (a sum, before they were kept apart)."""
-    return [float(part) for part in saved] if isinstance(saved, list) else [float(saved)]
+    return list(saved) if isinstance(saved, list) else [saved]
 
 
 def _estimates(scope: object) -> str:
