@@ -474,7 +474,7 @@ def test_a_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         RossExporter(interval_s=0.0)
     with pytest.raises(ValueError, match="interval_s"):
-        ross.RunRecorder(make_run("x", 1.0), io.BytesIO(), interval_s=-1.0)
+        ross.RossWriter(make_run("x", 1.0), io.BytesIO(), interval_s=-1.0)
 
 
 def test_export_command_writes_a_stored_run(tmp_path: Path) -> None:
