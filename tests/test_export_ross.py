@@ -23,6 +23,7 @@ from rich.console import Console
 
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.ross import RossExporter
+from wattflow.actors.run_store import open_store
 from wattflow.formats import ross
 from wattflow.formats.reports import (
     EventName,
@@ -33,7 +34,6 @@ from wattflow.formats.reports import (
     to_micros,
 )
 from wattflow.formats.runs import ReportLists, Run, summarise
-from wattflow.service.runs import open_store
 from wattflow.service.runs_cli import export_command
 
 START = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
