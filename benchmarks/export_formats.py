@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
 
+from wattflow.actors.run_store import open_store
 from wattflow.formats.reports import (
     EventReport,
     GPUDevice,
@@ -37,7 +38,6 @@ from wattflow.formats.reports import (
     Report,
 )
 from wattflow.formats.runs import Run
-from wattflow.service.runs import open_store
 
 START = datetime(2026, 7, 1, 9, 0, tzinfo=UTC)
 FORMATS = "gpu-dir,extrap-text,extrap-json,extrap-jsonl,extrap-talpas,extrap,ross,hpctoolkit"

@@ -149,7 +149,7 @@ class _Lp:
     """The latest power of each of its series (socket and device), in W, in the order they
     first appeared: the LP's power is their sum."""
     series: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
-    """Per (socket, device): its state in :meth:`RunRecorder.add`, ``[its latest report's
+    """Per (socket, device): its state in :meth:`RossWriter.add`, ``[its latest report's
     time in Unix µs (_NOT_YET before the first), this LP, its place in powers, the LP's
     id]``."""
 
@@ -182,7 +182,7 @@ def check_window(run: Run, interval_s: float) -> None:
         )
 
 
-class RunRecorder:
+class RossWriter:
     """Turns one run's reports, read in time order, into ROSS sample and event records.
 
     Only per-LP state is kept, so memory grows with the number of targets, not with the run.

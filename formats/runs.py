@@ -145,6 +145,23 @@ class Series(NamedTuple):
     device: str
 
 
+class SeriesIds:
+    """Small numbers standing for series, given in the order the series first appear, and
+    what each stands for: how pages name their rows' series once rather than on every row."""
+
+    def __init__(self) -> None:
+        self._ids: dict[Series, int] = {}
+        self.series: dict[int, Series] = {}
+
+    def number(self, key: Series) -> int:
+        """The id of ``key``, new if it has none yet."""
+        number = self._ids.get(key)
+        if number is None:
+            number = self._ids[key] = len(self._ids)
+            self.series[number] = key
+        return number
+
+
 def series_of(report: PowerReport) -> Series:
     metadata = report.metadata
     return Series(
@@ -215,19 +232,11 @@ class RunData(ABC):
 
 def power_pages(reports: Iterable[Report]) -> Iterator[PowerPage]:
     """PowerPages of the PowerReports among ``reports`` (time order)."""
-    ids: dict[Series, int] = {}
-    series: dict[int, Series] = {}
+    ids = SeriesIds()
     stream = (report for report in reports if isinstance(report, PowerReport))
     while page := list(islice(stream, PAGE)):
-        rows = []
-        for report in page:
-            key = series_of(report)
-            number = ids.get(key)
-            if number is None:
-                number = ids[key] = len(ids)
-                series[number] = key
-            rows.append((to_micros(report.timestamp), number, report.power))
-        yield PowerPage(rows, series)
+        rows = [(to_micros(r.timestamp), ids.number(series_of(r)), r.power) for r in page]
+        yield PowerPage(rows, ids.series)
 
 
 class ReportLists(RunData):
@@ -257,22 +266,17 @@ class ReportLists(RunData):
 
     def timeline(self, run: Run) -> Iterator[TimelinePage]:
         held = self._of(run)
-        ids: dict[Series, int] = {}
-        series: dict[int, Series] = {}
+        ids = SeriesIds()
         for first in range(0, len(held), PAGE):
             rows: list[TimelineRow] = []
             for place, (report, processed) in enumerate(held[first : first + PAGE], first):
                 micros = to_micros(report.timestamp)
                 if isinstance(report, PowerReport):
-                    key = series_of(report)
-                    number = ids.get(key)
-                    if number is None:
-                        number = ids[key] = len(ids)
-                        series[number] = key
-                    rows.append((micros, number, report.power, processed, micros // 1000, place))
+                    number, power = ids.number(series_of(report)), report.power
                 else:
-                    rows.append((micros, NOT_POWER, 0.0, processed, micros // 1000, place))
-            yield TimelinePage(rows, series)
+                    number, power = NOT_POWER, 0.0
+                rows.append((micros, number, power, processed, micros // 1000, place))
+            yield TimelinePage(rows, ids.series)
 
     def reports(self, run: Run, kinds: Sequence[str] | None = None) -> Iterator[Report]:
         return (r for r, _ in self._of(run) if kinds is None or r.kind in kinds)

@@ -50,6 +50,10 @@ class ConfigError(WattflowError):
     """A configuration that cannot run; the message names the setting at fault."""
 
 
+RUN_OUTPUT = "run_store"
+"""The name of the output that ``--run`` stands for."""
+
+
 class ServiceConfig(BaseModel):
     """Everything ``wattflow run`` needs, validated."""
 
@@ -97,19 +101,23 @@ class ServiceConfig(BaseModel):
     @field_validator("export")
     @classmethod
     def _known_formats(cls, names: list[str]) -> list[str]:
-        from wattflow.actors.exporters import exporters
+        from wattflow.actors.exporters import known_formats  # imported for --export only
 
-        for name in names:
-            if name not in exporters.names():
-                raise ValueError(
-                    f"{name!r} is no export format; give {', '.join(exporters.names())}"
-                )
-        return names
+        return known_formats(names)
 
     @model_validator(mode="after")
-    def _export_needs_a_run(self) -> ServiceConfig:
+    def _run_is_an_output(self) -> ServiceConfig:
+        """``--run`` and its flags stand for the ``runs`` output, named ``run_store``:
+        the pipeline, ``wattflow check`` and the statistics see it as one of the outputs."""
         if self.export and (self.run is None or self.export_dir is None):
             raise ValueError("--export exports the --run: give --run E/B/S/N and --export-dir DIR")
+        if self.run is not None and RUN_OUTPUT not in self.outputs:
+            recorder = pushers.get("runs").config_model
+            # The dict is this model's own, made by its validation: filling it in is safe.
+            self.outputs[RUN_OUTPUT] = recorder.model_validate(
+                {"type": "runs", "name": RUN_OUTPUT, "run": self.run, "store": self.store,
+                 "export": self.export, "export_dir": self.export_dir}
+            )  # fmt: skip
         return self
 
     dead_letters: Path | None = Field(

@@ -49,13 +49,13 @@ from wattflow.actors.pullers.jsonl import JsonlPuller, JsonlPullerConfig
 from wattflow.actors.pullers.meter import MeterPuller, MeterPullerConfig
 from wattflow.actors.pushers.base import Pusher
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
+from wattflow.actors.pushers.runs import RunRecorder, RunRecorderConfig
 from wattflow.actors.pushers.table import TablePusher, TablePusherConfig
+from wattflow.actors.run_store import RunStore, StoreError, open_store, run_id
 from wattflow.formats.errors import WattflowError
 from wattflow.formats.reports import GPUReport, PowerReport
 from wattflow.formats.runs import Run
 from wattflow.service.pipeline import serve
-from wattflow.service.recording import RunRecorder, RunRecorderConfig
-from wattflow.service.runs import RunStore, StoreError, open_store, run_id
 
 RECORDING = "demo-hwpc.jsonl"
 GPU_RECORDING = "demo-gpu.jsonl"

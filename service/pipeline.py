@@ -27,23 +27,12 @@ def assemble(config: ServiceConfig, label: str = "pipeline") -> Pipeline:
     """
     if not config.inputs:
         raise ConfigError("input: no input given (e.g. --input csv --files a.csv,b.csv)")
-    if not config.outputs and config.run is None:
+    if not config.outputs:
         raise ConfigError("output: no output given (e.g. --output csv --directory out)")
     puller_objects: list[Any] = [
         pullers.get(c.type)(c, stream=config.stream) for c in config.inputs.values()
     ]
     pusher_objects: list[Any] = [pushers.get(c.type)(c) for c in config.outputs.values()]
-    if config.run is not None:
-        from wattflow.service.recording import RunRecorder, RunRecorderConfig
-
-        recorder = RunRecorderConfig(
-            name="run_store",
-            run=config.run,
-            store=config.store,
-            export=config.export,
-            export_dir=config.export_dir,
-        )
-        pusher_objects.append(RunRecorder(recorder))
     formula_list = [(formulas.get(name), c) for name, c in config.formulas.items()]
     # SmartWatts 2.4.1 runs on PowerAPI 2.10: its compat mode gets 2.10's pre-processor layout.
     compat = getattr(config.formulas.get("smartwatts"), "compat", None) is not None

@@ -1,17 +1,21 @@
-"""``wattflow runs …`` and ``wattflow export …``: recording, browsing and exporting runs."""
+"""``wattflow runs …`` and ``wattflow export …``: recording, browsing and exporting runs.
+
+Three parts, each in one place: the command lines' parsing (:func:`runs_parser`,
+:func:`export_parser` and the readers of their values), what the commands do with the store
+(importing files, marking, choosing runs), and what they print, built by functions that take
+data and return rows or lines (:func:`run_row`, :func:`energy_row`, :func:`show_lines`,
+:func:`import_lines`), so that what a user reads is tested without a store or a terminal.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
-import operator
-import platform
-import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn, SupportsIndex, cast, get_args
+from typing import Any, NoReturn, get_args
 
 import orjson
 from rich.console import Console
@@ -19,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from rich.table import Table
 
 from wattflow.actors.exporters import exporters
+from wattflow.actors.run_store import RunStore, StoreError, mark, open_store, parse_run_id, run_id
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import (
@@ -35,7 +40,6 @@ from wattflow.formats.runs import (
     number_text,
     parameter_settings,
 )
-from wattflow.service.runs import RunStore, StoreError, open_store, parse_run_id, run_id
 
 EVENT_NAMES = list(get_args(EventName))
 
@@ -51,37 +55,83 @@ KIND_BY_PAYLOAD = (
 """A JSON report's kind, told by its payload's key (PowerAPI's JSON layout names no kind)."""
 
 
+# --- parsing --------------------------------------------------------------------------------------
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise StoreError(f"{self.prog}: {message}")
 
 
-def system_info() -> dict[str, Any]:
-    """What is known of this machine, in the keys of the GPU measurement directory spec (and
-    ``node``, its host name): for runs recorded on it, never for runs imported into it."""
-    return {
-        "platform": platform.platform(),
-        "os_release": platform.release(),
-        "os_version": platform.version(),
-        "machine": platform.machine(),
-        "python_version": platform.python_version(),
-        "node": platform.node(),
-    }
+def runs_parser() -> _Parser:
+    """``wattflow runs``' command line."""
+    parser = _Parser(prog="wattflow runs")
+    parser.add_argument("--store", help="sqlite:///path or mongodb://host/db (default: "
+                        "runs.db in the user's data directory)")  # fmt: skip
+    commands = parser.add_subparsers(dest="action", required=True)
+    importing = commands.add_parser("import", help="put recorded reports into a run")
+    importing.add_argument("files", nargs="+", type=Path)
+    importing.add_argument("--store", dest="store_", default=None)
+    importing.add_argument("--experiment", required=True)
+    importing.add_argument("--benchmark", required=True)
+    importing.add_argument("--settings", help="names the run's directory, e.g. 250W or "
+                           "877MHz,1065MHz (default: its parameters, e.g. p=4)")  # fmt: skip
+    importing.add_argument("--repetition", type=int, required=True)
+    importing.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    importing.add_argument("--system-info", type=Path, default=None, metavar="FILE",
+                           help="JSON object describing the machine the recording was made on, "
+                           "in system_info.json's keys")  # fmt: skip
+    importing.add_argument("--model", default=None, help="report kind of every line")
+    listing = commands.add_parser("list", help="the runs in the store")
+    listing.add_argument("--store", dest="store_", default=None)
+    listing.add_argument("--experiment")
+    listing.add_argument("--benchmark")
+    showing = commands.add_parser("show", help="one run in detail")
+    showing.add_argument("run", help="experiment/benchmark/settings/repetition")
+    showing.add_argument("--store", dest="store_", default=None)
+    energy = commands.add_parser(
+        "energy", help="each workload's energy, as the energy formula reported it when it ended"
+    )
+    energy.add_argument("run", help="experiment/benchmark/settings/repetition")
+    energy.add_argument("--store", dest="store_", default=None)
+    marking = commands.add_parser("mark", help="record an event in a run, now")
+    marking.add_argument("event", choices=EVENT_NAMES)
+    marking.add_argument("data", nargs="?", help="the event's index (an epoch number, say)")
+    marking.add_argument("--store", dest="store_", default=None)
+    marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
+                         "latest run)")  # fmt: skip
+    return parser
 
 
-def event_data(value: object) -> int | str | None:
-    """An event's data as wattflow records it: the spec's integer index where the value is a
-    whole number (``3``, ``"3"``, ``3.0``, numpy's integers), other values as text, ``None``
-    for none."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return int(value) if re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) else value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, bool) and hasattr(value, "__index__"):
-        return operator.index(cast(SupportsIndex, value))
-    return str(value)
+def export_parser() -> _Parser:
+    """``wattflow export``'s command line."""
+    parser = _Parser(prog="wattflow export")
+    parser.add_argument("format", choices=exporters.names())
+    parser.add_argument("--store", default=None)
+    parser.add_argument("--experiment")
+    parser.add_argument("--benchmark")
+    parser.add_argument("--run", action="append", default=[], metavar="E/B/S/N",
+                        help="only this run (repeat for several)")  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
+    return parser
+
+
+def parameters_of(pairs: Sequence[str]) -> dict[str, float]:
+    """``--param NAME=VALUE``s, each a finite number."""
+    found = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise StoreError(f"--param {pair!r}: write NAME=NUMBER") from None
+        if not math.isfinite(number):
+            raise StoreError(f"--param {pair!r}: give a finite number")
+        if not name.strip():
+            raise StoreError(f"--param {pair!r}: the name is empty")
+        found[name.strip()] = number
+    return found
 
 
 def read_system_info(path: Path) -> dict[str, Any]:
@@ -103,6 +153,89 @@ def read_system_info(path: Path) -> dict[str, Any]:
             '{"device_name": "Tesla V100-SXM2-16GB", "driver_version": "450.51.06"}'
         )
     return document
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+
+def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
+    """``wattflow runs import|list|show|energy|mark``."""
+    console = console or Console()
+    args = runs_parser().parse_args(argv)
+    with open_store(args.store_ or args.store, create=args.action == "import") as store:
+        if args.action == "import":
+            system = None if args.system_info is None else read_system_info(args.system_info)
+            run, count = import_files(
+                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
+                settings=args.settings, repetition=args.repetition,
+                parameters=parameters_of(args.param), model=args.model, system=system,
+            )  # fmt: skip
+            print_lines(console, import_lines(run, count, store.count(run)))
+        elif args.action == "list":
+            runs = store.runs(args.experiment, args.benchmark)
+            print_rows(console, RUNS_HEADER, [run_row(run, store.count(run)) for run in runs])
+        elif args.action == "show":
+            run = store.get(args.run)
+            print_lines(console, show_lines(run, Counter(r.kind for r in store.reports(run))))
+        elif args.action == "energy":
+            reports = store.reports(store.get(args.run), [TargetEnergyReport.kind])
+            rows = [energy_row(r) for r in reports if isinstance(r, TargetEnergyReport)]
+            print_rows(console, ENERGY_HEADER, rows)
+        else:
+            mark(store, run_to_mark(store, args.run), args.event, args.data)
+            console.print(f"marked {args.event}")
+    return 0
+
+
+def run_to_mark(store: RunStore, identifier: str | None) -> Run:
+    """``wattflow runs mark``'s run: the one named, or else the latest to start.
+
+    Raises:
+        StoreError: when the store has no such run, or none at all.
+    """
+    if identifier is not None:
+        return store.get(identifier)
+    runs = store.runs()
+    if not runs:
+        raise StoreError("no run in the store to mark; give --run or start one")
+    return max(runs, key=lambda r: r.start)
+
+
+def export_command(argv: Sequence[str], console: Console | None = None) -> int:
+    """``wattflow export FORMAT --store URI [--experiment E] [--benchmark B] [--run E/B/S/N]
+    --out PATH``.
+
+    Each exported run notes that it was written in this format (:attr:`Run.exports`); a store
+    that cannot take the note only costs a warning.
+    """
+    console = console or Console(stderr=True)
+    args = export_parser().parse_args(argv)
+    exporter = exporters.get(args.format)(model=args.model)
+    with open_store(args.store, create=False) as store:
+        runs = store.runs(args.experiment, args.benchmark)
+        if args.run:
+            for identifier in args.run:
+                parse_run_id(identifier)  # a mistyped id says how to write one
+            runs = [run for run in runs if run.id in args.run]
+        if not runs:
+            raise StoreError("no run matches: see `wattflow runs list`")
+        total = sum(store.count(run) for run in runs)
+        columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn())  # fmt: skip
+        with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
+            task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
+            exporter.export(runs, store, args.out, lambda count: progress.advance(task, count))
+        for run in runs:
+            try:
+                store.note_export(run.id, args.format, "written")
+            except StoreError as error:
+                console.print(f"wrote the export, but could not note it in the store: {error}")
+                break
+    console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
+    return 0
+
+
+# --- importing ------------------------------------------------------------------------------------
 
 
 def read_json_lines(path: Path, model: str | None) -> Iterator[Report]:
@@ -181,7 +314,7 @@ def import_files(
     if settings is None:
         settings = _settings_of(parameters)
     identifier = run_id(experiment, benchmark, settings, repetition)
-    existing = _existing_run(store, identifier)
+    existing = store.find(identifier)
     if existing is not None:
         _refuse_other_parameters(existing, parameters, settings)
     window = _ImportedWindow(existing)
@@ -203,14 +336,6 @@ def import_files(
     )
     store.save_run(run)
     return run, window.count
-
-
-def _existing_run(store: RunStore, identifier: str) -> Run | None:
-    """The run these files are added to, when the store has one of that name."""
-    try:
-        return store.get(identifier)
-    except StoreError:
-        return None
 
 
 def _settings_of(parameters: dict[str, float]) -> str:
@@ -288,147 +413,83 @@ class _ImportedWindow:
             self.end = report.timestamp
 
 
-def _parameters(pairs: Sequence[str]) -> dict[str, float]:
-    found = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            raise StoreError(f"--param {pair!r}: write NAME=NUMBER") from None
-        if not math.isfinite(number):
-            raise StoreError(f"--param {pair!r}: give a finite number")
-        if not name.strip():
-            raise StoreError(f"--param {pair!r}: the name is empty")
-        found[name.strip()] = number
-    return found
+# --- what the commands print ----------------------------------------------------------------------
 
-
-def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
-    """``wattflow runs import|list|show|energy|mark``."""
-    console = console or Console()
-    args = _runs_parser().parse_args(argv)
-    with open_store(args.store_ or args.store, create=args.action == "import") as store:
-        if args.action == "import":
-            _import(store, args, console)
-        elif args.action == "list":
-            header = ("run", "parameters", "start (UTC)", "duration s", "reports", "exports")
-            print_rows(console, header, _run_rows(store, args.experiment, args.benchmark))
-        elif args.action == "show":
-            show(store, store.get(args.run), console)
-        elif args.action == "energy":
-            print_rows(console, *workload_energy(store, store.get(args.run)))
-        else:
-            mark(store, args.event, args.data, args.run)
-            console.print(f"marked {args.event}")
-    return 0
-
-
-def _runs_parser() -> _Parser:
-    parser = _Parser(prog="wattflow runs")
-    parser.add_argument("--store", help="sqlite:///path or mongodb://host/db (default: "
-                        "runs.db in the user's data directory)")  # fmt: skip
-    commands = parser.add_subparsers(dest="action", required=True)
-    importing = commands.add_parser("import", help="put recorded reports into a run")
-    importing.add_argument("files", nargs="+", type=Path)
-    importing.add_argument("--store", dest="store_", default=None)
-    importing.add_argument("--experiment", required=True)
-    importing.add_argument("--benchmark", required=True)
-    importing.add_argument("--settings", help="names the run's directory, e.g. 250W or "
-                           "877MHz,1065MHz (default: its parameters, e.g. p=4)")  # fmt: skip
-    importing.add_argument("--repetition", type=int, required=True)
-    importing.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    importing.add_argument("--system-info", type=Path, default=None, metavar="FILE",
-                           help="JSON object describing the machine the recording was made on, "
-                           "in system_info.json's keys")  # fmt: skip
-    importing.add_argument("--model", default=None, help="report kind of every line")
-    listing = commands.add_parser("list", help="the runs in the store")
-    listing.add_argument("--store", dest="store_", default=None)
-    listing.add_argument("--experiment")
-    listing.add_argument("--benchmark")
-    showing = commands.add_parser("show", help="one run in detail")
-    showing.add_argument("run", help="experiment/benchmark/settings/repetition")
-    showing.add_argument("--store", dest="store_", default=None)
-    energy = commands.add_parser(
-        "energy", help="each workload's energy, as the energy formula reported it when it ended"
-    )
-    energy.add_argument("run", help="experiment/benchmark/settings/repetition")
-    energy.add_argument("--store", dest="store_", default=None)
-    marking = commands.add_parser("mark", help="record an event in a run, now")
-    marking.add_argument("event", choices=EVENT_NAMES)
-    marking.add_argument("data", nargs="?", help="the event's index (an epoch number, say)")
-    marking.add_argument("--store", dest="store_", default=None)
-    marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
-                         "latest run)")  # fmt: skip
-    return parser
-
-
-def _import(store: RunStore, args: argparse.Namespace, console: Console) -> None:
-    """``wattflow runs import``; it says when the run held reports already, as importing a
-    file twice stores its reports twice."""
-    system = None if args.system_info is None else read_system_info(args.system_info)
-    run, count = import_files(
-        store, args.files, experiment=args.experiment, benchmark=args.benchmark,
-        settings=args.settings, repetition=args.repetition,
-        parameters=_parameters(args.param), model=args.model, system=system,
-    )  # fmt: skip
-    held = store.count(run)
-    console.print(f"imported {count} reports into {run.id} ({run.start} – {run.end})")
-    if held > count:
-        console.print(
-            f"{run.id} already held reports; it now holds {held} (importing "
-            f"a file twice stores its reports twice)"
-        )
-
-
-def _run_rows(
-    store: RunStore, experiment: str | None, benchmark: str | None
-) -> list[tuple[str, ...]]:
-    """``wattflow runs list``: each run, its parameters, window, reports and exports."""
-    return [
-        (
-            run.id,
-            ", ".join(f"{k}={v:g}" for k, v in run.parameters.items()),
-            run.start.strftime("%Y-%m-%d %H:%M:%S"),
-            f"{run.duration_s:.1f}",
-            str(store.count(run)),
-            ", ".join(
-                name if outcome == "written" else f"{name} ({outcome})"
-                for name, outcome in sorted(run.exports.items())
-            ),
-        )
-        for run in store.runs(experiment, benchmark)
-    ]
-
+RUNS_HEADER = ("run", "parameters", "start (UTC)", "duration s", "reports", "exports")
+"""``wattflow runs list``'s columns."""
 
 ENERGY_HEADER = (
     "sensor", "workload", "kind", "start (UTC)", "end (UTC)", "duration s",
     "cpu J", "dram J", "gpu J", "total J", "reason",
 )  # fmt: skip
+"""``wattflow runs energy``'s columns."""
 
 
-def workload_energy(store: RunStore, run: Run) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The run's TargetEnergyReports as rows (the energy formula's record of each workload
-    that ended), in the order they ended."""
-    rows = []
-    for report in store.reports(run, [TargetEnergyReport.kind]):
-        assert isinstance(report, TargetEnergyReport)
-        energy = report.energy
-        total = sum(energy.values())
-        rows.append(
-            (
-                report.sensor,
-                report.target,
-                str(report.metadata.get("target_kind", "")),
-                report.start.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-                report.end.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-                f"{(report.end - report.start).total_seconds():.3f}",
-                *(f"{energy.get(scope, 0.0):.3f}" for scope in ("cpu", "dram", "gpu")),
-                f"{total:.3f}",
-                report.reason,
-            )
+def run_row(run: Run, reports: int) -> tuple[str, ...]:
+    """``wattflow runs list``: a run, its parameters, window, reports and exports."""
+    return (
+        run.id,
+        ", ".join(f"{k}={v:g}" for k, v in run.parameters.items()),
+        run.start.strftime("%Y-%m-%d %H:%M:%S"),
+        f"{run.duration_s:.1f}",
+        str(reports),
+        ", ".join(
+            name if outcome == "written" else f"{name} ({outcome})"
+            for name, outcome in sorted(run.exports.items())
+        ),
+    )
+
+
+def energy_row(report: TargetEnergyReport) -> tuple[str, ...]:
+    """``wattflow runs energy``: one TargetEnergyReport, the energy formula's record of a
+    workload that ended."""
+    energy = report.energy
+    return (
+        report.sensor,
+        report.target,
+        str(report.metadata.get("target_kind", "")),
+        report.start.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+        report.end.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+        f"{(report.end - report.start).total_seconds():.3f}",
+        *(f"{energy.get(scope, 0.0):.3f}" for scope in ("cpu", "dram", "gpu")),
+        f"{sum(energy.values()):.3f}",
+        report.reason,
+    )
+
+
+def show_lines(run: Run, kinds: Mapping[str, int]) -> list[str]:
+    """``wattflow runs show``: a run's description, its reports by kind, events, system info
+    and exports, in rich's markup."""
+    lines = [
+        f"[bold]{run.id}[/bold]",
+        f"window: {run.start.isoformat()} – {run.end.isoformat()} ({run.duration_s:.1f} s)",
+        f"parameters: {run.parameters or '-'}",
+        "reports: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"),
+    ]
+    for event in run.events:
+        data = "" if event.data is None else event.data
+        lines.append(f"  {event.timestamp.isoformat()}  {event.event}  {data}")
+    lines.append(f"system: {orjson.dumps(run.system).decode()}")
+    lines += [f"export {name}: {outcome}" for name, outcome in sorted(run.exports.items())]
+    return lines
+
+
+def import_lines(run: Run, imported: int, held: int) -> list[str]:
+    """``wattflow runs import``'s answer; it says when the run held reports already, as
+    importing a file twice stores its reports twice."""
+    lines = [f"imported {imported} reports into {run.id} ({run.start} – {run.end})"]
+    if held > imported:
+        lines.append(
+            f"{run.id} already held reports; it now holds {held} (importing "
+            f"a file twice stores its reports twice)"
         )
-    return ENERGY_HEADER, rows
+    return lines
+
+
+def print_lines(console: Console, lines: Sequence[str]) -> None:
+    """Lines on the console, each as rich prints it."""
+    for line in lines:
+        console.print(line)
 
 
 def print_rows(console: Console, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -441,91 +502,3 @@ def print_rows(console: Console, header: Sequence[str], rows: Sequence[Sequence[
         return
     for row in (header, *rows):
         print("\t".join(row))
-
-
-def show(store: RunStore, run: Run, console: Console) -> None:
-    """A run's description, events and reports by kind."""
-    console.print(f"[bold]{run.id}[/bold]")
-    console.print(
-        f"window: {run.start.isoformat()} – {run.end.isoformat()} ({run.duration_s:.1f} s)"
-    )
-    console.print(f"parameters: {run.parameters or '-'}")
-    kinds = Counter(report.kind for report in store.reports(run))
-    console.print("reports: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
-    for event in run.events:
-        data = "" if event.data is None else event.data
-        console.print(f"  {event.timestamp.isoformat()}  {event.event}  {data}")
-    console.print(f"system: {orjson.dumps(run.system).decode()}")
-    for name, outcome in sorted(run.exports.items()):
-        console.print(f"export {name}: {outcome}")
-
-
-def mark(store: RunStore, event: str, data: object, identifier: str | None) -> Run:
-    """Record an event now in a run (the latest one by default), widening its window.
-
-    ``data`` is the event's index (an epoch number, say): a whole number, given as text on
-    the command line, is stored as the integer the GPU measurement directory's spec has.
-    """
-    if identifier is not None:
-        run = store.get(identifier)
-    else:
-        runs = store.runs()
-        if not runs:
-            raise StoreError("no run in the store to mark; give --run or start one")
-        run = max(runs, key=lambda r: r.start)
-    now = datetime.now(UTC)
-    report = EventReport(
-        timestamp=now,
-        sensor=platform.node(),
-        target="all",
-        event=cast(EventName, event),
-        data=event_data(data),
-    )
-    store.add_reports(run.id, [report], processed=now)
-    if now > run.end or now < run.start:
-        run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
-        store.save_run(run, widen=True)
-    return run
-
-
-def export_command(argv: Sequence[str], console: Console | None = None) -> int:
-    """``wattflow export FORMAT --store URI [--experiment E] [--benchmark B] [--run E/B/S/N]
-    --out PATH``.
-
-    Each exported run notes that it was written in this format (:attr:`Run.exports`); a store
-    that cannot take the note only costs a warning.
-    """
-    console = console or Console(stderr=True)
-    parser = _Parser(prog="wattflow export")
-    parser.add_argument("format", choices=exporters.names())
-    parser.add_argument("--store", default=None)
-    parser.add_argument("--experiment")
-    parser.add_argument("--benchmark")
-    parser.add_argument("--run", action="append", default=[], metavar="E/B/S/N",
-                        help="only this run (repeat for several)")  # fmt: skip
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
-    args = parser.parse_args(argv)
-    exporter = exporters.get(args.format)(model=args.model)
-    with open_store(args.store, create=False) as store:
-        runs = store.runs(args.experiment, args.benchmark)
-        if args.run:
-            for identifier in args.run:
-                parse_run_id(identifier)  # a mistyped id says how to write one
-            runs = [run for run in runs if run.id in args.run]
-        if not runs:
-            raise StoreError("no run matches: see `wattflow runs list`")
-        total = sum(store.count(run) for run in runs)
-        columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn())  # fmt: skip
-        with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
-            task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
-            exporter.export(runs, store, args.out, lambda count: progress.advance(task, count))
-        for run in runs:
-            try:
-                store.note_export(run.id, args.format, "written")
-            except StoreError as error:
-                console.print(f"wrote the export, but could not note it in the store: {error}")
-                break
-    console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
-    return 0

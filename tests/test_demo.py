@@ -16,8 +16,8 @@ import pandas as pd  # type: ignore[import-untyped]
 import pytest
 from extrap.fileio.file_reader.text_file_reader import TextFileReader  # type: ignore[import-untyped]
 
+from wattflow.actors.run_store import open_store
 from wattflow.formats.reports import GPUReport, to_millis
-from wattflow.service.runs import open_store
 
 from .conftest import ROOT, wattflow
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd  # type: ignore[import-untyped]
 import pytest
 
+from wattflow.actors.run_store import open_store
 from wattflow.formats.gpu_dir import SYSTEM_INFO_KEYS, event_index
 from wattflow.formats.reports import (
     EventReport,
@@ -21,7 +22,6 @@ from wattflow.formats.reports import (
 )
 from wattflow.formats.runs import RecordedSystem
 from wattflow.service.recording import record
-from wattflow.service.runs import open_store
 
 from .conftest import wattflow
 from .test_runs import at, recording, write_jsonl

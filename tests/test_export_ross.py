@@ -23,6 +23,7 @@ from rich.console import Console
 
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.ross import RossExporter
+from wattflow.actors.run_store import open_store
 from wattflow.formats import ross
 from wattflow.formats.reports import (
     EventName,
@@ -33,7 +34,6 @@ from wattflow.formats.reports import (
     to_micros,
 )
 from wattflow.formats.runs import ReportLists, Run, summarise
-from wattflow.service.runs import open_store
 from wattflow.service.runs_cli import export_command
 
 START = datetime(2026, 6, 1, 8, 0, tzinfo=UTC)
@@ -474,7 +474,7 @@ def test_a_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         RossExporter(interval_s=0.0)
     with pytest.raises(ValueError, match="interval_s"):
-        ross.RunRecorder(make_run("x", 1.0), io.BytesIO(), interval_s=-1.0)
+        ross.RossWriter(make_run("x", 1.0), io.BytesIO(), interval_s=-1.0)
 
 
 def test_export_command_writes_a_stored_run(tmp_path: Path) -> None:

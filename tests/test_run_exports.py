@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
 
+from wattflow.actors.run_store import open_store
 from wattflow.formats.reports import EventReport, GPUReport, MeterReport, Report
-from wattflow.service.runs import open_store
 
 from .conftest import Service, wait_until, wattflow
 from .test_runs import at, recording, write_jsonl

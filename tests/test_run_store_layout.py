@@ -14,6 +14,7 @@ from pymongo import MongoClient
 from rich.console import Console
 
 from wattflow.actors.exporters import exporters
+from wattflow.actors.run_store import LAYOUT, RunStore, open_store
 from wattflow.formats import powerapi
 from wattflow.formats.report_table import encode_json_documents
 from wattflow.formats.reports import (
@@ -27,7 +28,6 @@ from wattflow.formats.reports import (
     to_millis,
 )
 from wattflow.formats.runs import NOT_POWER, ReportLists, Run, RunData, Series, series_of
-from wattflow.service.runs import LAYOUT, RunStore, open_store
 from wattflow.service.runs_cli import export_command
 
 from .servers import ServerProcess, mongodb_uri

@@ -15,6 +15,9 @@ import orjson
 import pandas as pd  # type: ignore[import-untyped]
 import pytest
 
+from wattflow.actors.pushers import pushers
+from wattflow.actors.pushers.runs import RunRecorder, RunRecorderConfig
+from wattflow.actors.run_store import StoreError, mark, new_run, open_store
 from wattflow.formats import powerapi
 from wattflow.formats.reports import (
     EventReport,
@@ -24,11 +27,13 @@ from wattflow.formats.reports import (
     MeterReport,
     PowerReport,
     Report,
+    TargetEnergyReport,
+    to_millis,
 )
 from wattflow.formats.runs import PAGE, Run, summarise
-from wattflow.service.recording import RunRecorder, RunRecorderConfig, TrainingCallback, record
-from wattflow.service.runs import open_store
-from wattflow.service.runs_cli import mark
+from wattflow.service.cli import load_run_config
+from wattflow.service.recording import TrainingCallback, record
+from wattflow.service.runs_cli import ENERGY_HEADER, energy_row, import_lines, run_row, show_lines
 
 from .conftest import FIXTURES, wattflow
 from .servers import ServerProcess, mongodb_uri
@@ -229,7 +234,7 @@ def test_the_mongodb_store_holds_the_same_run(
         assert opened.count(run) == len(inside)
         assert {moment for _, moment in opened.timed_reports(run)} == {None}, "imported"
         processed = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-        mark(opened, "train_begin", None, run.id)
+        mark(opened, run, "train_begin")
         opened.add_reports(run.id, [reports[0]], processed=processed)
         timed = [moment for _, moment in opened.timed_reports(opened.get(run.id))]
         assert timed.count(processed.timestamp()) == 1
@@ -372,8 +377,8 @@ def test_event_data_is_the_specs_integer_index_everywhere(
         with open_store(store) as opened:
             [run] = opened.runs()
             assert [event.data for event in run.events] == [None, 3, "3", "done"]
-            mark(opened, "batch_begin", "7", run.id)  # as `runs mark batch_begin 7` gives it
-            mark(opened, "batch_end", 7, run.id)
+            mark(opened, opened.get(run.id), "batch_begin", "7")  # as `runs mark` gives it
+            mark(opened, opened.get(run.id), "batch_end", 7)
             assert [event.data for event in opened.get(run.id).events][-2:] == [7, 7]
     store = f"sqlite:///{tmp_path / 'runs.db'}"
     marked = wattflow("runs", "mark", "train_begin", "5", "--store", store, "--run", "e/b/s/0")
@@ -636,3 +641,87 @@ def test_a_mistyped_store_is_an_error_not_a_new_empty_store(tmp_path: Path) -> N
     assert other.returncode == 2
     assert "give sqlite:///PATH, a path, or mongodb://HOST/DB, not foo://" in other.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_what_the_runs_commands_print_is_built_from_data_alone() -> None:
+    """The rows and lines of ``runs list``, ``energy``, ``show`` and ``import``, from a run
+    and its counts: no store, no terminal."""
+    run = Run(id="e/b/250W/0", experiment="e", benchmark="b", settings="250W", repetition=0,
+              parameters={"p": 4.0, "batch": 0.5}, system={"node": "n"}, start=at(0), end=at(12),
+              events=[EventReport(timestamp=at(1), sensor="n", target="all", event="epoch_begin",
+                                  data=3)],
+              exports={"ross": "written", "gpu-dir": "failed: disk full"})  # fmt: skip
+    assert run_row(run, 42) == (
+        "e/b/250W/0", "p=4, batch=0.5", "2026-06-01 08:00:00", "12.0", "42",
+        "gpu-dir (failed: disk full), ross",
+    )  # fmt: skip
+    ended = TargetEnergyReport(timestamp=at(5), sensor="n", target="slurm/7", start=at(1),
+                               end=at(3.5), energy={"cpu": 10.0, "gpu": 2.25}, reason="gone",
+                               metadata={"target_kind": "slurm"})  # fmt: skip
+    assert energy_row(ended) == (
+        "n", "slurm/7", "slurm", "2026-06-01 08:00:01.000", "2026-06-01 08:00:03.500", "2.500",
+        "10.000", "0.000", "2.250", "12.250", "gone",
+    )  # fmt: skip
+    assert len(ENERGY_HEADER) == len(energy_row(ended))
+    assert show_lines(run, {"PowerReport": 5, "EventReport": 1}) == [
+        "[bold]e/b/250W/0[/bold]",
+        "window: 2026-06-01T08:00:00+00:00 – 2026-06-01T08:00:12+00:00 (12.0 s)",
+        "parameters: {'p': 4.0, 'batch': 0.5}",
+        "reports: 1 EventReport, 5 PowerReport",
+        "  2026-06-01T08:00:01+00:00  epoch_begin  3",
+        'system: {"node":"n"}',
+        "export gpu-dir: failed: disk full",
+        "export ross: written",
+    ]
+    assert show_lines(run.model_copy(update={"events": [], "exports": {}}), {})[3] == (
+        "reports: none"
+    )
+    assert import_lines(run, 10, 10) == [
+        "imported 10 reports into e/b/250W/0 "
+        "(2026-06-01 08:00:00+00:00 – 2026-06-01 08:00:12+00:00)"
+    ]
+    assert import_lines(run, 10, 30)[1].startswith(
+        "e/b/250W/0 already held reports; it now holds 30"
+    )
+
+
+def test_run_is_the_runs_output_by_another_name(tmp_path: Path) -> None:
+    """``--run`` and its flags stand for the registered ``runs`` output: the same settings, so
+    the same recorder, whichever way it is given."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    given = ["--run", "e/b/s/0", "--store", store, "--export", "ross", "--export-dir", "x"]
+    by_flag = load_run_config(["--input", "jsonl", "--files", "a.jsonl", *given], environ={})
+    by_output = load_run_config(
+        ["--input", "jsonl", "--files", "a.jsonl", "--output", "runs", "--name", "run_store",
+         *given],
+        environ={},
+    )  # fmt: skip
+    assert list(by_flag.outputs) == ["run_store"]
+    assert by_flag.outputs == by_output.outputs
+    assert isinstance(pushers.get("runs")(by_flag.outputs["run_store"]), RunRecorder)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "mongodb"])
+def test_a_run_made_and_marked_through_the_store_reads_back_whichever_the_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """What the recorder, ``record()`` and ``runs mark`` share (``find``, ``new_run``,
+    ``mark``) behaves the same on both stores behind the interface."""
+    if kind == "sqlite":
+        uri = f"sqlite:///{tmp_path / 'runs.db'}"
+    else:
+        uri = mongodb_uri(request.getfixturevalue("mongodb_server")) + "marking"
+    with open_store(uri) as store:
+        assert store.find("e/b/s/0") is None
+        run = new_run("e/b/s/0", {"p": 4.0})
+        store.save_run(run)
+        run = mark(store, run, "epoch_begin", "3")
+        run = mark(store, run, "epoch_end", 3.0)
+        found = store.find("e/b/s/0")
+        assert found is not None
+        assert found.parameters == {"p": 4.0}
+        assert found.system["node"] == platform.node()
+        assert [(e.event, e.data) for e in found.events] == [("epoch_begin", 3), ("epoch_end", 3)]
+        assert to_millis(found.end) == to_millis(run.end) >= to_millis(found.events[-1].timestamp)
+    with pytest.raises(StoreError, match="give a non-empty name"):
+        new_run("e//s/0")

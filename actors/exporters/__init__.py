@@ -18,4 +18,13 @@ _MODULES = {
 for _name, _module in _MODULES.items():
     exporters.declare(_name, f"wattflow.actors.exporters.{_module}")
 
-__all__ = ["exporters"]
+
+def known_formats(names: list[str]) -> list[str]:
+    """``--export``'s formats, each one ``wattflow export`` writes (a config validator)."""
+    for name in names:
+        if name not in exporters.names():
+            raise ValueError(f"{name!r} is no export format; give {', '.join(exporters.names())}")
+    return names
+
+
+__all__ = ["exporters", "known_formats"]

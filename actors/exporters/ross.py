@@ -22,7 +22,7 @@ import orjson
 
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter, Progress, count_the_rest
-from wattflow.formats.ross import RunRecorder, check_window
+from wattflow.formats.ross import RossWriter, check_window
 from wattflow.formats.runs import Run, RunData
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -71,13 +71,13 @@ class RossExporter(Exporter):
                     if self.events
                     else None
                 )
-                recorder = RunRecorder(run, samples, events, interval_s=self.interval_s)
+                writer = RossWriter(run, samples, events, interval_s=self.interval_s)
                 for page in data.timeline(run):
                     advance(len(page.rows))
-                    recorder.add(page)
-                recorder.close()
-            count_the_rest(data, run, recorder.processed, advance)
-            description = recorder.description()
+                    writer.add(page)
+                writer.close()
+            count_the_rest(data, run, writer.processed, advance)
+            description = writer.description()
             description["files"] = {
                 "samples": f"{stem}.bin",
                 "events": f"{stem}-evtrace.bin" if self.events else None,

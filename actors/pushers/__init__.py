@@ -16,6 +16,7 @@ for _name in (
     "mongodb",
     "opentsdb",
     "prometheus",
+    "runs",
     "table",
     "virtiofs",
     "zeromq",

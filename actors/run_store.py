@@ -17,27 +17,33 @@ document) is migrated the first time this code opens it: its PowerReports move t
 
 ``sqlite:///path/to/runs.db`` (or a bare path) selects SQLite; ``mongodb://host/db`` selects
 MongoDB. With neither, the store is ``runs.db`` in the user's data directory
-(``$XDG_DATA_HOME/wattflow``, by default ``~/.local/share/wattflow``).
+(``$XDG_DATA_HOME/wattflow``, by default ``~/.local/share/wattflow``). Both stores
+implement :class:`RunStore`: what writes or reads a run, the service's recorder, ``wattflow
+runs`` and the exporters, never asks which one it holds.
 """
 
 from __future__ import annotations
 
 import heapq
+import operator
 import os
+import platform
+import re
 import sqlite3
 from abc import abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 import orjson
 
 from wattflow.formats import powerapi
 from wattflow.formats.errors import WattflowError
 from wattflow.formats.reports import (
+    EventName,
     EventReport,
     PowerReport,
     Report,
@@ -54,6 +60,7 @@ from wattflow.formats.runs import (
     Run,
     RunData,
     Series,
+    SeriesIds,
     TimelinePage,
     TimelineRow,
     series_of,
@@ -120,12 +127,17 @@ def open_store(uri: str | None, *, create: bool = True) -> RunStore:
     return SqliteRunStore(path)
 
 
-def _micros(moment: datetime) -> int:
+def processing_micros(moment: datetime | None) -> int | None:
     """Unix microseconds: processing times are finer than report timestamps' milliseconds."""
-    return round(to_utc(moment).timestamp() * 1e6)
+    return None if moment is None else round(to_utc(moment).timestamp() * 1e6)
 
 
-class _Documents:
+def processing_seconds(micros: int | None) -> float | None:
+    """A stored processing time in Unix seconds, as readers take it."""
+    return None if micros is None else micros / 1e6
+
+
+class Documents:
     """Stored JSON documents made reports again, for one read of the store.
 
     Every kind but PowerReport is decoded as an input would be; PowerReports (in a store of the
@@ -161,7 +173,7 @@ class _Documents:
         return report
 
 
-def _power_report(micros: int, series: Series, power: float, metadata: Any) -> PowerReport:
+def power_report(micros: int, series: Series, power: float, metadata: Any) -> PowerReport:
     """A stored PowerReport as it was given (its metadata holds scope, socket and device)."""
     return PowerReport.trusted(
         timestamp=from_micros(micros),
@@ -255,13 +267,21 @@ class RunStore(RunData):
             found.append(Run.model_validate({**row, "events": events}))
         return sorted(found, key=lambda run: run.id)
 
-    def get(self, identifier: str) -> Run:
-        """One run by its id."""
+    def find(self, identifier: str) -> Run | None:
+        """One run by its id, or ``None`` when the store has none of that id."""
         experiment, benchmark, _, _ = parse_run_id(identifier)
-        for run in self.runs(experiment, benchmark):
-            if run.id == identifier:
-                return run
-        raise StoreError(f"no run {identifier!r} in the store")
+        return next((r for r in self.runs(experiment, benchmark) if r.id == identifier), None)
+
+    def get(self, identifier: str) -> Run:
+        """One run by its id.
+
+        Raises:
+            StoreError: when the store has none of that id.
+        """
+        found = self.find(identifier)
+        if found is None:
+            raise StoreError(f"no run {identifier!r} in the store")
+        return found
 
     def power(self, run: Run) -> Iterator[PowerPage]:
         return self._power_pages(run.id, to_millis(run.start), to_millis(run.end))
@@ -277,7 +297,7 @@ class RunStore(RunData):
         """The run's reports as :meth:`reports` gives them, each with its processing time
         (Unix seconds), or ``None`` where it was not recorded live."""
         for _, _, report, processed in self._merged(run, None):
-            yield report, None if processed is None else processed / 1e6
+            yield report, processing_seconds(processed)
 
     def count(self, run: Run) -> int:
         """Reports inside the run's window."""
@@ -300,7 +320,7 @@ class RunStore(RunData):
         self.close()
 
 
-class _Encoded:
+class Encoded:
     """Report times in Unix µs, converted once per tick."""
 
     def __init__(self) -> None:
@@ -417,7 +437,7 @@ class SqliteRunStore(RunStore):
             "SELECT seq, run, ts, body, processed FROM reports WHERE kind = ? ORDER BY seq",
             (POWER,),
         )
-        documents = _Documents()
+        documents = Documents()
         while page := moved.fetchmany(PAGE):
             self._insert_power(
                 (run, seq, documents.power(body), processed)
@@ -455,7 +475,7 @@ class SqliteRunStore(RunStore):
 
     def _insert_power(self, reports: Iterable[tuple[str, int, PowerReport, int | None]]) -> None:
         """(run, sequence, report, processing µs) as rows, inside a write transaction."""
-        encoded = _Encoded()
+        encoded = Encoded()
         dumps = orjson.dumps
         rows = []
         for run, seq, report, processed in reports:
@@ -496,7 +516,7 @@ class SqliteRunStore(RunStore):
     def add_reports(
         self, run: str, reports: Iterable[Report], processed: datetime | None = None
     ) -> int:
-        micros = None if processed is None else _micros(processed)
+        micros = processing_micros(processed)
         reports = list(reports)
         if not reports:
             return 0
@@ -517,7 +537,7 @@ class SqliteRunStore(RunStore):
             from wattflow.formats.report_table import encode_json_documents
 
             bodies = encode_json_documents([report for _, report in others])
-            encoded = _Encoded()
+            encoded = Encoded()
             rows = []
             for (seq, report), body in zip(others, bodies, strict=True):
                 moment = encoded.micros(report)
@@ -591,7 +611,7 @@ class SqliteRunStore(RunStore):
         )
         while rows := cursor.fetchmany(PAGE):
             for millis, seq, micros, number, power, metadata, processed in rows:
-                report = _power_report(micros, series[number], power, orjson.loads(metadata))
+                report = power_report(micros, series[number], power, orjson.loads(metadata))
                 yield millis, seq, report, processed
 
     def _other_reports(
@@ -607,7 +627,7 @@ class SqliteRunStore(RunStore):
             "WHERE run = ? AND ts BETWEEN ? AND ?" + kind_filter + " ORDER BY ts, seq",
             arguments,
         )
-        documents = _Documents()
+        documents = Documents()
         while rows := cursor.fetchmany(PAGE):
             for millis, seq, kind, body, processed in rows:
                 yield millis, seq, documents.report(kind, body), processed
@@ -662,7 +682,7 @@ class MongoRunStore(RunStore):
         layout = self.db.store.find_one({"_id": "layout"})
         if layout is not None and layout.get("version", 0) >= LAYOUT:
             return
-        stored = _Documents()
+        stored = Documents()
         while page := list(self.db.run_reports.find({"kind": POWER}).limit(PAGE)):
             documents = []
             for document in page:
@@ -700,8 +720,8 @@ class MongoRunStore(RunStore):
     ) -> int:
         batches: dict[str, list[dict[str, Any]]] = {"run_power": [], "run_reports": []}
         total = 0
-        micros = None if processed is None else _micros(processed)
-        encoded = _Encoded()
+        micros = processing_micros(processed)
+        encoded = Encoded()
         for report in reports:
             self._sequence += 1
             if isinstance(report, PowerReport):
@@ -776,68 +796,50 @@ class MongoRunStore(RunStore):
             if len(page) < PAGE:
                 return
 
-    _SERIES_FIELDS = ("sensor", "target", "scope", "socket", "device")
-
     def _power_pages(self, run: str, start: int, end: int) -> Iterator[PowerPage]:
-        ids: dict[Series, int] = {}
-        series: dict[int, Series] = {}
-        fields = (*self._SERIES_FIELDS, "us", "power")
+        ids = SeriesIds()
+        fields = (*SERIES_FIELDS, "us", "power")
         for page in self._pages("run_power", run, (start, end), fields=fields):
-            rows = []
-            for d in page:
-                key = Series(d["sensor"], d["target"], d["scope"], d["socket"], d["device"])
-                number = ids.get(key)
-                if number is None:
-                    number = ids[key] = len(ids)
-                    series[number] = key
-                rows.append((d["ts"] * 1000 + d["us"], number, d["power"]))
-            yield PowerPage(rows, series)
+            rows = [(d["ts"] * 1000 + d["us"], ids.number(_series(d)), d["power"]) for d in page]
+            yield PowerPage(rows, ids.series)
 
     def _timeline_pages(self, run: str, start: int, end: int) -> Iterator[TimelinePage]:
-        ids: dict[Series, int] = {}
-        series: dict[int, Series] = {}
+        ids = SeriesIds()
 
         def power() -> Iterator[TimelineRow]:
-            fields = (*self._SERIES_FIELDS, "us", "power", "processed")
+            fields = (*SERIES_FIELDS, "us", "power", "processed")
             for page in self._pages("run_power", run, (start, end), fields=fields):
                 for d in page:
-                    key = Series(d["sensor"], d["target"], d["scope"], d["socket"], d["device"])
-                    number = ids.get(key)
-                    if number is None:
-                        number = ids[key] = len(ids)
-                        series[number] = key
-                    processed = d.get("processed")
                     yield (
-                        d["ts"] * 1000 + d["us"], number, d["power"],
-                        None if processed is None else processed / 1e6, d["ts"], d["seq"],
+                        d["ts"] * 1000 + d["us"], ids.number(_series(d)), d["power"],
+                        processing_seconds(d.get("processed")), d["ts"], d["seq"],
                     )  # fmt: skip
 
         def others() -> Iterator[TimelineRow]:
             fields = ("us", "processed", "report.timestamp")
             for page in self._pages("run_reports", run, (start, end), fields=fields):
                 for d in page:
-                    micros = d["ts"] * 1000 + _sub_millisecond(d)
-                    processed = d.get("processed")
                     yield (
-                        micros, NOT_POWER, 0.0, None if processed is None else processed / 1e6,
-                        d["ts"], d["seq"],
+                        d["ts"] * 1000 + _sub_millisecond(d), NOT_POWER, 0.0,
+                        processing_seconds(d.get("processed")), d["ts"], d["seq"],
                     )  # fmt: skip
 
         merged = heapq.merge(power(), others(), key=lambda row: (row[4], row[5]))
         while rows := list(islice(merged, PAGE)):
-            yield TimelinePage(rows, series)
+            yield TimelinePage(rows, ids.series)
 
     def _power_reports(self, run: str, start: int, end: int) -> Iterator[Row]:
         for page in self._pages("run_power", run, (start, end)):
             for d in page:
-                key = Series(d["sensor"], d["target"], d["scope"], d["socket"], d["device"])
-                report = _power_report(d["ts"] * 1000 + d["us"], key, d["power"], d["metadata"])
+                report = power_report(
+                    d["ts"] * 1000 + d["us"], _series(d), d["power"], d["metadata"]
+                )
                 yield d["ts"], d["seq"], report, d.get("processed")
 
     def _other_reports(
         self, run: str, start: int, end: int, kinds: Sequence[str] | None
     ) -> Iterator[Row]:
-        documents = _Documents()
+        documents = Documents()
         for page in self._pages("run_reports", run, (start, end), kinds):
             for d in page:
                 yield (
@@ -860,7 +862,7 @@ class MongoRunStore(RunStore):
 
 
 def _power_document(
-    run: str, seq: int, report: PowerReport, processed: int | None, encoded: _Encoded | None = None
+    run: str, seq: int, report: PowerReport, processed: int | None, encoded: Encoded | None = None
 ) -> dict[str, Any]:
     """A PowerReport as a ``run_power`` document."""
     micros = to_micros(report.timestamp) if encoded is None else encoded.micros(report)
@@ -875,9 +877,87 @@ def _power_document(
     return document
 
 
+SERIES_FIELDS = Series._fields
+"""A ``run_power`` document's fields that name its series."""
+
+
+def _series(document: dict[str, Any]) -> Series:
+    """The series a ``run_power`` document's power is of."""
+    return Series(*(document[name] for name in SERIES_FIELDS))
+
+
 def _sub_millisecond(document: dict[str, Any]) -> int:
     """The µs beyond the millisecond of a ``run_reports`` document; the first layout did not
     store them, its report's timestamp has them."""
     if "us" in document:
         return int(document["us"])
     return to_micros(to_utc(document["report"]["timestamp"])) % 1000
+
+
+def system_info() -> dict[str, Any]:
+    """What is known of this machine, in the keys of the GPU measurement directory spec (and
+    ``node``, its host name): for runs recorded on it, never for runs imported into it."""
+    return {
+        "platform": platform.platform(),
+        "os_release": platform.release(),
+        "os_version": platform.version(),
+        "machine": platform.machine(),
+        "python_version": platform.python_version(),
+        "node": platform.node(),
+    }
+
+
+def event_data(value: object) -> int | str | None:
+    """An event's data as wattflow records it: the spec's integer index where the value is a
+    whole number (``3``, ``"3"``, ``3.0``, numpy's integers), other values as text, ``None``
+    for none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return int(value) if re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, bool) and hasattr(value, "__index__"):
+        return operator.index(cast(SupportsIndex, value))
+    return str(value)
+
+
+def new_run(identifier: str, parameters: Mapping[str, float] | None = None) -> Run:
+    """A run recorded on this machine from now on: its window is this moment until reports or
+    events widen it, its system info this machine's (:func:`system_info`).
+
+    Raises:
+        StoreError: for an id that names no run (see :func:`run_id`).
+    """
+    experiment, benchmark, settings, repetition = parse_run_id(identifier)
+    now = datetime.now(UTC)
+    return Run(
+        id=run_id(experiment, benchmark, settings, repetition),
+        experiment=experiment,
+        benchmark=benchmark,
+        settings=settings,
+        repetition=repetition,
+        parameters=dict(parameters or {}),
+        system=system_info(),
+        start=now,
+        end=now,
+    )
+
+
+def mark(store: RunStore, run: Run, event: EventName, data: object = None) -> Run:
+    """Record an event now in a run, and widen its window to hold it: ``wattflow runs mark``
+    and a program's ``record()`` both mark runs this way. Returns the run as widened.
+
+    ``data`` is the event's index (an epoch or batch number, as the GPU measurement
+    directory's spec has it): see :func:`event_data`.
+    """
+    now = datetime.now(UTC)
+    report = EventReport(
+        timestamp=now, sensor=platform.node(), target="all", event=event, data=event_data(data)
+    )
+    store.add_reports(run.id, [report], processed=now)
+    if run.start <= now <= run.end:
+        return run
+    run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
+    store.save_run(run, widen=True)
+    return run
