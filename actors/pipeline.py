@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
 from wattflow.actors.formulas.base import Dispatch, Formula, FormulaActor, FormulaConfig
+from wattflow.actors.graph import INPUTS, ROUTER, StageGraph
 from wattflow.actors.naming import TargetNaming
 from wattflow.actors.partition import Partition
 from wattflow.actors.preprocessors.base import PreProcessor
@@ -75,13 +76,15 @@ def _fed(formula: type[Formula[Any]], given: set[str]) -> bool:
     return False
 
 
-def _named(naming: TargetNaming, dispatch: Dispatch) -> Dispatch:
-    """``dispatch`` with ``naming`` applied to what it is handed first."""
-
-    async def named(produced: list[Report | Frame]) -> None:
-        await dispatch(naming(produced))
-
-    return named
+def _naming(name_targets: bool, pre_processors: Sequence[PreProcessor[Any]]) -> TargetNaming | None:
+    """The naming step between every formula and what takes its output (the outputs, and the
+    formulas that read other formulas'), so that every output and every reader sees the same
+    names: the resolver's (``name_targets``) and those of the pre-processors that name outputs
+    (the k8s one's pods); ``None`` when neither names anything."""
+    labellers = [p.output_labels for p in pre_processors if p.names_outputs]
+    if not name_targets and not labellers:
+        return None
+    return TargetNaming(resolver=name_targets, extra=labellers)
 
 
 def _assign(partition: Partition | None, pullers: list[Puller[Any]]) -> Partition | None:
@@ -270,9 +273,9 @@ class Pipeline:
             for p in pushers
         ]
         self._pushers_by_kind: dict[str, list[PusherActor]] = {}
+        self.naming = _naming(name_targets, pre_processors)
+        """The naming step between every formula and what takes its output, if any."""
         self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
-        self._wire_second_stage()
-        self._name_targets(name_targets, pre_processors)
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
@@ -287,9 +290,29 @@ class Pipeline:
         self.passed_through = self._passed_through({p.config.model for p in pullers})
         """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
         to a GPUReport output), besides what the formulas make of them."""
-        # Producers the outputs wait for: each formula, and the pullers when they feed the
-        # outputs too (those then close after the pullers are done as well).
-        self._formulas_running = len(self.formulas) + (1 if self.passed_through else 0)
+        self.graph = self._declare_graph()
+        """Which stage feeds which, declared once: the mailboxes wait for their producers."""
+
+    def _declare_graph(self) -> StageGraph:
+        """The stage graph, and each mailbox and formula told how many producers feed it."""
+        graph = StageGraph.of(
+            [actor.name for actor in self.formulas],
+            [a.name for a in self.formulas if a.formula.takes_formula_output(a.config)],
+            [actor.name for actor in self.pushers],
+            passed_through=bool(self.passed_through),
+        )
+        self._stages: dict[str, Router | FormulaActor | PusherActor] = {ROUTER: self.router}
+        self._stages.update((actor.name, actor) for actor in self.formulas)
+        self._stages.update((actor.name, actor) for actor in self.pushers)
+        for edge in graph.edges:
+            self._stages[edge.consumer].mailbox.expect_producers(len(edge.producers))
+        for actor in self.formulas:
+            actor.producers = len(graph.producers(actor.name))  # copies of each barrier
+        self._readers = {
+            actor.name: [self.formula_named(r) for r in graph.readers_of(actor.name)]
+            for actor in self.formulas
+        }
+        return graph
 
     def _checkpoints(
         self,
@@ -370,15 +393,16 @@ class Pipeline:
                 continue
             config = formula.configured(config, frozenset(given))
             formula.prepare(config)
+            stage = f"formula:{formula.name}"
             actor = FormulaActor(
                 formula,
                 config,
                 queue=self.queue,
                 ledger=self.ledger,
                 dead_letters=self.dead_letters,
-                dispatch=self._dispatch,
+                dispatch=self._hand_on_from(stage),
+                on_done=self._closes_after(stage),
             )
-            actor.on_done = self._formula_done
             actors.append(actor)
         return actors
 
@@ -456,64 +480,53 @@ class Pipeline:
         if plain:
             await self._dispatch(plain)  # type: ignore[arg-type]
 
-    def _wire_second_stage(self) -> None:
-        """Let formulas that read the others' output (the node formula's shares) get it.
+    def formula_named(self, name: str) -> FormulaActor:
+        """The formula actor of stage ``name`` (``formula:node``)."""
+        found = self._stages[name]
+        assert isinstance(found, FormulaActor)
+        return found
 
-        Their mailbox then has several producers, the router and each other formula, and
-        closes once all of them are done, so the drain still goes front to back.
-        """
-        second = [
-            actor for actor in self.formulas if actor.formula.takes_formula_output(actor.config)
-        ]
-        if not second:
-            return
-        first = [actor for actor in self.formulas if actor not in second]
-        for actor in second:
-            actor.mailbox.expect_producers(1 + len(first))
-            actor.producers = 1 + len(first)
+    def _hand_on_from(self, stage: str) -> Dispatch:
+        """How a formula's output goes on: named (the naming step, if any), to the formulas
+        that read it (the graph's), then to the outputs, in order."""
 
-        for actor in first:
+        async def hand_on(produced: list[Report | Frame]) -> None:
+            if self.naming is not None:
+                produced = self.naming(produced)
+            readers = self._readers.get(stage)
+            if readers:
+                await self._to_readers(readers, produced)
+            await self._dispatch(produced)
 
-            async def dispatch(produced: list[Report | Frame]) -> None:
-                barrier = barrier_of(produced)
-                if barrier is not None:
-                    for taker in second:
-                        await taker.mailbox.put([(None, barrier)])
-                    await self._dispatch(produced)
-                    return
-                reports = expand(produced)
-                for taker in second:
-                    pairs = [
-                        (key, report)
-                        for report in reports
-                        if (key := taker.formula.dispatch_key(report)) is not None
-                    ]
-                    if pairs:
-                        self.ledger.routed += len(pairs)
-                        await taker.mailbox.put(pairs)
-                await self._dispatch(produced)
+        return hand_on
 
-            async def done() -> None:
-                for taker in second:
-                    await taker.mailbox.close()
-                await self._formula_done()
-
-            actor.dispatch = dispatch
-            actor.on_done = done
-
-    def _name_targets(
-        self, name_targets: bool, pre_processors: Sequence[PreProcessor[Any]]
+    async def _to_readers(
+        self, readers: list[FormulaActor], produced: list[Report | Frame]
     ) -> None:
-        """Put :class:`~wattflow.actors.naming.TargetNaming` between every formula and what
-        takes its output (the outputs, and the formulas that read other formulas'), so that
-        every output and every reader sees the same names: the resolver's (``name_targets``)
-        and those of the pre-processors that name outputs (the k8s one's pods)."""
-        labellers = [p.output_labels for p in pre_processors if p.names_outputs]
-        if not name_targets and not labellers:
+        """A formula's output (or the barrier it passes on) to each formula that reads it, as
+        the router would hand it: to the instance its dispatch key names."""
+        barrier = barrier_of(produced)
+        if barrier is not None:
+            for reader in readers:
+                await reader.mailbox.put([(None, barrier)])
             return
-        naming = TargetNaming(resolver=name_targets, extra=labellers)
-        for actor in self.formulas:
-            actor.dispatch = _named(naming, actor.dispatch)
+        reports = expand(produced)
+        for reader in readers:
+            key_of = reader.formula.dispatch_key
+            pairs = [(key, report) for report in reports if (key := key_of(report)) is not None]
+            if pairs:
+                self.ledger.routed += len(pairs)
+                await reader.mailbox.put(pairs)
+
+    def _closes_after(self, stage: str) -> Callable[[], Awaitable[None]]:
+        """What a stage does once it is done: close the mailbox of each stage it feeds (one
+        closes once every producer of its edge did)."""
+
+        async def close() -> None:
+            for consumer in self.graph.consumers(stage):
+                await self._stages[consumer].mailbox.close()
+
+        return close
 
     async def pass_through(self, batch: list[Report]) -> None:
         """Hand input reports to the outputs that take their kind, as they are.
@@ -526,12 +539,6 @@ class Pipeline:
             for actor in self._pushers_for(kind):
                 self.ledger.dispatched += len(reports)
                 await actor.mailbox.put(reports)
-
-    async def _formula_done(self) -> None:
-        self._formulas_running -= 1
-        if self._formulas_running == 0:
-            for actor in self.pushers:
-                await actor.mailbox.close()
 
     def _on_give_up(self, reason: str) -> None:
         self.stop()
@@ -560,6 +567,7 @@ class Pipeline:
         Process-wide settings (the garbage collector's, signal handlers) are left to the program
         that runs the pipeline: ``wattflow run`` tunes the collector for itself.
         """
+        logger.debug("%s stages: %s", self.label, "; ".join(self.graph.describe()))
         checkpoints = self.checkpoints
         store = checkpoints.store
         if store is not None and store.restored_by is None:
@@ -615,16 +623,12 @@ class Pipeline:
         A last checkpoint follows everything the inputs handed on; the formulas take their
         snapshot after their flush, so it holds their models and nothing still to report.
         """
-        if not self.formulas and not self.passed_through:
-            await self._formula_done_without_formulas()
         await self.supervisor.wait([p.name for p in self.pullers])
         timer.cancel()
         checkpoints = self.checkpoints
         if checkpoints.store is not None and all(e.at_boundary for e in checkpoints.inputs):
             await self._put_barrier(checkpoints.start(final=True))
-        if self.passed_through:
-            await self._formula_done()
-        await self.router.mailbox.close()
+        await self._closes_after(INPUTS)()
         await self.supervisor.wait()
 
     async def _within_deadline(
@@ -728,7 +732,3 @@ class Pipeline:
         if not self.ledger.balanced():
             logger.error("ledger does not balance: %s", self.ledger)
         return result
-
-    async def _formula_done_without_formulas(self) -> None:
-        self._formulas_running = 1
-        await self._formula_done()

@@ -263,6 +263,7 @@ class FormulaActor(Actor):
         ledger: Ledger,
         dead_letters: DeadLetters,
         dispatch: Dispatch,
+        on_done: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(f"formula:{formula.name}")
         self.formula = formula
@@ -280,7 +281,8 @@ class FormulaActor(Actor):
         order, before :attr:`dispatch` hands it on: so they see it as the formula made it,
         before it is named. The status (``--http-port``) watches the output here; with no
         observer a batch costs one test of an empty list."""
-        self.on_done: Callable[[], Awaitable[None]] | None = None
+        self.on_done = on_done
+        """What the actor does once it is done: close the mailboxes it feeds."""
         self._in_flight: list[tuple[Hashable, Report | Frame]] = []
         self._logged_failures: set[str] = set()
         self.produced = 0
