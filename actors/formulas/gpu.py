@@ -96,6 +96,7 @@ from wattflow.actors.formulas.gpu_sharing import (
     ProcessPowers,
     ProcessWindow,
 )
+from wattflow.actors.formulas.window import StreamTime
 from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
 
 logger = logging.getLogger(__name__)
@@ -371,6 +372,9 @@ class GpuFormula(Formula[GpuConfig]):
     def __init__(self, config: GpuConfig, key: Hashable) -> None:
         super().__init__(config, key)
         self.devices: dict[str, _DeviceState] = {}
+        self.streams: dict[str, StreamTime] = {}
+        """Each device's stream time, its newest tick (µs): rebuilt by the first tick after a
+        restart, before any held tick is judged by it."""
 
     @classmethod
     def dispatch_key(cls, report: Report) -> Hashable | None:
@@ -442,16 +446,27 @@ class GpuFormula(Formula[GpuConfig]):
             self._add_instance_window(device, state, index, start_us, end_us)
         _hold(state, _Tick(report, start_us, end_us, reading_w, device.util_gpu, waits),
               device.total_energy, first, device.total_energy_us)  # fmt: skip
-        hold_us = self.config.gpu_hold_ms * 1000
+        held_until = self._held_until(index, end_us)
         emitted = 0
         while state.held and (
             (state.held[0].settled and _covered(state.held[0], state))
-            or end_us - state.held[0].end_us >= hold_us
+            or state.held[0].end_us <= held_until
             or len(state.held) > MAX_HELD_TICKS
         ):
             emitted += self._release(state.held.popleft(), state, index, out)
         _forget_windows(state)
         return emitted
+
+    def _held_until(self, index: str, end_us: int) -> int:
+        """The newest tick end (µs) the device's stream has gone ``--gpu-hold-ms`` past: the
+        ticks up to it are released whether or not a window covers them."""
+        stream = self.streams.get(index)
+        if stream is None:
+            stream = self.streams[index] = StreamTime(lateness=self.config.gpu_hold_ms * 1000)
+        stream.observe(index, end_us, 0.0)
+        horizon = stream.horizon()
+        assert horizon is not None
+        return horizon
 
     def _add_window(
         self, device: GPUDevice, state: _DeviceState, start_us: int, end_us: int

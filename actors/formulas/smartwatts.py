@@ -77,6 +77,7 @@ from wattflow.actors.formulas.smartwatts_frames import (
     assemble,
     is_canonical,
 )
+from wattflow.actors.formulas.window import StreamTime
 from wattflow.formats.frames import (
     Column,
     FormulaFrame,
@@ -90,6 +91,9 @@ from wattflow.formats.powerapi import decode_json, encode_json
 from wattflow.formats.reports import HWPCReport, Report, to_millis
 
 COMPAT_SMARTWATTS_24 = "smartwatts-2.4"
+
+HWPC = "hwpc"
+"""The one source of a sensor's SmartWatts instance: its hwpc-sensor stream."""
 
 SMARTWATTS_BUFFERED_TICKS = 5
 """SmartWatts 2.4.1 processes its oldest tick once more than this many are buffered."""
@@ -244,8 +248,9 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         self.arrival: list[int] = []
         """Compat mode: the pending ticks (ms) in the order they first came, SmartWatts'
         order of processing them."""
-        self.latest_ms: int | None = None
-        """The newest tick received (default mode): where the sensor's stream is."""
+        self.stream = StreamTime(lateness=config.tick_lateness_ms)
+        """Where the sensor's stream is, its newest tick (default mode): the ticks
+        ``--tick-lateness-ms`` behind it are ripe."""
         self.last_ms: int | None = None
         """The last tick processed (default mode): the next one's interval starts there."""
 
@@ -305,7 +310,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             SmartWattsState(
                 compat=self.compat,
                 last_ms=self.last_ms,
-                latest_ms=self.latest_ms,
+                latest_ms=self.stream.newest_ms(HWPC),
                 arrival=self.arrival,
                 pending=None if pending is None else [encode_json(r) for r in pending],
                 scopes={
@@ -332,7 +337,9 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             }
             for scope in self.scopes
         }
-        self.last_ms, self.latest_ms = saved.last_ms, saved.latest_ms
+        self.last_ms = saved.last_ms
+        if saved.latest_ms is not None:
+            self.stream.observe(HWPC, saved.latest_ms, 0.0)
         self.arrival = saved.arrival
         self.pending = pending
         for scope in self.scopes:
@@ -393,7 +400,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
                 return None
             frame = later
         newest = _last_ms(frame)
-        self.latest_ms = newest if self.latest_ms is None else max(self.latest_ms, newest)
+        self.stream.observe(HWPC, newest, 0.0)
         return frame
 
     def _late(self, frame: HWPCFrame, out: Output) -> None:
@@ -429,12 +436,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         if not self._queued:
             return []
         if not self.compat:
-            horizon = (
-                None
-                if final or self.latest_ms is None
-                else (self.latest_ms - self.config.tick_lateness_ms)
-            )
-            ripe = self._ripe_queued(horizon)
+            ripe = self._ripe_queued(None if final else self.stream.horizon())
             return self._estimate(ripe, out) if ripe is not None else []
         produced: Produced = []
         keep = 0 if final else SMARTWATTS_BUFFERED_TICKS

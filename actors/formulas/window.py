@@ -1,10 +1,13 @@
-"""Event time for the formulas that combine several sources: how far a stream has come.
+"""Event time, the one window every formula holds its ticks by: how far a stream has come.
 
-A formula that joins sources (the node formula: a meter, RAPL, the GPUs and the targets'
-estimates; the energy formula: the cpu, dram and gpu reports) must decide when a moment of the
-stream is complete. Deciding by real time ("report an interval two seconds after its end is
-known") makes the output depend on the pace the reports came at: a replay, which reads one file
-faster than another, then gives something other than the live run gave.
+Every formula that holds ticks decides when a moment of its stream is complete: SmartWatts
+when hwpc-sensor's stream has gone ``--tick-lateness-ms`` past a tick, the GPU formula when the
+device's has gone ``--gpu-hold-ms`` past one, the node formula when each of its sources (a
+meter, RAPL, the GPUs, the targets' estimates) came past an interval, the energy formula when
+its slowest scope has been silent long enough. Deciding by real time ("report an interval two
+seconds after its end is known") makes the output depend on the pace the reports came at: a
+replay, which reads one file faster than another, then gives something other than the live run
+gave.
 
 :class:`StreamTime` decides by the sources' own timestamps instead. The stream has come as far
 as its slowest source: a moment is complete once every source has reported a reading at or
@@ -12,7 +15,7 @@ after it, whatever order the readings came in. Real time has one role left, to s
 a source that has gone quiet: a source silent for ``idle_s`` of real time no longer holds the
 others back (nor, at the start, one expected that has not come yet), so a sampler that stops
 does not stall the node. A replay, whose every source keeps coming until it ends, is therefore
-cut the same way as the live run that recorded it.
+cut the same way as the live run that recorded it (``tests/test_replay_equals_live.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +34,19 @@ class SourceTime(msgspec.Struct):
 
 
 class StreamTime:
-    """The event time of a stream of several sources, each held back by the slowest one."""
+    """The event time of a stream of one or several sources, each held back by the slowest;
+    the moments at least ``lateness`` behind it are ripe (in the sources' own unit: ms for
+    hwpc-sensor's ticks, µs for the GPU's)."""
 
     def __init__(
-        self, idle_s: float, expected: frozenset[str] = frozenset(), started: float | None = None
+        self,
+        idle_s: float = math.inf,
+        expected: frozenset[str] = frozenset(),
+        started: float | None = None,
+        lateness: int = 0,
     ) -> None:
         self.idle_s = idle_s
+        self.lateness = lateness
         self.expected = expected
         """The sources the stream will have (known from the pipeline's inputs): at the start,
         one yet to come holds the others back as one that went quiet does."""
@@ -71,6 +81,12 @@ class StreamTime:
         if live:
             return min(live)
         return max((s.newest_ms for s in self.sources.values()), default=None)
+
+    def horizon(self, now: float = 0.0) -> int | None:
+        """The newest moment that is ripe: ``lateness`` behind the stream's time (``None``
+        while it has none). ``now`` matters only for sources that can go quiet."""
+        time_ms = self.time_ms(now)
+        return None if time_ms is None else time_ms - self.lateness
 
     def deadline(self) -> float | None:
         """When the stream's time next moves without a reading, after it was last asked
