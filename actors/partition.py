@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.frames import Batch, Frame, HWPCFrame
 from wattflow.formats.reports import Report
 
 _FORMAT = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -89,9 +88,7 @@ class Partition:
         """Whether this instance takes ``sensor``'s reports."""
         return self.count == 1 or _crc32(sensor) % self.count == self.index
 
-    def select(
-        self, batch: Sequence[Report] | Sequence[Frame]
-    ) -> tuple[list[list[Report] | list[Frame]], int]:
+    def select(self, batch: Batch) -> tuple[list[list[Report] | list[Frame]], int]:
         """This partition's share of a batch: the batches to hand on, and how many reports
         were left to the other partitions.
 
@@ -106,9 +103,7 @@ class Partition:
         kept = [report for report in reports if self.owns(report.sensor)]
         return ([kept] if kept else []), len(reports) - len(kept)
 
-    def divide(
-        self, batch: Sequence[Report] | Sequence[Frame]
-    ) -> tuple[list[list[Report] | list[Frame]], list[Report]]:
+    def divide(self, batch: Batch) -> tuple[list[list[Report] | list[Frame]], list[Report]]:
         """This partition's share of a batch (as :meth:`select` cuts it), and the reports of
         the others' sensors, built one by one: for an input that must dead-letter them, since
         the instance that owns them will not see them (a ZeroMQ topic that misnamed their
@@ -117,7 +112,7 @@ class Partition:
         kept, left = self.select(batch)
         return kept, (self._others(batch) if left else [])
 
-    def _others(self, batch: Sequence[Report] | Sequence[Frame]) -> list[Report]:
+    def _others(self, batch: Batch) -> list[Report]:
         """The reports of a batch that other partitions take; a frame of hwpc-sensor's is cut
         per sensor first, so only those sensors' reports are built."""
         if len(batch) == 1 and isinstance(batch[0], HWPCFrame):

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
 from wattflow.actors.formulas.base import Dispatch, Formula, FormulaActor, FormulaConfig
@@ -43,7 +43,7 @@ from wattflow.actors.runtime import (
     retry_with_backoff,
     task_group,
 )
-from wattflow.formats.frames import Frame, batch_size, expand
+from wattflow.formats.frames import Batch, Frame, batch_size, expand
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class _Emitter:
         self.stopping = pipeline.stopping
         self.emitted = 0
         """Reports this puller handed to the router."""
-        self.pending: Sequence[Report] | Sequence[Frame] = ()
+        self.pending: Batch = ()
         """A batch waiting for room in the router's mailbox (dead-lettered if never taken)."""
         self.skipped = 0
         """Reports of other partitions' sensors this puller read and let go."""
@@ -143,7 +143,7 @@ class _Emitter:
         pipeline.restore_state(data)
         pipeline.state_ready.set()
 
-    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def emit(self, batch: Batch) -> None:
         partition = self._pipeline.partition
         if partition is None or not batch:
             await self._emit(self._pre_processed(batch))
@@ -153,9 +153,7 @@ class _Emitter:
         for part in taken:
             await self._emit(self._pre_processed(part))
 
-    def _pre_processed(
-        self, batch: Sequence[Report] | Sequence[Frame]
-    ) -> Sequence[Report] | Sequence[Frame]:
+    def _pre_processed(self, batch: Batch) -> Batch:
         """The batch as the input's pre-processor leaves it; what it let go is counted."""
         if self.pre_processor is None or not batch:
             return batch
@@ -170,7 +168,7 @@ class _Emitter:
         self.skipped += count
         self._pipeline.ledger.skipped += count
 
-    async def _emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def _emit(self, batch: Batch) -> None:
         if batch:
             self.at_boundary = False
             self.pending = batch
@@ -436,7 +434,10 @@ class Pipeline:
                 return
             await self._dispatch_frames(reports)
             return
-        for actor, batch in self._shares(reports):  # type: ignore[arg-type]
+        await self._dispatch_reports(cast(list[Report], reports))  # no frame: reports only
+
+    async def _dispatch_reports(self, reports: list[Report]) -> None:
+        for actor, batch in self._shares(reports):
             self.ledger.dispatched += len(batch)
             await actor.mailbox.put(batch)
 
@@ -462,7 +463,7 @@ class Pipeline:
                 plain.append(item)
                 continue
             if plain:
-                await self._dispatch(plain)  # type: ignore[arg-type]
+                await self._dispatch_reports(plain)
                 plain = []
             takers = self._pushers_for(item.kind)
             if not takers:
@@ -478,7 +479,7 @@ class Pipeline:
                     reports = item.reports()
                 await actor.mailbox.put(reports)
         if plain:
-            await self._dispatch(plain)  # type: ignore[arg-type]
+            await self._dispatch_reports(plain)
 
     def formula_named(self, name: str) -> FormulaActor:
         """The formula actor of stage ``name`` (``formula:node``)."""

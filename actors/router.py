@@ -10,7 +10,7 @@ from operator import attrgetter
 from wattflow.actors.checkpoints import barrier_of
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
-from wattflow.formats.frames import Frame, batch_size, expand, holds_frame
+from wattflow.formats.frames import Frame, batch_size, expand
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
@@ -58,12 +58,15 @@ class Router(Actor):
                 continue
             self._in_flight = batch
             size = batch_size(batch)
-            parts = self._route_frame(batch[0]) if holds_frame(batch) else None  # type: ignore[arg-type]
+            first = batch[0]
+            alone = len(batch) == 1  # as a frame travels
+            parts = self._route_frame(first) if alone and isinstance(first, Frame) else None
             if parts is not None:
                 for actor, pairs in parts.items():
                     for pair in pairs:  # a frame travels alone
-                        self.ledger.routed += len(pair[1])  # type: ignore[arg-type]
-                        self.delivered += len(pair[1])  # type: ignore[arg-type]
+                        routed = batch_size([pair])
+                        self.ledger.routed += routed
+                        self.delivered += routed
                         await actor.mailbox.put([pair])
             else:
                 for actor, items in self._route(expand(batch)).items():

@@ -104,7 +104,7 @@ def estimate(
         if instance is None:
             instance = instances[key] = formula(config, key)
         out = Output()
-        instance.process([part], out)  # type: ignore[list-item]
+        instance.process([part], out)
         made.extend(out.items())
     for instance in instances.values():
         out = Output()

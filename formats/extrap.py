@@ -333,7 +333,7 @@ def require_extrap() -> None:
         ExtrapError: when the ``extrap`` package is not installed.
     """
     try:
-        import extrap  # type: ignore[import-untyped]  # noqa: F401
+        import extrap  # noqa: F401
     except ImportError:
         raise ExtrapError(
             "writing .extra-p experiments needs Extra-P's own package: pip install extrap "
@@ -354,14 +354,14 @@ def write_experiment(measurements: Measurements, path: Path, *, model: bool = Fa
         ExtrapError: when ``extrap`` is not installed, or a value is not a finite number.
     """
     require_extrap()
-    from extrap.entities.callpath import Callpath  # type: ignore[import-untyped]
-    from extrap.entities.coordinate import Coordinate  # type: ignore[import-untyped]
-    from extrap.entities.experiment import Experiment  # type: ignore[import-untyped]
-    from extrap.entities.measurement import Measurement  # type: ignore[import-untyped]
-    from extrap.entities.metric import Metric  # type: ignore[import-untyped]
-    from extrap.entities.parameter import Parameter  # type: ignore[import-untyped]
-    from extrap.fileio import experiment_io, io_helper  # type: ignore[import-untyped]
-    from extrap.modelers.model_generator import ModelGenerator  # type: ignore[import-untyped]
+    from extrap.entities.callpath import Callpath
+    from extrap.entities.coordinate import Coordinate
+    from extrap.entities.experiment import Experiment
+    from extrap.entities.measurement import Measurement
+    from extrap.entities.metric import Metric
+    from extrap.entities.parameter import Parameter
+    from extrap.fileio import experiment_io, io_helper
+    from extrap.modelers.model_generator import ModelGenerator
 
     experiment = Experiment()
     for name in measurements.parameters:

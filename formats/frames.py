@@ -22,7 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,11 @@ class Frame(ABC):
         """The reports the frame stands for, in order."""
 
 
+Batch = Sequence[Report | Frame]
+"""What moves from stage to stage: reports, or a frame standing for many (a frame travels
+alone in its batch). The formulas take it (:meth:`Formula.process`), the outputs write it."""
+
+
 def batch_size(batch: Sequence[Any]) -> int:
     """How many reports a batch holds: a frame travels alone and counts as its reports.
 
@@ -93,10 +98,10 @@ def holds_frame(batch: Sequence[Any]) -> bool:
     return isinstance(item, Frame)
 
 
-def expand(batch: Sequence[Report | Frame] | Sequence[Report]) -> list[Report]:
+def expand(batch: Batch) -> list[Report]:
     """The reports of a batch, frames replaced by the reports they stand for."""
     if not any(isinstance(item, Frame) for item in batch):
-        return list(batch)  # type: ignore[arg-type]
+        return cast(list[Report], list(batch))  # no frame in it: reports only
     reports: list[Report] = []
     for item in batch:
         if isinstance(item, Frame):

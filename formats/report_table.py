@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Column, FloatArray, Frame, IntArray, PowerFrame
+from wattflow.formats.frames import Batch, Column, FloatArray, Frame, IntArray, PowerFrame
 from wattflow.formats.reports import (
     FormulaReport,
     PowerReport,
@@ -73,7 +73,7 @@ class ReportTable:
         return len(self.timestamps.codes)
 
     @classmethod
-    def of(cls, batch: Sequence[Report] | Sequence[Frame]) -> ReportTable:
+    def of(cls, batch: Batch) -> ReportTable:
         """The table of a batch: of reports, or of a frame, which travels alone (a PowerFrame
         read straight from its columns, any other frame from its reports)."""
         if len(batch) == 1 and isinstance(batch[0], Frame):
@@ -306,7 +306,7 @@ def as_column(values: Values | None, rows: int) -> Column:
 # --- JSON Lines -------------------------------------------------------------------------------
 
 
-def encode_json_lines(batch: Sequence[Report] | Sequence[Frame]) -> bytes:
+def encode_json_lines(batch: Batch) -> bytes:
     """A batch of reports, or one frame, as JSON Lines in UTF-8: each report what
     :func:`~wattflow.formats.powerapi.encode_json` writes, then a newline."""
     if not batch:

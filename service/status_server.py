@@ -25,14 +25,14 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from wattflow.actors.status import PipelineStatus, Snapshot
+from wattflow.actors.status import Snapshot
 from wattflow.formats.errors import WattflowError
 
 logger = logging.getLogger(__name__)
@@ -66,11 +66,18 @@ class _Fixed(Collector):
         return iter(self.families)
 
 
+class Snapshots(Protocol):
+    """What the server asks for each request: a pipeline's status (:class:`PipelineStatus`),
+    or, under ``--workers``, every worker's together (``workers.WorkersStatus``)."""
+
+    async def snapshot(self) -> Snapshot: ...
+
+
 class StatusServer:
     """Serves a pipeline's health, readiness and metrics from its own thread."""
 
     def __init__(
-        self, status: PipelineStatus, addr: str, port: int, answer_s: float = LOOP_ANSWER_S
+        self, status: Snapshots, addr: str, port: int, answer_s: float = LOOP_ANSWER_S
     ) -> None:
         self.status = status
         self.answer_s = answer_s

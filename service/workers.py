@@ -630,7 +630,7 @@ def run_workers(config: ServiceConfig) -> int:
         pool.listen()
         status = None
         if config.http_port is not None:
-            status = StatusServer(WorkersStatus(pool), config.http_addr, config.http_port)  # type: ignore[arg-type]
+            status = StatusServer(WorkersStatus(pool), config.http_addr, config.http_port)
             status.listen()
     except WattflowError as error:
         print(f"wattflow: error: {error}", file=sys.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
 import pytest
-from extrap.fileio.file_reader.text_file_reader import TextFileReader  # type: ignore[import-untyped]
+from extrap.fileio.file_reader.text_file_reader import TextFileReader
 
 from wattflow.actors.run_store import open_store
 from wattflow.formats.reports import GPUReport, to_millis

@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extrap.entities.experiment import Experiment  # type: ignore[import-untyped]
-from extrap.fileio.experiment_io import read_experiment  # type: ignore[import-untyped]
-from extrap.fileio.file_reader.json_file_reader import (  # type: ignore[import-untyped]
+from extrap.entities.experiment import Experiment
+from extrap.fileio.experiment_io import read_experiment
+from extrap.fileio.file_reader.json_file_reader import (
     JsonFileReader,
 )
-from extrap.fileio.file_reader.talpas_file_reader import (  # type: ignore[import-untyped]
+from extrap.fileio.file_reader.talpas_file_reader import (
     TalpasFileReader,
 )
-from extrap.fileio.file_reader.text_file_reader import (  # type: ignore[import-untyped]
+from extrap.fileio.file_reader.text_file_reader import (
     TextFileReader,
 )
-from extrap.modelers.model_generator import ModelGenerator  # type: ignore[import-untyped]
+from extrap.modelers.model_generator import ModelGenerator
 
 from wattflow.actors.exporters import exporters
 from wattflow.actors.exporters.base import Exporter

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extrap.fileio.file_reader.json_file_reader import JsonFileReader  # type: ignore[import-untyped]
-from extrap.fileio.file_reader.talpas_file_reader import (  # type: ignore[import-untyped]
+from extrap.fileio.file_reader.json_file_reader import JsonFileReader
+from extrap.fileio.file_reader.talpas_file_reader import (
     TalpasFileReader,
 )
-from extrap.fileio.file_reader.text_file_reader import TextFileReader  # type: ignore[import-untyped]
+from extrap.fileio.file_reader.text_file_reader import TextFileReader
 
 from wattflow.actors.exporters import exporters
 from wattflow.formats import powerapi

@@ -32,7 +32,7 @@ from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.runtime import DeadLetter, DeadLetters, QueueConfig
 from wattflow.formats import powerapi
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
-from wattflow.formats.frames import HWPCFrame
+from wattflow.formats.frames import Batch, HWPCFrame, expand
 from wattflow.formats.reports import (
     GPUDevice,
     GPUProcess,
@@ -369,9 +369,9 @@ class EscapingFormula(Formula[EscapingConfig]):
     def dispatch_key(cls, report: Report) -> Hashable | None:
         return report.sensor
 
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         self.calls.append(len(reports))
-        for report in reports:
+        for report in expand(reports):
             if report.target == "poison":
                 raise ModelFault("poisoned state")
             out.emit(

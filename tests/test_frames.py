@@ -348,7 +348,7 @@ def _power_frames(paths: list[Path]) -> list[PowerFrame]:
         assert isinstance(item, HWPCFrame)
         for _, part in SmartWattsFormula.frame_parts(item) or []:
             out = Output()
-            formula.process([part], out)  # type: ignore[list-item]
+            formula.process([part], out)
             frames.extend(r for r in out.frames if isinstance(r, PowerFrame))
     return frames
 

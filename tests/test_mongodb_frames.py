@@ -27,7 +27,7 @@ from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.actors.pullers.mongodb import MongoDBPuller, MongoDBPullerConfig, printable
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Frame, HWPCFrame, expand
+from wattflow.formats.frames import Batch, Frame, HWPCFrame, expand
 from wattflow.formats.json_frames import (
     Layout,
     decode_document_reports,
@@ -331,10 +331,10 @@ class Recorder:
 
     def __init__(self) -> None:
         self.stopping = asyncio.Event()
-        self.batches: list[Sequence[Report] | Sequence[Frame]] = []
+        self.batches: list[Batch] = []
         self.rejected: list[tuple[Any, str]] = []
 
-    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def emit(self, batch: Batch) -> None:
         self.batches.append(batch)
 
     def reject(self, payload: Any, reason: str) -> None:
@@ -371,14 +371,14 @@ def test_the_input_hands_on_frames_and_leaves_the_odd_batch_to_reports(
     reports = [batch for batch in recorder.batches if not isinstance(batch[0], Frame)]
     assert [len(batch) for batch in reports] == [7], "only the odd batch goes report by report"
     assert len(framed) >= len(documents) // 7
-    got = [report for batch in recorder.batches for report in expand(batch)]
+    got: list[Report] = [report for batch in recorder.batches for report in expand(batch)]
     expected = powerapi.decode_json_lines(HWPCReport, lines, "test", 1)[0]
-    key: Callable[[Report], Any] = lambda r: (r.timestamp, r.sensor, r.target)  # noqa: E731
+    key: Callable[[Any], Any] = lambda r: (r.timestamp, r.sensor, r.target)  # noqa: E731
     assert encode_json_lines(sorted(got, key=key)) == encode_json_lines(sorted(expected, key=key))
 
 
 def smartwatts_on(
-    batches: Sequence[Sequence[Report] | Sequence[Frame]],
+    batches: Sequence[Batch],
 ) -> dict[str, list[dict[str, Any]]]:
     """SmartWatts' reports for one sensor's batches, each kind's in order (the order between
     kinds is each output's own)."""

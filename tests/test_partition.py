@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,8 @@ import zmq.asyncio
 from wattflow.actors.partition import Partition, partition_of
 from wattflow.actors.pullers.zeromq import ZeroMQPuller, ZeroMQPullerConfig
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Frame
-from wattflow.formats.reports import HWPCReport, Report
+from wattflow.formats.frames import Batch, Frame
+from wattflow.formats.reports import HWPCReport
 
 from .conftest import Service, run_async, wait_until, wattflow
 from .servers import ServerProcess, free_port, mongodb_uri
@@ -480,7 +479,7 @@ class Batches(Collector):
 
     frames = 0
 
-    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def emit(self, batch: Batch) -> None:
         self.frames += sum(1 for item in batch if isinstance(item, Frame))
         await super().emit(batch)
 

@@ -15,6 +15,7 @@ from wattflow.actors.pipeline import Pipeline
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.runtime import ActorClosed, Mailbox, QueueConfig, RestartPolicy
+from wattflow.formats.frames import Batch, expand
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_utc
 
 from .conftest import run_async
@@ -64,8 +65,8 @@ class EchoFormula(Formula[EchoConfig]):
     def dispatch_key(cls, report: Report) -> Hashable | None:
         return report.sensor
 
-    def process(self, reports: list[Report], out: Output) -> None:
-        for report in reports:
+    def process(self, reports: Batch, out: Output) -> None:
+        for report in expand(reports):
             if report.target == "poison":
                 raise ValueError("poisoned counter")
             out.emit(
@@ -85,8 +86,8 @@ class HoldingFormula(EchoFormula):
         super().__init__(config, key)
         self.held: list[Report] = []
 
-    def process(self, reports: list[Report], out: Output) -> None:
-        self.held.extend(reports)
+    def process(self, reports: Batch, out: Output) -> None:
+        self.held.extend(expand(reports))
 
     def flush(self, out: Output) -> None:
         super().process(self.held, out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +24,7 @@ from wattflow.actors.pushers.jsonl import JsonlPusher, JsonlPusherConfig
 from wattflow.actors.pushers.zeromq import ZeroMQPusher, ZeroMQPusherConfig
 from wattflow.actors.runtime import DeadLetters
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Frame, expand
+from wattflow.formats.frames import Batch, expand
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import PowerReport, Report
 
@@ -57,7 +57,7 @@ class Collector:
         self.skipped = 0
         self.slow_s = slow_s
 
-    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def emit(self, batch: Batch) -> None:
         if self.slow_s:
             await asyncio.sleep(self.slow_s)
         self.reports.extend(expand(batch))

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from wattflow.actors.checkpoints import Barrier, barrier_of
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
-from wattflow.formats.frames import Frame, batch_size, expand
+from wattflow.formats.frames import Batch, Frame, batch_size, expand
 from wattflow.formats.reports import Report
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class Formula(ABC, Generic[C]):
         return None
 
     @abstractmethod
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         """Turn a batch of this instance's reports into outputs.
 
         A formula whose :meth:`frame_parts` gives parts also gets batches of one frame.
@@ -444,7 +444,7 @@ class FormulaActor(Actor):
     ) -> list[Report | Frame]:
         out = Output()
         try:
-            formula.process(reports, out)  # type: ignore[arg-type]
+            formula.process(reports, out)
         except Exception as error:
             if formula.replayable:
                 return self._process_one_by_one(formula, expand(reports))

@@ -50,6 +50,7 @@ from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encod
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.window import StreamTime
+from wattflow.formats.frames import Batch, expand
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     GPUReport,
@@ -214,9 +215,9 @@ class EnergyFormula(Formula[EnergyConfig]):
             return None
         return report.sensor if report.metadata.get("scope") in SCOPES else None
 
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         self.last_input = time.monotonic()
-        for report in reports:
+        for report in expand(reports):  # its readers' hand-off gives reports
             mark = out.mark()
             try:
                 self._add(report)

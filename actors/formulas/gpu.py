@@ -97,6 +97,7 @@ from wattflow.actors.formulas.gpu_sharing import (
     ProcessWindow,
 )
 from wattflow.actors.formulas.window import StreamTime
+from wattflow.formats.frames import Batch
 from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
 
 logger = logging.getLogger(__name__)
@@ -400,7 +401,7 @@ class GpuFormula(Formula[GpuConfig]):
             index: _restore_device(device, window) for index, device in saved.devices.items()
         }
 
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         for report in reports:
             assert isinstance(report, GPUReport)
             mark = out.mark()

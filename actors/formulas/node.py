@@ -66,7 +66,7 @@ from wattflow.actors.formulas.rapl import (
     tick_energy,
 )
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.frames import Batch, Frame, HWPCFrame
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     GPUReport,
@@ -260,13 +260,16 @@ class NodeFormula(Formula[NodeConfig]):
                 return report.sensor
         return None
 
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         global_reports: list[Report] = []
         for report in reports:
             if isinstance(report, HWPCFrame):
                 self._rapl(report, out)
             elif isinstance(report, HWPCReport):
                 global_reports.append(report)
+            elif isinstance(report, Frame):  # another formula's frame: its reports are units
+                for one in report.reports():
+                    self._other(one, out)
             else:
                 self._other(report, out)
         if global_reports:

@@ -22,6 +22,7 @@ from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encod
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.formats.frames import (
+    Batch,
     Column,
     EventsTable,
     FloatArray,
@@ -29,6 +30,7 @@ from wattflow.formats.frames import (
     HWPCFrame,
     IntArray,
     PowerFrame,
+    expand,
 )
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import HWPCReport, Report, to_millis
@@ -350,11 +352,11 @@ class RaplFormula(Formula[RaplConfig]):
     def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
         return global_parts(frame)
 
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
             frame: HWPCFrame | None = reports[0]
         else:
-            frame = frame_of_global_reports(reports, out)
+            frame = frame_of_global_reports(expand(reports), out)
         if frame is None:
             return
         mark = out.mark()

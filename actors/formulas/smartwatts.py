@@ -79,6 +79,7 @@ from wattflow.actors.formulas.smartwatts_frames import (
 )
 from wattflow.actors.formulas.window import StreamTime
 from wattflow.formats.frames import (
+    Batch,
     Column,
     FormulaFrame,
     FormulaRow,
@@ -86,6 +87,7 @@ from wattflow.formats.frames import (
     HWPCFrame,
     IntArray,
     PowerFrame,
+    expand,
 )
 from wattflow.formats.powerapi import decode_json, encode_json
 from wattflow.formats.reports import HWPCReport, Report, to_millis
@@ -283,14 +285,14 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
             return None
         return [(sensor, frame.of_sensor(sensor)) for sensor in frame.sensors()]
 
-    def process(self, reports: list[Report], out: Output) -> None:
+    def process(self, reports: Batch, out: Output) -> None:
         frame: HWPCFrame | None
         if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
             frame, arrival = reports[0], None
             if not is_canonical(frame):
                 frame, arrival = self._frame_of(frame.reports(), out)
         else:
-            frame, arrival = self._frame_of(reports, out)
+            frame, arrival = self._frame_of(expand(reports), out)
         if frame is not None:
             self._take(frame, arrival, out)
         self._emit(self._ripe(out, final=False), out)

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from wattflow.formats.frames import Frame
-from wattflow.formats.reports import Report
+from wattflow.formats.frames import Batch
 
 
 class PreProcessorConfig(BaseModel):
@@ -48,8 +46,6 @@ class PreProcessorConfig(BaseModel):
 
 
 C = TypeVar("C", bound=PreProcessorConfig)
-
-Batch = Sequence[Report] | Sequence[Frame]
 
 
 class PreProcessor(ABC, Generic[C]):

@@ -37,10 +37,10 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 
 from wattflow.actors.preprocessors import preprocessors
-from wattflow.actors.preprocessors.base import Batch, PreProcessor, PreProcessorConfig
+from wattflow.actors.preprocessors.base import PreProcessor, PreProcessorConfig
 from wattflow.actors.preprocessors.pods import PodCache, PodContainer, PodWatcher, containers_of
 from wattflow.formats.errors import WattflowError
-from wattflow.formats.frames import HWPCFrame, expand
+from wattflow.formats.frames import Batch, HWPCFrame, expand
 from wattflow.formats.reports import Report
 from wattflow.formats.targets import resolve_cgroup
 
@@ -148,15 +148,13 @@ def api_factory(config: K8sConfig) -> Callable[[], Any]:
         try:
             if config.api_mode == "local":
                 # KUBECONFIG as it is now: the client reads it once, when first imported.
-                loaded = kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                loaded = kube_config.new_client_from_config(
                     config_file=os.environ.get("KUBECONFIG")
                 )
                 return client.CoreV1Api(loaded)
             configuration = client.Configuration()
             if config.api_mode == "cluster":
-                kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
+                kube_config.load_incluster_config(client_configuration=configuration)
             else:
                 configuration.host = str(config.api_host)  # checked: manual needs it
                 if config.api_key:

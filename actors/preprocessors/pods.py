@@ -242,7 +242,7 @@ class PodWatcher:
 
         # The client's models are made of each event (its ERROR handling needs them, and pod
         # events are few); the cache reads the event's JSON as the API sent it.
-        self._watch = watcher = watch.Watch()  # type: ignore[no-untyped-call]
+        self._watch = watcher = watch.Watch()
         self.stats.watches += 1
         for event in self._events(watcher, api, version):
             kind = str(event.get("type"))

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
 from wattflow.actors.partition import Partition
-from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.frames import Batch, HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_json_runs
 from wattflow.formats.reports import Report
 
@@ -46,7 +45,7 @@ class Emitter(Protocol):
 
     stopping: asyncio.Event
 
-    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def emit(self, batch: Batch) -> None:
         """Hand decoded reports, or one frame, to the router, waiting while its mailbox is
         full."""
 

@@ -30,7 +30,7 @@ from wattflow.actors.handoff import LISTEN_BACKLOG, receive_connections
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
-from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.frames import Batch, HWPCFrame
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
@@ -469,7 +469,7 @@ class SocketPuller(Puller[SocketPullerConfig]):
             self._last_line(cursor, peer.name, batch, emitter)
             await batch.emit(emitter)
         finally:
-            self._gathering.pop(peer, None)  # type: ignore[call-overload]
+            self._gather_no_more(peer)
             batch.release()
 
     def _gathered(self, peer: Peer, batch: _CountedOutbox) -> None:
@@ -480,6 +480,10 @@ class SocketPuller(Puller[SocketPullerConfig]):
         if batch.size and not batch.busy:
             self._gathering[peer] = time.monotonic()
         else:
+            self._gathering.pop(peer, None)
+
+    def _gather_no_more(self, peer: Peer) -> None:
+        if isinstance(peer, _Connection):  # only the socket's own connections gather
             self._gathering.pop(peer, None)
 
     def _hurry(self, peer: Peer) -> None:
@@ -493,7 +497,7 @@ class SocketPuller(Puller[SocketPullerConfig]):
         than they would have, none later: a lone tick is not delayed, and a tick still coming
         in (data in the last ``QUIET_SHARE`` of the wait) is left to gather.
         """
-        self._gathering.pop(peer, None)  # type: ignore[call-overload]
+        self._gather_no_more(peer)
         if not self._gathering:
             return
         quiet_since = time.monotonic() - self.config.gather_ms / 1000 * QUIET_SHARE
@@ -554,7 +558,7 @@ class SocketPuller(Puller[SocketPullerConfig]):
                 continue
             if batch.room_bytes < READ_BYTES and not await self._make_room(batch, wait_s):
                 batch.busy = True
-                self._gathering.pop(peer, None)  # type: ignore[call-overload]
+                self._gather_no_more(peer)
                 await batch.emit(emitter)
                 continue
             chunk = await peer.read(wait_s if batch.size else 0)
@@ -716,7 +720,7 @@ class _OwnSensors:
             self._instance is None or self._instance.owns(sensor)
         )
 
-    async def emit(self, batch: Sequence[Report] | Sequence[Frame]) -> None:
+    async def emit(self, batch: Batch) -> None:
         if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
             await self._emit_frame(batch[0])
             return

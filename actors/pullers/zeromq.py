@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +29,7 @@ from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
-from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.frames import Batch, HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_hwpc_frames, decode_json_runs
 from wattflow.formats.reports import HWPCReport, Report, report_kind
 
@@ -274,7 +273,7 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         <wattflow.actors.partition.Partition.divide>`, which cuts a frame per sensor as the
         partition filter does)."""
         decoded = self._decode(kind, messages, where, emitter, framed)
-        batches: list[Sequence[Report] | Sequence[Frame]] = [decoded]
+        batches: list[Batch] = [decoded]
         if decoded and isinstance(decoded[0], HWPCFrame):
             batches = [[frame] for frame in decoded]
         for batch in batches:

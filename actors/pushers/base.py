@@ -19,7 +19,7 @@ from wattflow.actors.runtime import (
     QueueConfig,
     retry_with_backoff,
 )
-from wattflow.formats.frames import Frame, batch_size, holds_frame, reports_in
+from wattflow.formats.frames import Batch, Frame, batch_size, expand, holds_frame, reports_in
 from wattflow.formats.reports import Report
 
 
@@ -85,6 +85,11 @@ class Pusher(ABC, Generic[C]):
     @abstractmethod
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         """Write a batch of reports; return the refused ones with the reason."""
+
+    async def write_batch(self, batch: Batch) -> list[tuple[Report, str]]:
+        """Write what the actor hands over: an output that :attr:`takes_frames` writes frames
+        as they are (it overrides this); the others get the reports they stand for."""
+        return await self.write(expand(batch))
 
     async def close(self) -> None:
         """Flush and release the sink."""
@@ -202,7 +207,7 @@ class PusherActor(Actor):
     async def _write(self, batch: list[Report | Frame]) -> None:
         try:
             refused = await retry_with_backoff(
-                lambda: self.pusher.write(batch),  # type: ignore[arg-type]
+                lambda: self.pusher.write_batch(batch),
                 retryable=lambda error: getattr(error, "retryable", False),
                 give_up_after_s=self.pusher.config.retry_for_s,
                 on_retry=self._retrying,

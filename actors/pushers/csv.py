@@ -28,7 +28,7 @@ from wattflow.actors.pushers.appending import (
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import Column, IntArray
+from wattflow.formats.frames import Batch, Column, IntArray
 from wattflow.formats.report_table import (
     ReportTable,
     as_column,
@@ -141,6 +141,9 @@ class CsvPusher(Pusher[CsvPusherConfig]):
             raise PushError(f"output '{self.config.name}': {found} is not a directory")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        return await self.write_batch(batch)
+
+    async def write_batch(self, batch: Batch) -> list[tuple[Report, str]]:
         """Files are opened and written on a thread (file systems block: a full disk, a hung
         NFS mount); the text is formatted on the event loop, where it is pure computation (on
         a thread it would trade the interpreter lock with the loop every few milliseconds).

@@ -20,7 +20,7 @@ from wattflow.actors.pushers.appending import (
     writes_inline,
 )
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.formats.frames import Frame
+from wattflow.formats.frames import Batch, Frame
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
 
@@ -73,6 +73,9 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
             raise PushError(f"output '{self.config.name}': {found} is not a directory")
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        return await self.write_batch(batch)
+
+    async def write_batch(self, batch: Batch) -> list[tuple[Report, str]]:
         if len(batch) > 1 and isinstance(batch[0], Frame):  # frames queued together
             data = b"".join(encode_json_lines([frame]) for frame in batch)
         else:
