@@ -461,6 +461,36 @@ def test_a_live_socket_input_is_not_stalled_behind_a_csv_chunk(
     assert reports_of(replay.items) == reports_of(list(read_hwpc_csv_frames(paths, 4096)))
 
 
+def test_the_c_parser_reads_a_csv_chunk_without_the_interpreters_lock() -> None:
+    """With threads never made to take turns (a switch interval of 100 s), the thread that
+    woke the main thread keeps the interpreter's lock until it lets go of it: the main thread
+    runs before the chunk is parsed only if ``parse_csv`` lets go while it reads the rows."""
+    parse_csv = pytest.importorskip("wattflow.formats._hwpc_lines").parse_csv
+    rows = b"".join(b"%d,node,t%d,0,%d,1,2,3\n" % (i, i % 50, i % 8) for i in range(300_000))
+    started, parsed = threading.Event(), threading.Event()
+    names: list[str] = []
+
+    def parse() -> None:
+        started.set()
+        result = parse_csv(rows, 8)
+        parsed.set()
+        assert result is not None
+        names.extend(result[0])
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        worker = threading.Thread(target=parse)
+        worker.start()
+        started.wait(WAIT_S)
+        parsed_first = parsed.is_set()
+        worker.join(WAIT_S)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not parsed_first
+    assert names == ["node", *(f"t{i}" for i in range(50))]  # by first appearance
+
+
 # --- the JSON Lines input ---------------------------------------------------------------------
 
 
