@@ -28,16 +28,12 @@ AHEAD = 2
 """Items the thread makes before the loop took them: one being handed on, one ready behind it."""
 
 
-class _End:
-    """What the thread hands over last when the iterator is exhausted."""
-
-
-class _Failed:
-    """What the thread hands over last when the iterator raised."""
+class _Last:
+    """What the thread hands over last: the iterator's end, or the error it raised."""
 
     __slots__ = ("error",)
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException | None = None) -> None:
         self.error = error
 
 
@@ -63,7 +59,7 @@ class InThread(Generic[T]):
         self._room = threading.Semaphore(ahead)
         """One permit per item the thread may make before the loop takes one."""
         self._stop = threading.Event()
-        self._ready: asyncio.Queue[T | _End | _Failed] = asyncio.Queue()
+        self._ready: asyncio.Queue[T | _Last] = asyncio.Queue()
         self._finished: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done = False
@@ -92,11 +88,10 @@ class InThread(Generic[T]):
         if self._done:
             raise StopAsyncIteration
         item = await self._ready.get()
-        if isinstance(item, _End):
+        if isinstance(item, _Last):
             self._done = True
-            raise StopAsyncIteration
-        if isinstance(item, _Failed):
-            self._done = True
+            if item.error is None:
+                raise StopAsyncIteration
             raise item.error
         self._room.release()
         return item
@@ -121,21 +116,21 @@ class InThread(Generic[T]):
                 try:
                     item = next(items)
                 except StopIteration:
-                    self._hand(_End())
+                    self._hand(_Last())
                     return
                 self._hand(item)
         except BaseException as error:  # the loop raises it
-            self._hand(_Failed(error))
+            self._hand(_Last(error))
         finally:
             try:
                 close = getattr(items, "close", None)
                 if close is not None:
                     close()
             except BaseException as error:  # the loop raises it
-                self._hand(_Failed(error))
+                self._hand(_Last(error))
             self._call(self._set_finished)
 
-    def _hand(self, item: T | _End | _Failed) -> None:
+    def _hand(self, item: T | _Last) -> None:
         self._call(self._ready.put_nowait, item)
 
     def _call(self, callback: Callable[..., object], *args: object) -> None:
