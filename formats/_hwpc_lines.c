@@ -111,7 +111,7 @@ typedef struct {
     Slot *slots;
     Py_ssize_t cap; /* a power of two */
     Py_ssize_t used;
-    PyObject *strings; /* list of str, by id */
+    PyObject *strings; /* list of str, by id; NULL: made after, by interned_strings */
 } Interned;
 
 static uint64_t hash_of(const char *text, Py_ssize_t size) {
@@ -122,15 +122,18 @@ static uint64_t hash_of(const char *text, Py_ssize_t size) {
     return hash;
 }
 
+/* The raw allocator, and no exception set where there are no strings (the CSV rows are
+ * read without the interpreter's lock): the caller sets it once it holds the lock. */
 static int interned_grow(Interned *table) {
     Py_ssize_t cap = table->cap ? table->cap * 2 : 256;
-    if (cap > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Slot) / 2) {
-        PyErr_NoMemory();
-        return FAIL;
+    Slot *slots = NULL;
+    if (cap <= PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Slot) / 2) {
+        slots = PyMem_RawCalloc((size_t)cap, sizeof(Slot));
     }
-    Slot *slots = PyMem_Calloc((size_t)cap, sizeof(Slot));
     if (slots == NULL) {
-        PyErr_NoMemory();
+        if (table->strings != NULL) {
+            PyErr_NoMemory();
+        }
         return FAIL;
     }
     for (Py_ssize_t at = 0; at < table->cap; at++) {
@@ -144,13 +147,29 @@ static int interned_grow(Interned *table) {
         }
         slots[to] = *old;
     }
-    PyMem_Free(table->slots);
+    PyMem_RawFree(table->slots);
     table->slots = slots;
     table->cap = cap;
     return OK;
 }
 
-/* The id of a string's text, interning it (as a str, which must be valid UTF-8) when new. */
+/* The str of an interned text, appended to the table's strings (valid UTF-8, or DECLINE). */
+static int intern_string(Interned *table, const char *text, Py_ssize_t size) {
+    PyObject *string = PyUnicode_DecodeUTF8(text, size, NULL);
+    if (string == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            return DECLINE;
+        }
+        return FAIL;
+    }
+    int appended = PyList_Append(table->strings, string);
+    Py_DECREF(string);
+    return appended < 0 ? FAIL : OK;
+}
+
+/* The id of a string's text, interning it (as a str, which must be valid UTF-8) when new; its
+ * str made later where the table has no strings yet. */
 static int intern(Interned *table, const char *text, Py_ssize_t size, Py_ssize_t *id) {
     if ((table->used + 1) * 2 > table->cap) {
         TRY(interned_grow(table));
@@ -165,26 +184,39 @@ static int intern(Interned *table, const char *text, Py_ssize_t size, Py_ssize_t
         }
         at = (at + 1) & (table->cap - 1);
     }
-    PyObject *string = PyUnicode_DecodeUTF8(text, size, NULL);
-    if (string == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            return DECLINE;
-        }
-        return FAIL;
-    }
-    int appended = PyList_Append(table->strings, string);
-    Py_DECREF(string);
-    if (appended < 0) {
-        return FAIL;
+    if (table->strings != NULL) {
+        TRY(intern_string(table, text, size));
     }
     Slot *slot = &table->slots[at];
     slot->text = text == NULL ? "" : text;
     slot->size = size;
     slot->hash = hash;
-    slot->id = PyList_GET_SIZE(table->strings) - 1;
-    table->used++;
+    slot->id = table->used++;
     *id = slot->id;
+    return OK;
+}
+
+/* The strings of a table interned without them, by id. */
+static int interned_strings(Interned *table) {
+    table->strings = PyList_New(table->used);
+    if (table->strings == NULL) {
+        return FAIL;
+    }
+    for (Py_ssize_t at = 0; at < table->cap; at++) {
+        Slot *slot = &table->slots[at];
+        if (slot->text == NULL) {
+            continue;
+        }
+        PyObject *string = PyUnicode_DecodeUTF8(slot->text, slot->size, NULL);
+        if (string == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                return FAIL;
+            }
+            PyErr_Clear();
+            return DECLINE;
+        }
+        PyList_SET_ITEM(table->strings, slot->id, string);
+    }
     return OK;
 }
 
@@ -693,7 +725,7 @@ static int is_blank(const char *text, Py_ssize_t size) {
 }
 
 static void batch_free(Batch *batch) {
-    PyMem_Free(batch->names.slots);
+    PyMem_RawFree(batch->names.slots);
     Py_XDECREF(batch->names.strings);
     Py_XDECREF(batch->stamps);
     if (batch->shapes != NULL) {
@@ -917,7 +949,8 @@ PyDoc_STRVAR(parse_csv_doc,
 "cpu below 1,048,576), names of 1,024 bytes\n"
 "or more or not UTF-8. Returns (names, millis, sensors, targets, sockets, cpus, counters):\n"
 "the distinct sensor and target names by id, then int64 columns as bytearrays (sensors and\n"
-"targets as name ids; counters row by row).");
+"targets as name ids; counters row by row). The rows are read without the interpreter's\n"
+"lock.");
 
 static PyObject *parse_csv_text(const char *text, Py_ssize_t size, Py_ssize_t cells);
 
@@ -948,37 +981,48 @@ static PyObject *parse_csv_text(const char *text, Py_ssize_t size, Py_ssize_t ce
     }
     Py_ssize_t events = cells - CSV_FIXED_CELLS;
     Py_ssize_t rows = 0;
+    Py_BEGIN_ALLOW_THREADS
     for (const char *at = text; (at = memchr(at, '\n', (size_t)(text + size - at))) != NULL;
          at++) {
         rows++;
     }
+    Py_END_ALLOW_THREADS
     if (events > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) / rows) {
         return PyErr_NoMemory();
     }
     Py_ssize_t sizes[7] = {0, 8 * rows, 8 * rows, 8 * rows, 8 * rows, 8 * rows,
                            8 * rows * events};
     PyObject *result = PyTuple_New(7);
-    Interned names = {NULL, 0, 0, PyList_New(0)};
-    if (result == NULL || names.strings == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(names.strings);
+    if (result == NULL) {
         return NULL;
     }
-    PyTuple_SET_ITEM(result, 0, names.strings); /* the tuple owns it now */
     int64_t *starts[7] = {NULL};
     for (int at = 1; at < 7; at++) {
         PyObject *column = PyByteArray_FromStringAndSize(NULL, sizes[at]);
         if (column == NULL) {
-            PyMem_Free(names.slots);
             Py_DECREF(result);
             return NULL;
         }
         PyTuple_SET_ITEM(result, at, column);
         starts[at] = (int64_t *)PyByteArray_AS_STRING(column);
     }
+    /* The rows are read without the interpreter's lock (the CSV input parses in a thread of
+       its own, and the event loop goes on meanwhile), the names' str made after. */
     CsvColumns columns = {starts[1], starts[2], starts[3], starts[4], starts[5], starts[6]};
-    int status = csv_rows(&names, text, size, events, &columns);
-    PyMem_Free(names.slots);
+    Interned names = {NULL, 0, 0, NULL};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = csv_rows(&names, text, size, events, &columns);
+    Py_END_ALLOW_THREADS
+    if (status == OK) {
+        status = interned_strings(&names);
+    } else if (status == FAIL) {
+        PyErr_NoMemory(); /* the only failure without the lock */
+    }
+    PyMem_RawFree(names.slots);
+    if (names.strings != NULL) {
+        PyTuple_SET_ITEM(result, 0, names.strings); /* the tuple owns it now */
+    }
     if (status != OK) {
         Py_DECREF(result);
         if (status == DECLINE) {

@@ -83,18 +83,32 @@ class _NotPlain(Exception):
 
 
 class _Names:
-    """Sensor and target names and their codes, shared by every frame of one input."""
+    """Sensor and target names and their codes, shared by every frame of one input.
+
+    A list a frame holds is never changed: a name coded after it was handed to a frame goes
+    into a new list, the old names first (as ``json_frames.Layout`` does). The files may be
+    parsed on another thread than the one that reads the frames (the CSV input parses in a
+    thread of its own), so a frame's names must not grow while a formula reads them."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.codes: dict[str, int] = {}
+        self.held = False
+        """Whether a frame holds ``names``."""
 
     def code(self, name: str) -> int:
         found = self.codes.get(name)
         if found is None:
+            if self.held:
+                self.names, self.held = list(self.names), False
             found = self.codes[name] = len(self.names)
             self.names.append(name)
         return found
+
+    def for_frame(self) -> list[str]:
+        """The names, for a frame to hold."""
+        self.held = True
+        return self.names
 
 
 def read_hwpc_csv_frames(
@@ -197,7 +211,7 @@ def _next_frame(files: list[_File], names: _Names, chunk_bytes: int) -> HWPCFram
         cuts = [_cut(f, horizon) for f in files]
         if any(cuts):
             tables = [_take(f, cut) for f, cut in zip(files, cuts, strict=True)]
-            return HWPCFrame(names.names, tables)
+            return HWPCFrame(names.for_frame(), tables)
         _read_on(files, horizon, names, chunk_bytes)
 
 

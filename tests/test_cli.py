@@ -502,3 +502,17 @@ def test_version_names_the_installed_distribution() -> None:
     result = wattflow("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"wattflow {metadata.version('wattflow')}"
+
+
+def test_a_run_keeps_malloc_to_one_arena_on_glibc() -> None:
+    """The replays parse in a thread of their own; with an arena per thread glibc would hand
+    that thread's arena back and take it again chunk after chunk. On glibc (every Linux the
+    tests run on) the setting takes; run in a child process, since it lasts for the process."""
+    import subprocess
+    import sys
+
+    code = "from wattflow.service.cli import one_malloc_arena; print(one_malloc_arena())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "True"

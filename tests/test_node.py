@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -550,6 +551,25 @@ def test_the_intervals_are_the_same_whatever_order_the_sources_come_in() -> None
     assert len([r for r in out.items() if isinstance(r, PowerReport)]) == 5 * 4, (
         "every interval but the last reported before the end (its estimates come with the next)"
     )
+
+
+def test_a_source_that_starts_later_and_comes_first_loses_no_interval() -> None:
+    """The GPU sampler started three seconds after hwpc-sensor and the meter, and a replay
+    hands on its file, then the meter's, before hwpc-sensor's (each input a batch at a time,
+    as a replay's threads deliver them). The intervals follow RAPL's ticks once they come,
+    from its first: the meter's readings before the GPU's start are kept for them, not
+    forgotten while the GPU's ticks led (the node's first seconds then went unreported)."""
+    config = _waiting_for_every_source()
+    late_start = START + timedelta(seconds=3)
+    stream = [
+        r for r in node_stream(8) if not (isinstance(r, GPUReport) and r.timestamp < late_start)
+    ]
+    interleaved = node_outputs([stream], config, restart=False)
+    assert interleaved[0][0] == START + timedelta(seconds=1)
+    kinds = sorted({_source_of(r) for r in stream})
+    for order in itertools.permutations(kinds):
+        parts = [[r for r in stream if _source_of(r) == kind] for kind in order]
+        assert node_outputs(parts, config, restart=False) == interleaved, order
 
 
 def test_a_source_far_behind_the_others_holds_a_bounded_number_of_intervals(

@@ -519,6 +519,7 @@ class NodeFormula(Formula[NodeConfig]):
         :meth:`wake`, when :meth:`deadline` passes without input.
         """
         horizon = math.inf if flushing else self._horizon()
+        reported = False
         while len(self.anchor_ends) >= 2 and horizon is not None and self.anchor_ends[1] <= horizon:
             start, end = self.anchor_ends[0], self.anchor_ends[1]
             active = [s for s in SOURCES if self.series[s].covered_until is not None]
@@ -530,7 +531,8 @@ class NodeFormula(Formula[NodeConfig]):
                 except Exception as error:  # its inputs were absorbed: no report to dead-letter
                     out.fail((), error, unit="interval", since=mark)
             self.anchor_ends.pop(0)
-        if self.anchor_ends:
+            reported = True
+        if reported:  # never before: the intervals may yet follow a source that comes later
             for source in SOURCES:
                 self.series[source].forget_before(self.anchor_ends[0])
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
 
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller
 from wattflow.actors.pullers.files import BatchEmitter, FilePullerConfig, check_files_exist
+from wattflow.actors.pullers.threaded import InThread, batched
 from wattflow.formats import powerapi
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import Frame
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import HWPCReport, PowerReport, Report
 
 
@@ -52,45 +53,91 @@ class CsvPuller(Puller[CsvPullerConfig]):
                 powerapi.read_csv_header(path, csv.reader(handle), required)
 
     async def pull(self, emitter: Emitter) -> None:
-        batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
-        if self.config.model == HWPCReport.kind:
-            if self.config.replay_speed is None:
-                await self._pull_unpaced(read_hwpc_csv_frames(list(self.config.files)), emitter)
-                return
-            items = powerapi.read_hwpc_csv(list(self.config.files))
-            for item in items:
-                await batcher.add(item)
-                if emitter.stopping.is_set():
-                    break
-        else:
-            for path in self.config.files:
-                for power in powerapi.read_power_csv(path):
-                    await batcher.add(power)
+        """Read and parse the files in a thread of their own (:class:`InThread`), a chunk's
+        frame or a list of reports at a time, and hand them on from the event loop."""
+        paths = list(self.config.files)
+        max_batch = self.config.max_batch
+        if self.config.model == HWPCReport.kind and self.config.replay_speed is None:
+            async with InThread(
+                lambda: _frames_alone(read_hwpc_csv_frames(paths), max_batch), name="csv input"
+            ) as runs:
+                await self._pull_unpaced(runs, emitter)
+            return
+        hwpc = self.config.model == HWPCReport.kind
+
+        def read() -> Iterator[list[Report | DecodeError]]:
+            reports: Iterator[Report | DecodeError]
+            reports = powerapi.read_hwpc_csv(paths) if hwpc else _power_reports(paths)
+            return batched(reports, max_batch)
+
+        batcher = BatchEmitter(emitter, max_batch, self.config.replay_speed)
+        async with InThread(read, name="csv input") as chunks:
+            async for chunk in chunks:
+                for item in chunk:
+                    await batcher.add(item)
                     if emitter.stopping.is_set():
                         break
+                if emitter.stopping.is_set():
+                    break
         await batcher.flush()
 
     async def _pull_unpaced(
-        self, items: Iterator[Frame | HWPCReport | DecodeError], emitter: Emitter
+        self, runs: AsyncIterator[list[Frame | HWPCReport | DecodeError]], emitter: Emitter
     ) -> None:
         """Hand frames on as they come, and reports a full batch at a time."""
         batch: list[Report] = []
         max_batch = self.config.max_batch
-        for item in items:
-            if isinstance(item, DecodeError):
-                emitter.reject(None, str(item))
-                continue
-            if isinstance(item, Frame):
-                await emitter.emit(batch)
-                batch = []
-                await emitter.emit([item])
-                if emitter.stopping.is_set():
-                    break
-                continue
-            batch.append(item)
-            if len(batch) >= max_batch:
-                await emitter.emit(batch)
-                batch = []
-                if emitter.stopping.is_set():
-                    break
+        async for run in runs:
+            for item in run:
+                if isinstance(item, DecodeError):
+                    emitter.reject(None, str(item))
+                    continue
+                if isinstance(item, Frame):
+                    await emitter.emit(batch)
+                    batch = []
+                    await emitter.emit([item])
+                    if emitter.stopping.is_set():
+                        break
+                    continue
+                batch.append(item)
+                if len(batch) >= max_batch:
+                    await emitter.emit(batch)
+                    batch = []
+                    if emitter.stopping.is_set():
+                        break
+            if emitter.stopping.is_set():
+                break
         await emitter.emit(batch)
+
+
+def _power_reports(paths: list[Path]) -> Iterator[PowerReport | DecodeError]:
+    """Every PowerReport file's rows, one file after the other."""
+    for path in paths:
+        yield from powerapi.read_power_csv(path)
+
+
+def _frames_alone(
+    items: Iterator[HWPCFrame | HWPCReport | DecodeError], size: int
+) -> Iterator[list[Frame | HWPCReport | DecodeError]]:
+    """What :func:`read_hwpc_csv_frames` yields, as lists that cross to the event loop at once:
+    each frame alone (a chunk's worth of reports), the reports and dead letters of files read
+    row by row ``size`` at a time."""
+    run: list[Frame | HWPCReport | DecodeError] = []
+    try:
+        for item in items:
+            if isinstance(item, Frame):
+                if run:
+                    yield run
+                    run = []
+                yield [item]
+                continue
+            run.append(item)
+            if len(run) >= size:
+                yield run
+                run = []
+        if run:
+            yield run
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()  # its files close in this thread, at a stop as at the end

@@ -21,6 +21,12 @@ from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
 
+INLINE_DECODE_BYTES = 1 << 16
+"""The most bytes of a followed file's new lines decoded on the event loop (the JSON Lines and
+meter inputs): a live sensor's or meter's few lines take less time to decode there than a
+thread's round trip; more (a file caught up with at a start, a burst) is decoded in a thread,
+so that a live input of the same process keeps its turns."""
+
 FileList = Annotated[list[Path], BeforeValidator(split_commas)]
 """Files given as a list, or as PowerAPI's comma-separated ``--files a.csv,b.csv``."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from pydantic import Field, PositiveInt
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller
 from wattflow.actors.pullers.files import (
+    INLINE_DECODE_BYTES,
     BatchEmitter,
     FileFollower,
     FilePullerConfig,
@@ -19,10 +21,11 @@ from wattflow.actors.pullers.files import (
     check_files_exist,
     split_lines,
 )
+from wattflow.actors.pullers.threaded import InThread
 from wattflow.formats import jsonl
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.json_frames import Layout, decode_json_batch
-from wattflow.formats.reports import report_kind
+from wattflow.formats.json_frames import Decoded, Layout, decode_json_batch
+from wattflow.formats.reports import Report, report_kind
 
 _CHUNK_BYTES = 1 << 20
 """Bytes read at once: hundreds of reports, decoded and handed on together."""
@@ -69,33 +72,16 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
             await self._follow_all(emitter)
             return
         batcher = BatchEmitter(emitter, self.config.max_batch, self.config.replay_speed)
-        for path in self.config.files:
-            if jsonl.is_reports_document(path):
-                items = jsonl.read_reports_document(kind, path)
-                for item in items:
-                    await batcher.add(item)
-            else:
-                with path.open("rb") as handle:
-                    layouts: dict[str, Layout] = {}
-                    line_number = 1
-                    rest = b""
-                    while chunk := handle.read(_CHUNK_BYTES):
-                        lines, rest = split_lines(rest + chunk)
-                        decoded, errors = decode_json_batch(
-                            kind, lines, str(path), line_number, layouts
-                        )
-                        line_number += len(lines)
-                        await batcher.add_batch(decoded, errors)
-                        if emitter.stopping.is_set():
-                            break
-                    if rest and not emitter.stopping.is_set():
-                        lines, _ = split_lines(rest + b"\n")
-                        decoded, errors = decode_json_batch(
-                            kind, lines, str(path), line_number, layouts
-                        )
-                        await batcher.add_batch(decoded, errors)
-            if emitter.stopping.is_set():
-                break
+        paths = list(self.config.files)
+        async with InThread(lambda: _replay(kind, paths), name="jsonl input") as parts:
+            async for part in parts:
+                if isinstance(part, tuple):
+                    await batcher.add_batch(*part)
+                else:
+                    for item in part:
+                        await batcher.add(item)
+                if emitter.stopping.is_set():
+                    break
         await batcher.flush()
 
     @property
@@ -162,8 +148,13 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
                 f"{self.config.max_line_bytes} bytes, skipped",
             )
             consumed, partial = len(data), b""
-        decoded, errors = decode_json_batch(
-            report_kind(self.config.model), lines, str(place.path), place.line + 1, layouts
+        decoded, errors = await _decode(
+            len(data),
+            report_kind(self.config.model),
+            lines,
+            str(place.path),
+            place.line + 1,
+            layouts,
         )
         await batcher.add_batch(decoded, errors)
         await batcher.flush()
@@ -171,3 +162,45 @@ class JsonlPuller(Puller[JsonlPullerConfig]):
         self._positions[str(place.path)] = place.position()
         await self.boundary(dict(self._positions))
         return partial
+
+
+def _replay(
+    kind: type[Report], paths: list[Path]
+) -> Iterator[Decoded | list[Report | DecodeError]]:
+    """The files read and decoded in turn, in the replay's thread (:class:`InThread`): each chunk
+    of a JSON Lines file as what :func:`decode_json_batch` makes of its lines, a document of
+    PowerAPI's file input as the list of its reports and dead letters."""
+    for path in paths:
+        if jsonl.is_reports_document(path):
+            yield list(jsonl.read_reports_document(kind, path))
+            continue
+        with path.open("rb") as handle:
+            layouts: dict[str, Layout] = {}
+            line_number = 1
+            rest = b""
+            empty = True
+            while chunk := handle.read(_CHUNK_BYTES):
+                lines, rest = split_lines(rest + chunk)
+                yield decode_json_batch(kind, lines, str(path), line_number, layouts)
+                line_number += len(lines)
+                empty = False
+            if empty:
+                yield [], []  # nothing, but the input looks at its stop between files
+            elif rest:
+                lines, _ = split_lines(rest + b"\n")
+                yield decode_json_batch(kind, lines, str(path), line_number, layouts)
+
+
+async def _decode(
+    size_bytes: int,
+    kind: type[Report],
+    lines: list[bytes],
+    source: str,
+    first_line: int,
+    layouts: dict[str, Layout],
+) -> Decoded:
+    """:func:`decode_json_batch` of a followed file's lines: on the loop up to
+    :data:`INLINE_DECODE_BYTES`, in a thread beyond."""
+    if size_bytes <= INLINE_DECODE_BYTES:
+        return decode_json_batch(kind, lines, source, first_line, layouts)
+    return await asyncio.to_thread(decode_json_batch, kind, lines, source, first_line, layouts)

@@ -30,6 +30,7 @@ import logging
 import math
 import re
 import socket
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, Self
@@ -40,7 +41,13 @@ from pydantic import Field, PositiveInt, model_validator
 from wattflow.actors.errors import PullError, PullUnavailable
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
-from wattflow.actors.pullers.files import FileFollower, FileList, FollowedFile, split_lines
+from wattflow.actors.pullers.files import (
+    INLINE_DECODE_BYTES,
+    FileFollower,
+    FileList,
+    FollowedFile,
+    split_lines,
+)
 from wattflow.formats.reports import MeterReport, Report, to_utc
 
 logger = logging.getLogger(__name__)
@@ -177,6 +184,25 @@ def _text(line: bytes) -> str:
     return line.decode("utf-8", "replace")
 
 
+def _decode_lines(
+    decoder: LineDecoder, lines: Sequence[str | bytes], first: int
+) -> tuple[list[Report], list[tuple[str, str]]]:
+    """The readings of lines numbered from ``first``, and each line that is none with the reason
+    a dead letter gives (its source and number first)."""
+    readings: list[Report] = []
+    rejected: list[tuple[str, str]] = []
+    for number, line in enumerate(lines, start=first):
+        text = _text(line) if isinstance(line, bytes) else line
+        try:
+            report = decoder.decode(text)
+        except (ValueError, TypeError) as error:
+            rejected.append((text, f"{decoder.source}:{number}: {error}"))
+            continue
+        if report is not None:
+            readings.append(report)
+    return readings, rejected
+
+
 class _MeterFile(FileFollower):
     """A followed meter log, whose rows need the CSV header it had where a checkpoint left it."""
 
@@ -251,21 +277,27 @@ class MeterPuller(Puller[MeterPullerConfig]):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _handle_lines(
-        self, lines: list[str], decoder: LineDecoder, first: int, emitter: Emitter
+        self,
+        lines: Sequence[str | bytes],
+        decoder: LineDecoder,
+        first: int,
+        emitter: Emitter,
+        size_bytes: int = 0,
     ) -> None:
-        batch: list[Report] = []
-        for number, line in enumerate(lines, start=first):
-            try:
-                report = decoder.decode(line)
-            except (ValueError, TypeError) as error:
-                emitter.reject(line, f"{decoder.source}:{number}: {error}")
-                continue
-            if report is not None:
-                batch.append(report)
-            if len(batch) >= self.config.max_batch:
-                await emitter.emit(batch)
-                batch = []
-        await emitter.emit(batch)
+        """Decode lines numbered from ``first`` and hand their readings on, in batches of
+        ``--max-batch``, each line that is no reading dead-lettered with its number. More than
+        :data:`INLINE_DECODE_BYTES` of them (a log caught up with) are decoded in a thread."""
+        if size_bytes > INLINE_DECODE_BYTES:
+            readings, rejected = await asyncio.to_thread(_decode_lines, decoder, lines, first)
+        else:
+            readings, rejected = _decode_lines(decoder, lines, first)
+        for line, reason in rejected:
+            emitter.reject(line, reason)
+        size = self.config.max_batch
+        full = len(readings) - len(readings) % size
+        for start in range(0, full, size):
+            await emitter.emit(readings[start : start + size])
+        await emitter.emit(readings[full:])
 
     async def _hand_on(
         self, data: bytes, decoder: LineDecoder, emitter: Emitter, place: FollowedFile
@@ -276,9 +308,8 @@ class MeterPuller(Puller[MeterPullerConfig]):
         lines, rest = split_lines(data)
         if not lines:
             return rest
-        text = [_text(line) for line in lines]
         async with self._lock:
-            await self._handle_lines(text, decoder, place.line + 1, emitter)
+            await self._handle_lines(lines, decoder, place.line + 1, emitter, len(data))
             place.handed_on(len(data) - len(rest), len(lines))
             if self.resumable:
                 self._positions[str(place.path)] = {**place.position(), "header": decoder.header}
