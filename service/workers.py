@@ -50,7 +50,7 @@ from wattflow.actors.partition import Partition
 from wattflow.actors.pipeline import DRAIN_SETTLE_S
 from wattflow.actors.pullers.socket import SocketPuller
 from wattflow.actors.pushers.jsonl import JsonlPusherConfig
-from wattflow.actors.runtime import Backoff, Ledger
+from wattflow.actors.runtime import Backoff, Ledger, task_group
 from wattflow.actors.status import Snapshot
 from wattflow.formats.errors import WattflowError
 from wattflow.service.config import ConfigError, ServiceConfig
@@ -422,14 +422,17 @@ class WorkerPool:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
-        accepting = [asyncio.ensure_future(a.serve()) for a in self.acceptors.values()]
         try:
-            await asyncio.gather(*(self._keep(worker) for worker in self.workers))
+            async with task_group() as tasks:  # the acceptors end, and are waited for, here
+                accepting = [tasks.create_task(a.serve()) for a in self.acceptors.values()]
+                try:
+                    await asyncio.gather(*(self._keep(worker) for worker in self.workers))
+                finally:
+                    for task in accepting:
+                        task.cancel()
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-            for task in accepting:
-                task.cancel()
             for pairs in self.channels.values():
                 for parent_end, worker_end in pairs:
                     parent_end.close()

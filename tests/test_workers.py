@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 
 from wattflow.actors.checkpoints import decode_checkpoint
 from wattflow.actors.handoff import (
@@ -119,7 +120,12 @@ class SocketWorkers:
     http_port: int
 
     def ready(self) -> bool:
-        return get(f"http://127.0.0.1:{self.http_port}/ready")[0] == 200
+        """Whether ``/ready`` says so; not yet while the parent, which listens on the sensors'
+        port first, has not started its status server."""
+        try:
+            return get(f"http://127.0.0.1:{self.http_port}/ready")[0] == 200
+        except urllib3.exceptions.NewConnectionError:
+            return False
 
     def wait_read(self, count: int, what: str) -> None:
         """Wait until the workers' socket inputs have handed on ``count`` reports in all."""
