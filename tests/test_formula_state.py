@@ -93,6 +93,17 @@ async def _nowhere(produced: list[Report | Frame]) -> None:
     del produced
 
 
+def restored_by_actor(case: Case, data: bytes, caplog: pytest.LogCaptureFixture) -> Formula[Any]:
+    """The instance a formula actor creates for the case's key, its state taken from the
+    checkpoint ``data`` as a run takes it (its warnings captured)."""
+    actor = FormulaActor(case.formula, case.config, queue=QueueConfig(), ledger=Ledger(),
+                         dead_letters=DeadLetters(), dispatch=_nowhere)  # fmt: skip
+    actor.checkpoints = Checkpoints(None, 60.0, 1)
+    actor.checkpoints.restore(data)
+    with caplog.at_level(logging.WARNING):
+        return actor.instance(case.key)
+
+
 def test_a_state_file_of_the_previous_release_restores_every_formula(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -108,12 +119,7 @@ def test_a_state_file_of_the_previous_release_restores_every_formula(
         "energy",
     }
     for case in restored:
-        actor = FormulaActor(case.formula, case.config, queue=QueueConfig(), ledger=Ledger(),
-                             dead_letters=DeadLetters(), dispatch=_nowhere)  # fmt: skip
-        actor.checkpoints = Checkpoints(None, 60.0, 1)
-        actor.checkpoints.restore(data)
-        with caplog.at_level(logging.WARNING):
-            instance = actor.instance(case.key)
+        instance = restored_by_actor(case, data, caplog)
         assert "not restored" not in caplog.text
         assert run(instance, case.after, flush=True) == previous_release_left(case), case.name
 
@@ -245,12 +251,7 @@ def test_a_refused_state_is_logged_and_its_instance_starts_afresh(
     case = CASES["smartwatts"]
     states = {case.key: {**case.saved(), "version": 99}}
     data = encode_checkpoint({"version": STATE_VERSION, "formulas": {"smartwatts": states}})
-    actor = FormulaActor(case.formula, case.config, queue=QueueConfig(), ledger=Ledger(),
-                         dead_letters=DeadLetters(), dispatch=_nowhere)  # fmt: skip
-    actor.checkpoints = Checkpoints(None, 60.0, 1)
-    actor.checkpoints.restore(data)
-    with caplog.at_level(logging.WARNING):
-        instance = actor.instance(case.key)
+    instance = restored_by_actor(case, data, caplog)
     assert (
         "saved state of node not restored (ValueError: SmartWatts formula state of version 99, "
         "not 1); it starts afresh" in caplog.text
