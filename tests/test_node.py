@@ -572,6 +572,25 @@ def test_a_source_that_starts_later_and_comes_first_loses_no_interval() -> None:
         assert node_outputs(parts, config, restart=False) == interleaved, order
 
 
+def test_a_lesser_sources_intervals_wait_for_the_better_sources_first_readings() -> None:
+    """hwpc-sensor started after the GPU sampler and the meter. A replay hands on the GPU's
+    and the meter's files, then hwpc-sensor's first tick alone (its RAPL reading only starts a
+    delta), then the rest. The GPU's ticks set intervals until RAPL's take over; reported in
+    between, they would be intervals of their own, without cpu or dram, that a run whose
+    hwpc-sensor came first never had (the demo's second run wrote such a node report one run
+    in a few). They wait for the better source instead."""
+    config = _waiting_for_every_source()
+    hwpc_start = START + timedelta(seconds=3)  # the GPU sampler and the meter started before
+    stream = [
+        r for r in node_stream(8) if not (isinstance(r, HWPCReport) and r.timestamp < hwpc_start)
+    ]
+    interleaved = node_outputs([stream], config, restart=False)
+    rapl_ticks = [r for r in stream if isinstance(r, HWPCReport)]
+    others = [r for r in stream if not isinstance(r, HWPCReport)]
+    parts = [others, rapl_ticks[:1], rapl_ticks[1:]]
+    assert node_outputs(parts, config, restart=False) == interleaved
+
+
 def test_a_source_far_behind_the_others_holds_a_bounded_number_of_intervals(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

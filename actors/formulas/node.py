@@ -89,6 +89,9 @@ hwpc-sensor's ticks): beyond, the oldest are reported without it, and a warning 
 
 _LOG = logging.getLogger(__name__)
 
+_RANK = {"rapl": 0, "gpu": 1, "meter": 2}
+"""Which source's readings set the node's intervals: the first of these that comes."""
+
 _READINGS = frozenset({"meter", "rapl", "gpu"})
 """The sources whose last reading the formula keeps (:attr:`NodeFormula.previous`)."""
 
@@ -347,6 +350,8 @@ class NodeFormula(Formula[NodeConfig]):
         still has its last intervals reported."""
         if len(self.anchor_ends) < 2:
             return None
+        if self._awaiting_better():
+            return self.stream.started + self.stream.idle_s
         return self.stream.deadline()
 
     def wake(self, out: Output) -> None:
@@ -499,13 +504,23 @@ class NodeFormula(Formula[NodeConfig]):
 
     def _anchor(self, name: str, start: int, end: int) -> None:
         """Intervals follow hwpc-sensor's ticks if any come, else the GPU's, else the meter's."""
-        rank = {"rapl": 0, "gpu": 1, "meter": 2}
-        if self.anchor_source is None or rank[name] < rank[self.anchor_source]:
+        if self.anchor_source is None or _RANK[name] < _RANK[self.anchor_source]:
             self.anchor_source = name
             self.anchor_ends = [start, end]
             return
         if name == self.anchor_source and (not self.anchor_ends or end > self.anchor_ends[-1]):
             self.anchor_ends.append(end)
+
+    def _awaiting_better(self) -> bool:
+        """Whether the intervals follow a lesser source while a better one the inputs will give
+        has not set any yet, for ``--node-lateness-ms`` after the start at most: they are held
+        meanwhile, as the better source's first readings replace them. Which source's readings
+        came first must not decide the intervals reported (a replay's GPU file read before
+        hwpc-sensor's would give intervals of its own that the live run never had)."""
+        stream, anchor = self.stream, self.anchor_source
+        if anchor is None or stream.started + stream.idle_s <= time.monotonic():
+            return False
+        return any(_RANK.get(source, len(_RANK)) < _RANK[anchor] for source in stream.expected)
 
     # --- output --------------------------------------------------------------------------------
 
@@ -539,7 +554,7 @@ class NodeFormula(Formula[NodeConfig]):
     def _horizon(self) -> float | None:
         """How far the intervals may be reported: as far as the sources have come, or further
         where more than ``MAX_HELD_INTERVALS`` are held (``None``: not at all yet)."""
-        horizon = self.stream.time_ms(time.monotonic())
+        horizon = None if self._awaiting_better() else self.stream.time_ms(time.monotonic())
         if len(self.anchor_ends) <= MAX_HELD_INTERVALS:
             return horizon
         self._warn_held()
