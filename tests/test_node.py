@@ -585,7 +585,7 @@ def test_a_lesser_sources_intervals_wait_for_the_better_sources_first_readings()
         r for r in node_stream(8) if not (isinstance(r, HWPCReport) and r.timestamp < hwpc_start)
     ]
     interleaved = node_outputs([stream], config, restart=False)
-    rapl_ticks = [r for r in stream if isinstance(r, HWPCReport)]
+    rapl_ticks: list[Report] = [r for r in stream if isinstance(r, HWPCReport)]
     others = [r for r in stream if not isinstance(r, HWPCReport)]
     parts = [others, rapl_ticks[:1], rapl_ticks[1:]]
     assert node_outputs(parts, config, restart=False) == interleaved
