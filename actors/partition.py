@@ -17,7 +17,8 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from wattflow.formats.frames import Batch, Frame, HWPCFrame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report
 
 _FORMAT = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")

@@ -43,7 +43,8 @@ from wattflow.actors.runtime import (
     retry_with_backoff,
     task_group,
 )
-from wattflow.formats.frames import Batch, Frame, batch_size, expand
+from wattflow.formats.batch import Batch, batch_size, expand
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ from operator import attrgetter
 from wattflow.actors.checkpoints import barrier_of
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
-from wattflow.formats.frames import Frame, batch_size, expand
+from wattflow.formats.batch import batch_size, expand
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from typing import Any, Generic, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from wattflow.formats.batch import batch_size, expand, holds_frame
 from wattflow.formats.errors import WattflowError
-from wattflow.formats.frames import batch_size, expand, holds_frame
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from generate_hwpc import (
 
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
-from wattflow.formats.frames import expand
+from wattflow.formats.batch import expand
 from wattflow.formats.reports import HWPCReport, PowerReport
 
 LEARNING_TICKS = 80

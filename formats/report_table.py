@@ -25,7 +25,8 @@ import numpy as np
 import orjson
 
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Batch, Column, FloatArray, Frame, IntArray, PowerFrame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import Column, FloatArray, Frame, IntArray, PowerFrame
 from wattflow.formats.reports import (
     FormulaReport,
     PowerReport,

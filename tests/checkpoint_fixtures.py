@@ -32,7 +32,7 @@ from wattflow.actors.formulas.gpu import GpuConfig, GpuFormula
 from wattflow.actors.formulas.node import NodeConfig, NodeFormula
 from wattflow.actors.formulas.rapl import RaplConfig, RaplFormula
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
-from wattflow.formats.frames import expand
+from wattflow.formats.batch import expand
 from wattflow.formats.reports import HWPCReport, Report
 
 from .nvml_fake import simulate_sampler

@@ -31,8 +31,9 @@ from wattflow.actors.pullers.csv import CsvPuller, CsvPullerConfig
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.runtime import DeadLetter, DeadLetters, QueueConfig
 from wattflow.formats import powerapi
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
-from wattflow.formats.frames import Batch, HWPCFrame, expand
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import (
     GPUDevice,
     GPUProcess,

@@ -21,14 +21,9 @@ from wattflow.actors.formulas.smartwatts_frames import index_reports
 from wattflow.actors.pushers.csv import CsvPusher, CsvPusherConfig
 from wattflow.actors.runtime import Mailbox
 from wattflow.formats import csv_frames, powerapi
+from wattflow.formats.batch import expand
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
-from wattflow.formats.frames import (
-    EventsTable,
-    HWPCFrame,
-    PowerFrame,
-    canonical_rows,
-    expand,
-)
+from wattflow.formats.frames import EventsTable, HWPCFrame, PowerFrame, canonical_rows
 from wattflow.formats.reports import Report
 
 from .parser_oracle import as_comparable, both_readers, reports_and_dead_letters

@@ -23,7 +23,8 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.formats import json_frames, powerapi
-from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, canonical_rows, expand
+from wattflow.formats.batch import expand
+from wattflow.formats.frames import Column, HWPCFrame, PowerFrame, canonical_rows
 from wattflow.formats.json_frames import Layout, decode_hwpc_frames
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import HWPCReport, Report

@@ -27,7 +27,8 @@ from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
 from wattflow.actors.pullers.mongodb import MongoDBPuller, MongoDBPullerConfig, printable
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Batch, Frame, HWPCFrame, expand
+from wattflow.formats.batch import Batch, expand
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.json_frames import (
     Layout,
     decode_document_reports,

@@ -21,7 +21,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from wattflow.actors.pullers.mongodb import MongoDBPuller, MongoDBPullerConfig
-from wattflow.formats.frames import expand
+from wattflow.formats.batch import expand
 
 from .servers import ServerProcess, mongodb_uri
 from .test_mongodb_frames import Recorder, documents_of, stream

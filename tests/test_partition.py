@@ -26,7 +26,8 @@ import zmq.asyncio
 from wattflow.actors.partition import Partition, partition_of
 from wattflow.actors.pullers.zeromq import ZeroMQPuller, ZeroMQPullerConfig
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Batch, Frame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import HWPCReport
 
 from .conftest import Service, run_async, wait_until, wattflow

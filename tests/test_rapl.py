@@ -10,7 +10,8 @@ import pytest
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.rapl import RAPL_UNIT_J, RaplConfig, RaplFormula
 from wattflow.formats import jsonl, powerapi
-from wattflow.formats.frames import HWPCFrame, expand
+from wattflow.formats.batch import expand
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_utc
 
 

@@ -15,7 +15,7 @@ from wattflow.actors.pipeline import Pipeline
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.runtime import ActorClosed, Mailbox, QueueConfig, RestartPolicy
-from wattflow.formats.frames import Batch, expand
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_utc
 
 from .conftest import run_async

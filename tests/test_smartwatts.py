@@ -15,7 +15,7 @@ from tests.conftest import wattflow
 from wattflow.actors.formulas.base import Output
 from wattflow.actors.formulas.power_model import FrequencyLayers
 from wattflow.actors.formulas.smartwatts import SmartWattsConfig, SmartWattsFormula
-from wattflow.formats.frames import expand
+from wattflow.formats.batch import expand
 from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -24,7 +24,7 @@ from wattflow.actors.pushers.jsonl import JsonlPusher, JsonlPusherConfig
 from wattflow.actors.pushers.zeromq import ZeroMQPusher, ZeroMQPusherConfig
 from wattflow.actors.runtime import DeadLetters
 from wattflow.formats import powerapi
-from wattflow.formats.frames import Batch, expand
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import PowerReport, Report
 

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict
 
 from wattflow.actors.checkpoints import Barrier, barrier_of
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
-from wattflow.formats.frames import Batch, Frame, batch_size, expand
+from wattflow.formats.batch import Batch, batch_size, expand
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
 if TYPE_CHECKING:

@@ -50,7 +50,7 @@ from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encod
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.frames import Batch, expand
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     GPUReport,

@@ -97,7 +97,7 @@ from wattflow.actors.formulas.gpu_sharing import (
     ProcessWindow,
 )
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.frames import Batch
+from wattflow.formats.batch import Batch
 from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
 
 logger = logging.getLogger(__name__)

@@ -66,7 +66,8 @@ from wattflow.actors.formulas.rapl import (
     tick_energy,
 )
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.frames import Batch, Frame, HWPCFrame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
     GPUReport,

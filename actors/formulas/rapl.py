@@ -21,8 +21,8 @@ from pydantic import Field, PositiveInt
 from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.frames import (
-    Batch,
     Column,
     EventsTable,
     FloatArray,
@@ -30,7 +30,6 @@ from wattflow.formats.frames import (
     HWPCFrame,
     IntArray,
     PowerFrame,
-    expand,
 )
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import HWPCReport, Report, to_millis

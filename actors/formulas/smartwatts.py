@@ -78,8 +78,8 @@ from wattflow.actors.formulas.smartwatts_frames import (
     is_canonical,
 )
 from wattflow.actors.formulas.window import StreamTime
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.frames import (
-    Batch,
     Column,
     FormulaFrame,
     FormulaRow,
@@ -87,7 +87,6 @@ from wattflow.formats.frames import (
     HWPCFrame,
     IntArray,
     PowerFrame,
-    expand,
 )
 from wattflow.formats.powerapi import decode_json, encode_json
 from wattflow.formats.reports import HWPCReport, Report, to_millis

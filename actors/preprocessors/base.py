@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from wattflow.formats.frames import Batch
+from wattflow.formats.batch import Batch
 
 
 class PreProcessorConfig(BaseModel):

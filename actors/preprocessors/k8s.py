@@ -39,8 +39,9 @@ from pydantic import Field, SecretStr, model_validator
 from wattflow.actors.preprocessors import preprocessors
 from wattflow.actors.preprocessors.base import PreProcessor, PreProcessorConfig
 from wattflow.actors.preprocessors.pods import PodCache, PodContainer, PodWatcher, containers_of
+from wattflow.formats.batch import Batch, expand
 from wattflow.formats.errors import WattflowError
-from wattflow.formats.frames import Batch, HWPCFrame, expand
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import Report
 from wattflow.formats.targets import resolve_cgroup
 

@@ -10,7 +10,8 @@ from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
 from wattflow.actors.partition import Partition
-from wattflow.formats.frames import Batch, HWPCFrame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_json_runs
 from wattflow.formats.reports import Report
 

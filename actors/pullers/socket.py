@@ -30,7 +30,8 @@ from wattflow.actors.handoff import LISTEN_BACKLOG, receive_connections
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
-from wattflow.formats.frames import Batch, HWPCFrame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
-from wattflow.formats.frames import Batch, HWPCFrame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_hwpc_frames, decode_json_runs
 from wattflow.formats.reports import HWPCReport, Report, report_kind
 

@@ -19,7 +19,8 @@ from wattflow.actors.runtime import (
     QueueConfig,
     retry_with_backoff,
 )
-from wattflow.formats.frames import Batch, Frame, batch_size, expand, holds_frame, reports_in
+from wattflow.formats.batch import Batch, batch_size, expand, holds_frame, reports_in
+from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
 

@@ -27,8 +27,9 @@ from wattflow.actors.pushers.appending import (
 )
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi
+from wattflow.formats.batch import Batch
 from wattflow.formats.errors import DecodeError
-from wattflow.formats.frames import Batch, Column, IntArray
+from wattflow.formats.frames import Column, IntArray
 from wattflow.formats.report_table import (
     ReportTable,
     as_column,

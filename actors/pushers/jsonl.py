@@ -20,7 +20,8 @@ from wattflow.actors.pushers.appending import (
     writes_inline,
 )
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.formats.frames import Batch, Frame
+from wattflow.formats.batch import Batch
+from wattflow.formats.frames import Frame
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
 

@@ -1,0 +1,65 @@
+"""The batch: what moves from stage to stage, and the one place that asks how it is held.
+
+A batch is reports, or a frame standing for many (:mod:`wattflow.formats.frames`; a frame travels
+alone in its batch). Inputs emit batches, mailboxes carry them, the router splits them, the
+formulas take them and the outputs write them. Which of the two a batch holds is the columnar
+fast path's business: the stages ask this module what they need of a batch (its size, its
+reports, its share of sensors, its hwpc-sensor frame …) and never test for themselves, so a new
+representation, or a stage, changes one module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from wattflow.formats.frames import Frame
+from wattflow.formats.reports import Report
+
+Batch = Sequence[Report | Frame]
+"""What moves from stage to stage: reports, or a frame standing for many (a frame travels
+alone in its batch). The formulas take it (:meth:`Formula.process`), the outputs write it."""
+
+
+def batch_size(batch: Sequence[Any]) -> int:
+    """How many reports a batch holds: a frame travels alone and counts as its reports.
+
+    Items are reports, frames, or ``(key, report)`` pairs as formula mailboxes hold them.
+    """
+    if len(batch) == 1:
+        item = batch[0]
+        if type(item) is tuple:
+            item = item[1]
+        if isinstance(item, Frame):
+            return len(item)
+    return len(batch)
+
+
+def reports_in(batch: Sequence[Any]) -> int:
+    """How many reports a batch of reports and frames holds, each frame counting as its
+    reports: :func:`batch_size`, also for the frames an output takes together
+    (:attr:`~wattflow.actors.pushers.base.Pusher.takes_frame_runs`)."""
+    return sum(len(item) if isinstance(item, Frame) else 1 for item in batch)
+
+
+def holds_frame(batch: Sequence[Any]) -> bool:
+    """Whether a batch is a frame travelling alone (see :func:`batch_size`)."""
+    if len(batch) != 1:
+        return False
+    item = batch[0]
+    if type(item) is tuple:
+        item = item[1]
+    return isinstance(item, Frame)
+
+
+def expand(batch: Batch) -> list[Report]:
+    """The reports of a batch, frames replaced by the reports they stand for."""
+    if not any(isinstance(item, Frame) for item in batch):
+        return cast(list[Report], list(batch))  # no frame in it: reports only
+    reports: list[Report] = []
+    for item in batch:
+        if isinstance(item, Frame):
+            reports.extend(item.reports())
+        else:
+            reports.append(item)
+    return reports
