@@ -21,11 +21,11 @@ targets themselves, and those expire with their target as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from wattflow.formats.frames import Frame, PowerFrame
-from wattflow.formats.reports import PowerReport, Report
+from wattflow.formats.batch import Labeller, with_labels
+from wattflow.formats.frames import Frame
+from wattflow.formats.reports import Report
 from wattflow.formats.targets import resolve_cgroup
 
 KNOWN_TARGETS = 65_536
@@ -41,11 +41,6 @@ def target_labels(target: str) -> dict[str, str] | None:
     if resolved.kind in UNNAMED_KINDS:
         return None
     return resolved.labels()
-
-
-Labeller = Callable[[str], Mapping[str, str] | None]
-"""More names for a target, from outside the cgroup path (the k8s pre-processor's pod names
-from the Kubernetes API), or ``None``."""
 
 
 class TargetNaming:
@@ -86,47 +81,4 @@ class TargetNaming:
             return found
 
     def __call__(self, items: Sequence[Report | Frame]) -> list[Report | Frame]:
-        return [self._named(item) for item in items]
-
-    def _named(self, item: Report | Frame) -> Report | Frame:
-        if isinstance(item, PowerFrame):
-            return _named_frame(item, self.labels)
-        if isinstance(item, PowerReport):
-            labels = self.labels(item.target)
-            if labels is None:
-                return item
-            return PowerReport.trusted(
-                timestamp=item.timestamp,
-                sensor=item.sensor,
-                target=item.target,
-                power=item.power,
-                metadata={**labels, **item.metadata},
-            )
-        return item
-
-
-def _named_frame(frame: PowerFrame, labels_of: Labeller) -> PowerFrame:
-    """The frame with each named row's labels as its own metadata (the frame's
-    ``report_metadata``, which comes before the columns); the frame itself where no row is
-    named, so SmartWatts' frames of unnamed targets stay on the outputs' column path."""
-    codes = frame.targets.tolist()
-    by_code: dict[int, Mapping[str, str] | None] = {
-        code: labels_of(frame.target_names[code]) for code in set(codes)
-    }
-    if not any(by_code.values()):
-        return frame
-    own = frame.report_metadata
-    rows: list[dict[str, Any]] = []
-    for row, code in enumerate(codes):
-        labels = by_code[code]
-        before = {} if own is None else own[row]
-        rows.append(before if labels is None else {**labels, **before})
-    return PowerFrame(
-        sensor=frame.sensor,
-        millis=frame.millis,
-        targets=frame.targets,
-        target_names=frame.target_names,
-        power=frame.power,
-        metadata=frame.metadata,
-        report_metadata=rows,
-    )
+        return with_labels(items, self.labels)

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any
 
 from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
 from wattflow.actors.formulas.base import Dispatch, Formula, FormulaActor, FormulaConfig
@@ -43,7 +42,7 @@ from wattflow.actors.runtime import (
     retry_with_backoff,
     task_group,
 )
-from wattflow.formats.batch import Batch, batch_size, expand
+from wattflow.formats.batch import Batch, batch_size, expand, kinds_in, pieces
 from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
@@ -417,7 +416,7 @@ class Pipeline:
             ]
         return found
 
-    async def _dispatch(self, reports: list[Report | Frame]) -> None:
+    async def _dispatch(self, produced: list[Report | Frame]) -> None:
         """Hand a formula's output to the pushers that take each kind, in order.
 
         A formula's output is mostly of one kind (PowerReports, with a FormulaReport per model
@@ -426,61 +425,33 @@ class Pipeline:
         write frames, and as their reports to the others; a frame of a kind no pusher takes is
         counted and never turned into reports.
         """
-        if not reports:
+        barrier = barrier_of(produced)
+        if barrier is not None:
+            await self._pass_barrier(barrier)
             return
-        if any(isinstance(item, Frame) for item in reports):
-            barrier = barrier_of(reports)
-            if barrier is not None:
-                await self._pass_barrier(barrier)
-                return
-            await self._dispatch_frames(reports)
-            return
-        await self._dispatch_reports(cast(list[Report], reports))  # no frame: reports only
+        for piece in pieces(produced):
+            for actor, share in self._shares(piece):
+                self.ledger.dispatched += batch_size(share)
+                await actor.mailbox.put(share)
 
-    async def _dispatch_reports(self, reports: list[Report]) -> None:
-        for actor, batch in self._shares(reports):
-            self.ledger.dispatched += len(batch)
-            await actor.mailbox.put(batch)
-
-    def _shares(self, reports: list[Report]) -> list[tuple[PusherActor, list[Report]]]:
-        """Each pusher's share of a batch of reports, in order, the whole batch where a pusher
-        takes every kind in it; the reports that no pusher takes are counted as unrequested."""
-        counts = Counter(map(_kind, reports))
+    def _shares(self, piece: Batch) -> list[tuple[PusherActor, Batch]]:
+        """Each pusher's share of a frame or a run of reports, in order: the whole of it where
+        a pusher takes every kind in it (a frame as its reports to a pusher that does not write
+        frames); the reports that no pusher takes are counted as unrequested."""
+        counts = kinds_in(piece)
         takers = {kind: self._pushers_for(kind) for kind in counts}
         self.ledger.unrequested += sum(counts[kind] for kind, found in takers.items() if not found)
-        shares: list[tuple[PusherActor, list[Report]]] = []
+        shares: list[tuple[PusherActor, Batch]] = []
+        reports: list[Report] | None = None
         for actor in self.pushers:
             accepted = {kind for kind, found in takers.items() if actor in found}
-            if len(accepted) == len(counts):
-                shares.append((actor, reports))
+            whole = len(accepted) == len(counts)
+            if whole and actor.pusher.takes_frames:
+                shares.append((actor, piece))
             elif accepted:
-                shares.append((actor, [report for report in reports if report.kind in accepted]))
+                reports = expand(piece) if reports is None else reports
+                shares.append((actor, reports if whole else _of_kinds(reports, accepted)))
         return shares
-
-    async def _dispatch_frames(self, items: list[Report | Frame]) -> None:
-        plain: list[Report] = []
-        for item in items:
-            if not isinstance(item, Frame):
-                plain.append(item)
-                continue
-            if plain:
-                await self._dispatch_reports(plain)
-                plain = []
-            takers = self._pushers_for(item.kind)
-            if not takers:
-                self.ledger.unrequested += len(item)
-                continue
-            reports: list[Report] | None = None
-            for actor in takers:
-                self.ledger.dispatched += len(item)
-                if actor.pusher.takes_frames:
-                    await actor.mailbox.put([item])
-                    continue
-                if reports is None:
-                    reports = item.reports()
-                await actor.mailbox.put(reports)
-        if plain:
-            await self._dispatch_reports(plain)
 
     def formula_named(self, name: str) -> FormulaActor:
         """The formula actor of stage ``name`` (``formula:node``)."""
@@ -734,3 +705,7 @@ class Pipeline:
         if not self.ledger.balanced():
             logger.error("ledger does not balance: %s", self.ledger)
         return result
+
+
+def _of_kinds(reports: list[Report], kinds: set[str]) -> list[Report]:
+    return [report for report in reports if report.kind in kinds]

@@ -29,7 +29,7 @@ from typing import Any, Generic, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from wattflow.formats.batch import batch_size, expand, holds_frame
+from wattflow.formats.batch import batch_size, expand, indivisible
 from wattflow.formats.errors import WattflowError
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Mailbox(Generic[T]):
         if not batch:
             return
         size = batch_size(batch)
-        framed = holds_frame(batch)
+        framed = indivisible(batch)
         async with self._changed:
             while size and not self._closed and self._size and self._size + size > self.capacity:
                 await self._changed.wait()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -30,8 +30,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.pipeline import Pipeline
-from wattflow.formats.frames import FormulaFrame, Frame
-from wattflow.formats.reports import FormulaReport, Report
+from wattflow.formats.batch import formula_metadata, newest_ms
+from wattflow.formats.frames import Frame
+from wattflow.formats.reports import Report
 
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wattflow_healthy": ("gauge", (), "1 while every actor runs, else 0 (see /health)."),
@@ -186,21 +187,13 @@ class PipelineStatus:
         actor.observers.append(partial(self._seen, watch))
 
     def _seen(self, watch: _FormulaWatch, produced: list[Report | Frame]) -> None:
-        newest = _newest_ms(produced[-1])
+        newest = newest_ms(produced)
         if newest is not None and (watch.newest_ms is None or newest > watch.newest_ms):
             watch.newest_ms = newest
-        for item in produced:
-            if isinstance(item, FormulaFrame):
-                self._model_errors_of_frame(item)
-            elif item.kind == FormulaReport.kind and isinstance(item, Report):
-                self._model_error(item.sensor, item.metadata)
+        for sensor, metadata in formula_metadata(produced):
+            self._model_error(sensor, metadata)
 
-    def _model_errors_of_frame(self, frame: FormulaFrame) -> None:
-        keys = frame.keys
-        for _, _, values in frame.rows:
-            self._model_error(frame.sensor, dict(zip(keys, values, strict=True)))
-
-    def _model_error(self, sensor: str, metadata: dict[str, Any]) -> None:
+    def _model_error(self, sensor: str, metadata: Mapping[str, Any]) -> None:
         error = metadata.get("error")
         if isinstance(error, int | float) and math.isfinite(error):
             key = (sensor, str(metadata.get("scope", "")), str(metadata.get("socket", "")))
@@ -331,16 +324,3 @@ class PipelineStatus:
             families.add("wattflow_output_outages_total", [name], actor.outages)
             unreachable = 1.0 if actor.unreachable is not None else 0.0
             families.add("wattflow_output_unreachable", [name], unreachable)
-
-
-def _newest_ms(item: Report | Frame) -> int | None:
-    """The timestamp, in Unix ms, of the last item a formula handed on (its newest tick)."""
-    if isinstance(item, Report):
-        return int(item.timestamp.timestamp() * 1000)
-    millis = getattr(item, "millis", None)
-    if millis is not None and len(millis):
-        return int(millis[-1])
-    rows = getattr(item, "rows", None)
-    if rows:
-        return int(rows[-1][0])
-    return None

@@ -10,11 +10,13 @@ representation, or a stage, changes one module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, cast
 
-from wattflow.formats.frames import Frame
-from wattflow.formats.reports import Report
+from wattflow.formats.frames import FormulaFrame, Frame, PowerFrame
+from wattflow.formats.reports import FormulaReport, PowerReport, Report
 
 Batch = Sequence[Report | Frame]
 """What moves from stage to stage: reports, or a frame standing for many (a frame travels
@@ -42,8 +44,9 @@ def reports_in(batch: Sequence[Any]) -> int:
     return sum(len(item) if isinstance(item, Frame) else 1 for item in batch)
 
 
-def holds_frame(batch: Sequence[Any]) -> bool:
-    """Whether a batch is a frame travelling alone (see :func:`batch_size`)."""
+def indivisible(batch: Sequence[Any]) -> bool:
+    """Whether a mailbox must hand the batch on whole, neither cut nor joined to the batches
+    beside it: a frame, which travels alone (reports can be cut and joined)."""
     if len(batch) != 1:
         return False
     item = batch[0]
@@ -63,3 +66,123 @@ def expand(batch: Batch) -> list[Report]:
         else:
             reports.append(item)
     return reports
+
+
+# --- the outputs' side ----------------------------------------------------------------------
+
+
+def pieces(batch: Batch) -> list[Batch]:
+    """A batch as the batches it joins: each frame alone, the reports between frames together
+    (a formula's output, the frames an output takes in one write)."""
+    if not any(isinstance(item, Frame) for item in batch):
+        return [batch] if batch else []
+    found: list[Batch] = []
+    run: list[Report] = []
+    for item in batch:
+        if isinstance(item, Frame):
+            if run:
+                found.append(run)
+                run = []
+            found.append([item])
+        else:
+            run.append(item)
+    if run:
+        found.append(run)
+    return found
+
+
+_kind = attrgetter("kind")
+
+
+def kinds_in(batch: Batch) -> Counter[str]:
+    """How many reports of each kind a batch holds (a frame's under its own kind)."""
+    if len(batch) == 1 and isinstance(batch[0], Frame):
+        return Counter({batch[0].kind: len(batch[0])})
+    return Counter(map(_kind, batch))
+
+
+def power_frame(batch: Batch) -> PowerFrame | None:
+    """The batch's PowerFrame when it is one: the column path of the outputs that write
+    tables; ``None`` for anything else, to be taken as its reports (:func:`expand`)."""
+    if len(batch) == 1 and isinstance(batch[0], PowerFrame):
+        return batch[0]
+    return None
+
+
+def newest_ms(batch: Batch) -> int | None:
+    """The timestamp, in Unix ms, of a batch's last report (a formula's newest tick)."""
+    if not batch:
+        return None
+    item = batch[-1]
+    if isinstance(item, Report):
+        return int(item.timestamp.timestamp() * 1000)
+    millis = getattr(item, "millis", None)
+    if millis is not None and len(millis):
+        return int(millis[-1])
+    if isinstance(item, FormulaFrame) and item.rows:
+        return int(item.rows[-1][0])
+    return None
+
+
+def formula_metadata(batch: Batch) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each FormulaReport's sensor and metadata (a model's error, scope, socket …), a
+    FormulaFrame's rows included, without building their reports."""
+    for item in batch:
+        if isinstance(item, FormulaFrame):
+            keys = item.keys
+            for _, _, values in item.rows:
+                yield item.sensor, dict(zip(keys, values, strict=True))
+        elif item.kind == FormulaReport.kind and isinstance(item, Report):
+            yield item.sensor, item.metadata
+
+
+Labeller = Callable[[str], Mapping[str, str] | None]
+"""A target's labels (its names), or ``None`` for a target that has none."""
+
+
+def with_labels(batch: Batch, labels_of: Labeller) -> list[Report | Frame]:
+    """The batch with each PowerReport's target labels added to its metadata (before the
+    report's own keys), a PowerFrame's rows too; everything else as it was."""
+    return [_labelled(item, labels_of) for item in batch]
+
+
+def _labelled(item: Report | Frame, labels_of: Labeller) -> Report | Frame:
+    if isinstance(item, PowerFrame):
+        return _labelled_frame(item, labels_of)
+    if isinstance(item, PowerReport):
+        labels = labels_of(item.target)
+        if labels is None:
+            return item
+        return PowerReport.trusted(
+            timestamp=item.timestamp,
+            sensor=item.sensor,
+            target=item.target,
+            power=item.power,
+            metadata={**labels, **item.metadata},
+        )
+    return item
+
+
+def _labelled_frame(frame: PowerFrame, labels_of: Labeller) -> PowerFrame:
+    """The frame with each labelled row's labels as its own metadata (the frame's
+    ``report_metadata``, which comes before the columns); the frame itself where no row is
+    labelled, so the frames of unnamed targets stay on the outputs' column path."""
+    codes = frame.targets.tolist()
+    by_code = {code: labels_of(frame.target_names[code]) for code in set(codes)}
+    if not any(by_code.values()):
+        return frame
+    own = frame.report_metadata
+    rows: list[dict[str, Any]] = []
+    for row, code in enumerate(codes):
+        labels = by_code[code]
+        before = {} if own is None else own[row]
+        rows.append(before if labels is None else {**labels, **before})
+    return PowerFrame(
+        sensor=frame.sensor,
+        millis=frame.millis,
+        targets=frame.targets,
+        target_names=frame.target_names,
+        power=frame.power,
+        metadata=frame.metadata,
+        report_metadata=rows,
+    )

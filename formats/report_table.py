@@ -25,8 +25,8 @@ import numpy as np
 import orjson
 
 from wattflow.formats import powerapi
-from wattflow.formats.batch import Batch
-from wattflow.formats.frames import Column, FloatArray, Frame, IntArray, PowerFrame
+from wattflow.formats.batch import Batch, expand, power_frame
+from wattflow.formats.frames import Column, FloatArray, IntArray, PowerFrame
 from wattflow.formats.reports import (
     FormulaReport,
     PowerReport,
@@ -66,7 +66,7 @@ class ReportTable:
     payloads: list[dict[str, Any]] | None
     """Each row's own fields, as its document holds them; ``None`` when every row is a
     PowerReport (its own field is its power)."""
-    source: PowerFrame | Sequence[Report]
+    source: Batch
     """What the table was made of, to give back the reports of rows an output refuses."""
     timestamps_in_millis: bool = False
 
@@ -77,12 +77,10 @@ class ReportTable:
     def of(cls, batch: Batch) -> ReportTable:
         """The table of a batch: of reports, or of a frame, which travels alone (a PowerFrame
         read straight from its columns, any other frame from its reports)."""
-        if len(batch) == 1 and isinstance(batch[0], Frame):
-            frame = batch[0]
-            if isinstance(frame, PowerFrame):
-                return cls._of_power_frame(frame)
-            return cls._of_reports(frame.reports())
-        return cls._of_reports(cast(list[Report], batch))
+        frame = power_frame(batch)
+        if frame is not None:
+            return cls._of_power_frame(frame)
+        return cls._of_reports(expand(batch))
 
     @classmethod
     def _of_power_frame(cls, frame: PowerFrame) -> ReportTable:
@@ -100,7 +98,7 @@ class ReportTable:
             metadata=metadata,
             power=frame.power,
             payloads=None,
-            source=frame,
+            source=[frame],
             timestamps_in_millis=True,
         )
 
@@ -138,7 +136,7 @@ class ReportTable:
         source = self.source
         if not rows:
             return []
-        reports = source.reports() if isinstance(source, PowerFrame) else source
+        reports = expand(source)
         return [reports[row] for row in rows]
 
     def metadata_values(self, key: str) -> Values | None:

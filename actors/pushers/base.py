@@ -19,7 +19,7 @@ from wattflow.actors.runtime import (
     QueueConfig,
     retry_with_backoff,
 )
-from wattflow.formats.batch import Batch, batch_size, expand, holds_frame, reports_in
+from wattflow.formats.batch import Batch, batch_size, expand, indivisible, reports_in
 from wattflow.formats.frames import Frame
 from wattflow.formats.reports import Report
 
@@ -187,7 +187,7 @@ class PusherActor(Actor):
                     self.checkpoints.ack(barrier)
                 continue
             self._busy = True
-            if self.pusher.takes_frame_runs and holds_frame(batch):
+            if self.pusher.takes_frame_runs and indivisible(batch):
                 batch = await self._with_queued_frames(batch)
             self._in_flight = batch
             if self.given_up is not None:

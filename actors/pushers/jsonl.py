@@ -20,8 +20,7 @@ from wattflow.actors.pushers.appending import (
     writes_inline,
 )
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.formats.batch import Batch
-from wattflow.formats.frames import Frame
+from wattflow.formats.batch import Batch, pieces
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report
 
@@ -77,10 +76,7 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
         return await self.write_batch(batch)
 
     async def write_batch(self, batch: Batch) -> list[tuple[Report, str]]:
-        if len(batch) > 1 and isinstance(batch[0], Frame):  # frames queued together
-            data = b"".join(encode_json_lines([frame]) for frame in batch)
-        else:
-            data = encode_json_lines(batch)
+        data = b"".join(map(encode_json_lines, pieces(batch)))  # frames queued together
         if self._inline and len(data) <= INLINE_WRITE_BYTES:
             # A live sensor's tick: a few kB to the page cache, cheaper than a thread's round trip.
             self._write(data)
