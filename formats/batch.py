@@ -63,3 +63,21 @@ def expand(batch: Batch) -> list[Report]:
         else:
             reports.append(item)
     return reports
+
+
+# --- inputs ---
+
+
+def alone_and_joined(decoded: Sequence[Frame] | list[Report]) -> tuple[list[Batch], list[Report]]:
+    """What a decoder made: the batches that go on alone (each frame), and the reports that go
+    on together, in one batch or joined to those an input has queued."""
+    if decoded and isinstance(decoded[0], Frame):
+        return [[frame] for frame in cast(Sequence[Frame], decoded)], []
+    return [], cast(list[Report], decoded)
+
+
+def handed_on(decoded: Sequence[Frame] | list[Report]) -> list[Batch]:
+    """What a decoder made, as the batches an input hands on: each frame alone, the reports
+    in one (even none)."""
+    alone, joined = alone_and_joined(decoded)
+    return alone or [joined]
