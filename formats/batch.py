@@ -10,10 +10,10 @@ representation, or a stage, changes one module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from wattflow.formats.frames import Frame
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report
 
 Batch = Sequence[Report | Frame]
@@ -81,3 +81,42 @@ def handed_on(decoded: Sequence[Frame] | list[Report]) -> list[Batch]:
     in one (even none)."""
     alone, joined = alone_and_joined(decoded)
     return alone or [joined]
+
+
+def sensors_share(batch: Batch, takes: Callable[[str], bool]) -> tuple[list[Batch], int]:
+    """The share of a batch of the sensors ``takes`` accepts: the batches to hand on (a frame
+    that holds others becomes one frame per sensor taken), and how many reports are left,
+    none of them built."""
+    if len(batch) == 1 and isinstance(batch[0], Frame):
+        return _frame_share(batch[0], takes)
+    reports: list[Report] = [r for r in batch if isinstance(r, Report)]
+    if len(reports) != len(batch):  # frames among reports: not how pullers emit
+        raise TypeError("a batch is reports, or one frame alone")
+    kept = [report for report in reports if takes(report.sensor)]
+    return ([kept] if kept else []), len(reports) - len(kept)
+
+
+def _frame_share(frame: Frame, takes: Callable[[str], bool]) -> tuple[list[Batch], int]:
+    if isinstance(frame, HWPCFrame):
+        sensors = frame.sensors()
+        taken = [sensor for sensor in sensors if takes(sensor)]
+        if len(taken) == len(sensors):
+            return [[frame]], 0
+        parts = [frame.of_sensor(sensor) for sensor in taken]
+        return [[part] for part in parts], len(frame) - sum(map(len, parts))
+    sensor = getattr(frame, "sensor", None)
+    if isinstance(sensor, str):  # frames of one sensor (PowerFrame, FormulaFrame)
+        return ([[frame]], 0) if takes(sensor) else ([], len(frame))
+    kept = [report for report in frame.reports() if takes(report.sensor)]
+    return ([kept] if kept else []), len(frame) - len(kept)
+
+
+def reports_left(batch: Batch, takes: Callable[[str], bool]) -> list[Report]:
+    """The reports of a batch whose sensors ``takes`` refuses, built: an hwpc-sensor frame is
+    cut per sensor first, so that only theirs are."""
+    if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
+        frame = batch[0]
+        others = [s for s in frame.sensors() if not takes(s)]
+        return [r for s in others for r in frame.of_sensor(s).reports()]
+    reports = batch[0].reports() if len(batch) == 1 and isinstance(batch[0], Frame) else batch
+    return [r for r in reports if isinstance(r, Report) and not takes(r.sensor)]
