@@ -10,8 +10,8 @@ representation, or a stage, changes one module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report
@@ -120,3 +120,22 @@ def reports_left(batch: Batch, takes: Callable[[str], bool]) -> list[Report]:
         return [r for s in others for r in frame.of_sensor(s).reports()]
     reports = batch[0].reports() if len(batch) == 1 and isinstance(batch[0], Frame) else batch
     return [r for r in reports if isinstance(r, Report) and not takes(r.sensor)]
+
+
+T = TypeVar("T")
+
+
+def fill(queue: list[T], items: Iterable[T | Frame], size: int) -> Iterator[list[list[T] | Batch]]:
+    """Queue items after those ``queue`` holds, yielding the batches due as they fall due: the
+    queue once it holds ``size``; at a frame, the queue (even empty) and the frame alone after
+    it. What is left stays in ``queue``."""
+    for item in items:
+        if isinstance(item, Frame):
+            due: list[list[T] | Batch] = [queue[:], [item]]
+        else:
+            queue.append(item)
+            if len(queue) < size:
+                continue
+            due = [queue[:]]
+        queue.clear()
+        yield due

@@ -29,7 +29,6 @@ STILL_BRANCHING = {
         "actors/naming.py",
         "actors/pipeline.py",
         "actors/preprocessors/k8s.py",
-        "actors/pullers/csv.py",
         "actors/pushers/base.py",
         "actors/pushers/jsonl.py",
         "actors/router.py",
