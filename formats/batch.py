@@ -139,3 +139,16 @@ def fill(queue: list[T], items: Iterable[T | Frame], size: int) -> Iterator[list
             due = [queue[:]]
         queue.clear()
         yield due
+
+
+def any_target(batch: Batch, test: Callable[[str], bool]) -> bool:
+    """Whether ``test`` accepts a target of the batch's reports: an hwpc-sensor frame answers
+    from its names (its sensors' too) without building its reports; other frames are not
+    asked."""
+    for item in batch:
+        if isinstance(item, HWPCFrame):
+            if any(test(name) for name in item.names):
+                return True
+        elif isinstance(item, Report) and test(item.target):
+            return True
+    return False

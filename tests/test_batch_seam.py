@@ -28,7 +28,6 @@ STILL_BRANCHING = {
         "actors/formulas/smartwatts.py",
         "actors/naming.py",
         "actors/pipeline.py",
-        "actors/preprocessors/k8s.py",
         "actors/pushers/base.py",
         "actors/pushers/jsonl.py",
         "actors/router.py",
