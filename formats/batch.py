@@ -65,7 +65,7 @@ def expand(batch: Batch) -> list[Report]:
     return reports
 
 
-# --- inputs ---
+# --- the inputs' side -----------------------------------------------------------------------
 
 
 def alone_and_joined(decoded: Sequence[Frame] | list[Report]) -> tuple[list[Batch], list[Report]]:
