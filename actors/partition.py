@@ -17,8 +17,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from wattflow.formats.batch import Batch
-from wattflow.formats.frames import Frame, HWPCFrame
+from wattflow.formats.batch import Batch, reports_left, sensors_share
 from wattflow.formats.reports import Report
 
 _FORMAT = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -89,55 +88,20 @@ class Partition:
         """Whether this instance takes ``sensor``'s reports."""
         return self.count == 1 or _crc32(sensor) % self.count == self.index
 
-    def select(self, batch: Batch) -> tuple[list[list[Report] | list[Frame]], int]:
-        """This partition's share of a batch: the batches to hand on, and how many reports
-        were left to the other partitions.
+    def select(self, batch: Batch) -> tuple[list[Batch], int]:
+        """This partition's share of a batch: the batches to hand on (a frame of several
+        partitions' sensors is cut per sensor taken), and how many reports were left."""
+        return sensors_share(batch, self.owns)
 
-        A frame travels alone; one holding sensors of several partitions becomes one frame per
-        sensor taken.
-        """
-        if len(batch) == 1 and isinstance(batch[0], Frame):
-            return self._select_frame(batch[0])
-        reports: list[Report] = [r for r in batch if isinstance(r, Report)]
-        if len(reports) != len(batch):  # frames among reports: not how pullers emit
-            raise TypeError("a batch is reports, or one frame alone")
-        kept = [report for report in reports if self.owns(report.sensor)]
-        return ([kept] if kept else []), len(reports) - len(kept)
-
-    def divide(self, batch: Batch) -> tuple[list[list[Report] | list[Frame]], list[Report]]:
+    def divide(self, batch: Batch) -> tuple[list[Batch], list[Report]]:
         """This partition's share of a batch (as :meth:`select` cuts it), and the reports of
-        the others' sensors, built one by one: for an input that must dead-letter them, since
-        the instance that owns them will not see them (a ZeroMQ topic that misnamed their
-        sensor), rather than let them go.
+        the others' sensors, built: for an input that must dead-letter them, since the instance
+        that owns them will not see them (a ZeroMQ topic that misnamed their sensor), rather
+        than let them go.
         """
         kept, left = self.select(batch)
-        return kept, (self._others(batch) if left else [])
-
-    def _others(self, batch: Batch) -> list[Report]:
-        """The reports of a batch that other partitions take; a frame of hwpc-sensor's is cut
-        per sensor first, so only those sensors' reports are built."""
-        if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
-            frame = batch[0]
-            others = [s for s in frame.sensors() if not self.owns(s)]
-            return [r for s in others for r in frame.of_sensor(s).reports()]
-        reports = batch[0].reports() if len(batch) == 1 and isinstance(batch[0], Frame) else batch
-        return [r for r in reports if isinstance(r, Report) and not self.owns(r.sensor)]
+        return kept, (reports_left(batch, self.owns) if left else [])
 
     def of(self, sensor: str) -> Partition:
         """The partition of this partition's count that takes ``sensor``."""
         return Partition(partition_of(sensor, self.count), self.count)
-
-    def _select_frame(self, frame: Frame) -> tuple[list[list[Report] | list[Frame]], int]:
-        if isinstance(frame, HWPCFrame):
-            sensors = frame.sensors()
-            taken = [sensor for sensor in sensors if self.owns(sensor)]
-            whole: list[Frame] = [frame]
-            if len(taken) == len(sensors):
-                return [whole], 0
-            parts: list[Frame] = [frame.of_sensor(sensor) for sensor in taken]
-            return [[part] for part in parts], len(frame) - sum(map(len, parts))
-        sensor = getattr(frame, "sensor", None)
-        if isinstance(sensor, str):  # frames of one sensor (PowerFrame, FormulaFrame)
-            return ([[frame]], 0) if self.owns(sensor) else ([], len(frame))
-        kept = [report for report in frame.reports() if self.owns(report.sensor)]
-        return ([kept] if kept else []), len(frame) - len(kept)

@@ -11,11 +11,11 @@ representation, or a stage, changes one module.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
-from wattflow.formats.frames import FormulaFrame, Frame, PowerFrame
+from wattflow.formats.frames import FormulaFrame, Frame, HWPCFrame, PowerFrame
 from wattflow.formats.reports import FormulaReport, PowerReport, Report
 
 Batch = Sequence[Report | Frame]
@@ -186,3 +186,92 @@ def _labelled_frame(frame: PowerFrame, labels_of: Labeller) -> PowerFrame:
         metadata=frame.metadata,
         report_metadata=rows,
     )
+
+
+# --- the inputs' side -----------------------------------------------------------------------
+
+
+def alone_and_joined(decoded: Sequence[Frame] | list[Report]) -> tuple[list[Batch], list[Report]]:
+    """What a decoder made: the batches that go on alone (each frame), and the reports that go
+    on together, in one batch or joined to those an input has queued."""
+    if decoded and isinstance(decoded[0], Frame):
+        return [[frame] for frame in cast(Sequence[Frame], decoded)], []
+    return [], cast(list[Report], decoded)
+
+
+def handed_on(decoded: Sequence[Frame] | list[Report]) -> list[Batch]:
+    """What a decoder made, as the batches an input hands on: each frame alone, the reports
+    in one (even none)."""
+    alone, joined = alone_and_joined(decoded)
+    return alone or [joined]
+
+
+def sensors_share(batch: Batch, takes: Callable[[str], bool]) -> tuple[list[Batch], int]:
+    """The share of a batch of the sensors ``takes`` accepts: the batches to hand on (a frame
+    that holds others becomes one frame per sensor taken), and how many reports are left,
+    none of them built."""
+    if len(batch) == 1 and isinstance(batch[0], Frame):
+        return _frame_share(batch[0], takes)
+    reports: list[Report] = [r for r in batch if isinstance(r, Report)]
+    if len(reports) != len(batch):  # frames among reports: not how pullers emit
+        raise TypeError("a batch is reports, or one frame alone")
+    kept = [report for report in reports if takes(report.sensor)]
+    return ([kept] if kept else []), len(reports) - len(kept)
+
+
+def _frame_share(frame: Frame, takes: Callable[[str], bool]) -> tuple[list[Batch], int]:
+    if isinstance(frame, HWPCFrame):
+        sensors = frame.sensors()
+        taken = [sensor for sensor in sensors if takes(sensor)]
+        if len(taken) == len(sensors):
+            return [[frame]], 0
+        parts = [frame.of_sensor(sensor) for sensor in taken]
+        return [[part] for part in parts], len(frame) - sum(map(len, parts))
+    sensor = getattr(frame, "sensor", None)
+    if isinstance(sensor, str):  # frames of one sensor (PowerFrame, FormulaFrame)
+        return ([[frame]], 0) if takes(sensor) else ([], len(frame))
+    kept = [report for report in frame.reports() if takes(report.sensor)]
+    return ([kept] if kept else []), len(frame) - len(kept)
+
+
+def reports_left(batch: Batch, takes: Callable[[str], bool]) -> list[Report]:
+    """The reports of a batch whose sensors ``takes`` refuses, built: an hwpc-sensor frame is
+    cut per sensor first, so that only theirs are."""
+    if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
+        frame = batch[0]
+        others = [s for s in frame.sensors() if not takes(s)]
+        return [r for s in others for r in frame.of_sensor(s).reports()]
+    reports = batch[0].reports() if len(batch) == 1 and isinstance(batch[0], Frame) else batch
+    return [r for r in reports if isinstance(r, Report) and not takes(r.sensor)]
+
+
+T = TypeVar("T")
+
+
+def fill(queue: list[T], items: Iterable[T | Frame], size: int) -> Iterator[list[list[T] | Batch]]:
+    """Queue items after those ``queue`` holds, yielding the batches due as they fall due: the
+    queue once it holds ``size``; at a frame, the queue (even empty) and the frame alone after
+    it. What is left stays in ``queue``."""
+    for item in items:
+        if isinstance(item, Frame):
+            due: list[list[T] | Batch] = [queue[:], [item]]
+        else:
+            queue.append(item)
+            if len(queue) < size:
+                continue
+            due = [queue[:]]
+        queue.clear()
+        yield due
+
+
+def any_target(batch: Batch, test: Callable[[str], bool]) -> bool:
+    """Whether ``test`` accepts a target of the batch's reports: an hwpc-sensor frame answers
+    from its names (its sensors' too) without building its reports; other frames are not
+    asked."""
+    for item in batch:
+        if isinstance(item, HWPCFrame):
+            if any(test(name) for name in item.names):
+                return True
+        elif isinstance(item, Report) and test(item.target):
+            return True
+    return False

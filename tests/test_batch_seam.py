@@ -26,13 +26,6 @@ STILL_BRANCHING = {
         "actors/formulas/node.py",
         "actors/formulas/rapl.py",
         "actors/formulas/smartwatts.py",
-        "actors/partition.py",
-        "actors/preprocessors/k8s.py",
-        "actors/pullers/base.py",
-        "actors/pullers/csv.py",
-        "actors/pullers/files.py",
-        "actors/pullers/socket.py",
-        "actors/pullers/zeromq.py",
         "actors/router.py",
     )
 }

@@ -39,9 +39,8 @@ from pydantic import Field, SecretStr, model_validator
 from wattflow.actors.preprocessors import preprocessors
 from wattflow.actors.preprocessors.base import PreProcessor, PreProcessorConfig
 from wattflow.actors.preprocessors.pods import PodCache, PodContainer, PodWatcher, containers_of
-from wattflow.formats.batch import Batch, expand
+from wattflow.formats.batch import Batch, any_target, expand
 from wattflow.formats.errors import WattflowError
-from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import Report
 from wattflow.formats.targets import resolve_cgroup
 
@@ -265,15 +264,6 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         if len(targets) < self.config.max_containers:
             targets.add(target)
 
-    def _touches(self, batch: Batch) -> bool:
-        for item in batch:
-            if isinstance(item, HWPCFrame):
-                if any(self._concerns(name) for name in item.names):
-                    return True
-            elif isinstance(item, Report) and self._concerns(item.target):
-                return True
-        return False
-
     def process(self, batch: Batch) -> tuple[Batch, Counter[str]]:
         """The PowerAPI 2.10 layout: reports of pods' containers renamed or let go; a frame
         that holds one becomes its reports (they carry metadata now, which frames do not), the
@@ -281,7 +271,7 @@ class K8sPreProcessor(PreProcessor[K8sConfig]):
         formulas' output instead: :meth:`output_labels`), so hwpc-sensor's frames keep their
         fast path."""
         dropped: Counter[str] = Counter()
-        if not self.powerapi_layout or not self._touches(batch):
+        if not self.powerapi_layout or not any_target(batch, self._concerns):
             return batch, dropped
         kept: list[Report] = []
         taken: set[tuple[Any, str, str]] = set()

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from wattflow.actors.backend import BackendConfig
 from wattflow.actors.partition import Partition
-from wattflow.formats.batch import Batch
+from wattflow.formats.batch import Batch, handed_on
 from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_json_runs
 from wattflow.formats.reports import Report
@@ -81,11 +81,8 @@ async def hand_on(emitter: Emitter, decoded: list[HWPCFrame] | list[Report]) -> 
     """Emit what a decoder made of a batch
     (:func:`~wattflow.formats.json_frames.decode_json_runs`, ``decode_documents``): each frame
     on its own, or the reports as one batch."""
-    if decoded and isinstance(decoded[0], HWPCFrame):
-        for frame in decoded:
-            await emitter.emit([frame])
-    else:
-        await emitter.emit(decoded)
+    for batch in handed_on(decoded):
+        await emitter.emit(batch)
 
 
 class LineOutbox:

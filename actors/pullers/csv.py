@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -12,6 +12,7 @@ from wattflow.actors.pullers.base import Emitter, Puller
 from wattflow.actors.pullers.files import BatchEmitter, FilePullerConfig, check_files_exist
 from wattflow.actors.pullers.threaded import InThread, batched
 from wattflow.formats import powerapi
+from wattflow.formats.batch import Batch, fill
 from wattflow.formats.csv_frames import read_hwpc_csv_frames
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.frames import Frame, HWPCFrame
@@ -82,29 +83,24 @@ class CsvPuller(Puller[CsvPullerConfig]):
         await batcher.flush()
 
     async def _pull_unpaced(
-        self, runs: AsyncIterator[list[Frame | HWPCReport | DecodeError]], emitter: Emitter
+        self, runs: AsyncIterator[list[HWPCReport | DecodeError] | Batch], emitter: Emitter
     ) -> None:
         """Hand frames on as they come, and reports a full batch at a time."""
-        batch: list[Report] = []
-        max_batch = self.config.max_batch
-        async for run in runs:
+
+        def accepted(run: Sequence[Report | DecodeError | Frame]) -> Iterator[Report | Frame]:
             for item in run:
                 if isinstance(item, DecodeError):
                     emitter.reject(None, str(item))
-                    continue
-                if isinstance(item, Frame):
-                    await emitter.emit(batch)
-                    batch = []
-                    await emitter.emit([item])
-                    if emitter.stopping.is_set():
-                        break
-                    continue
-                batch.append(item)
-                if len(batch) >= max_batch:
-                    await emitter.emit(batch)
-                    batch = []
-                    if emitter.stopping.is_set():
-                        break
+                else:
+                    yield item
+
+        batch: list[Report] = []
+        async for run in runs:
+            for due in fill(batch, accepted(run), self.config.max_batch):
+                for ready in due:
+                    await emitter.emit(ready)
+                if emitter.stopping.is_set():
+                    break
             if emitter.stopping.is_set():
                 break
         await emitter.emit(batch)
@@ -118,23 +114,14 @@ def _power_reports(paths: list[Path]) -> Iterator[PowerReport | DecodeError]:
 
 def _frames_alone(
     items: Iterator[HWPCFrame | HWPCReport | DecodeError], size: int
-) -> Iterator[list[Frame | HWPCReport | DecodeError]]:
+) -> Iterator[list[HWPCReport | DecodeError] | Batch]:
     """What :func:`read_hwpc_csv_frames` yields, as lists that cross to the event loop at once:
     each frame alone (a chunk's worth of reports), the reports and dead letters of files read
     row by row ``size`` at a time."""
-    run: list[Frame | HWPCReport | DecodeError] = []
+    run: list[HWPCReport | DecodeError] = []
     try:
-        for item in items:
-            if isinstance(item, Frame):
-                if run:
-                    yield run
-                    run = []
-                yield [item]
-                continue
-            run.append(item)
-            if len(run) >= size:
-                yield run
-                run = []
+        for due in fill(run, items, size):
+            yield from filter(None, due)  # no empty run before a frame
         if run:
             yield run
     finally:

@@ -9,12 +9,13 @@ import logging
 import os
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import IO, Annotated, Any, cast
+from typing import IO, Annotated, Any
 
 from pydantic import BeforeValidator, Field, PositiveInt
 
 from wattflow.actors.backend import split_commas
 from wattflow.actors.pullers.base import Emitter, PullerConfig
+from wattflow.formats.batch import alone_and_joined, expand
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.reports import Report
@@ -114,14 +115,14 @@ class BatchEmitter:
         """Queue what :func:`~wattflow.formats.json_frames.decode_json_batch` made of many lines:
         each frame goes on whole, after the reports queued before it (as its reports when pacing
         a replay, which goes report by report)."""
-        if decoded and isinstance(decoded[0], HWPCFrame):
-            if self.replay_speed is None:
-                await self.flush()
-                for frame in decoded:
-                    await self.emitter.emit([frame])
-                return
-            decoded = [report for frame in decoded for report in frame.reports()]
-        await self.add_decoded(cast(list[Report], decoded), errors)
+        if self.replay_speed is not None:  # a paced replay goes report by report
+            decoded = expand(decoded)
+        alone, joined = alone_and_joined(decoded)
+        if alone:  # after the reports queued before them
+            await self.flush()
+        for batch in alone:
+            await self.emitter.emit(batch)
+        await self.add_decoded(joined, errors)
 
     async def flush(self) -> None:
         """Emit what is queued."""

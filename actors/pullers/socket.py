@@ -20,7 +20,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from pydantic import Field, PositiveInt
@@ -30,8 +30,7 @@ from wattflow.actors.handoff import LISTEN_BACKLOG, receive_connections
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, LineOutbox, Puller, PullerConfig
-from wattflow.formats.batch import Batch
-from wattflow.formats.frames import HWPCFrame
+from wattflow.formats.batch import Batch, reports_left, sensors_share
 from wattflow.formats.reports import Report, report_kind
 
 logger = logging.getLogger(__name__)
@@ -716,42 +715,22 @@ class _OwnSensors:
         self._instance = instance
         self.stopping = emitter.stopping
 
-    def _foreign(self, sensor: str) -> bool:
-        return not self._worker.owns(sensor) and (
-            self._instance is None or self._instance.owns(sensor)
+    def _takes(self, sensor: str) -> bool:
+        return self._worker.owns(sensor) or (
+            self._instance is not None and not self._instance.owns(sensor)
         )
 
     async def emit(self, batch: Batch) -> None:
-        if len(batch) == 1 and isinstance(batch[0], HWPCFrame):
-            await self._emit_frame(batch[0])
-            return
-        reports = [r for r in batch if isinstance(r, Report)]
-        if len(reports) != len(batch):  # another kind of frame: the pipeline sorts it out
-            await self._emitter.emit(batch)
-            return
-        self._reject_all([r for r in reports if self._foreign(r.sensor)])
-        await self._emitter.emit([r for r in reports if not self._foreign(r.sensor)])
-
-    async def _emit_frame(self, frame: HWPCFrame) -> None:
-        sensors = frame.sensors()
-        if not any(self._foreign(s) for s in sensors):
-            await self._emitter.emit([frame])
-            return
-        for sensor in sensors:
-            part = frame.of_sensor(sensor)
-            if self._foreign(sensor):
-                self._reject_all(part.reports())
-            else:
-                await self._emitter.emit([part])
-
-    def _reject_all(self, reports: Sequence[Report]) -> None:
-        for report in reports:
+        kept, left = sensors_share(batch, self._takes)
+        for report in reports_left(batch, self._takes) if left else ():
             self._emitter.reject(
                 report,
                 f"sensor {report.sensor!r} belongs to another worker (--workers): this "
                 "connection went to the worker of its first report's sensor; send each "
                 "sensor's reports on a connection of its own",
             )
+        for part in kept:
+            await self._emitter.emit(part)
 
     def reject(self, payload: Any, reason: str) -> None:
         self._emitter.reject(payload, reason)

@@ -29,7 +29,7 @@ from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
 from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
-from wattflow.formats.batch import Batch
+from wattflow.formats.batch import handed_on
 from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_hwpc_frames, decode_json_runs
 from wattflow.formats.reports import HWPCReport, Report, report_kind
@@ -274,10 +274,7 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
         <wattflow.actors.partition.Partition.divide>`, which cuts a frame per sensor as the
         partition filter does)."""
         decoded = self._decode(kind, messages, where, emitter, framed)
-        batches: list[Batch] = [decoded]
-        if decoded and isinstance(decoded[0], HWPCFrame):
-            batches = [[frame] for frame in decoded]
-        for batch in batches:
+        for batch in handed_on(decoded):
             if topic is None or self.partition is None:
                 await emitter.emit(batch)
                 continue
