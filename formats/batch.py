@@ -10,10 +10,10 @@ representation, or a stage, changes one module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
-from wattflow.formats.frames import Frame
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report
 
 Batch = Sequence[Report | Frame]
@@ -63,3 +63,14 @@ def expand(batch: Batch) -> list[Report]:
         else:
             reports.append(item)
     return reports
+
+
+# --- the formulas' side ---
+
+T = TypeVar("T")
+
+
+def hwpc_parts(batch: Sequence[Report | Frame], parts: Callable[[HWPCFrame], T | None]) -> T | None:
+    """What ``parts`` makes of a batch that is hwpc-sensor's frame travelling alone (the
+    formulas' shares of it, routed whole); ``None`` for any other batch: it goes as reports."""
+    return parts(batch[0]) if len(batch) == 1 and isinstance(batch[0], HWPCFrame) else None

@@ -37,7 +37,6 @@ STILL_BRANCHING = {
         "actors/pullers/zeromq.py",
         "actors/pushers/base.py",
         "actors/pushers/jsonl.py",
-        "actors/router.py",
         "actors/runtime.py",
         "actors/status.py",
         "formats/report_table.py",

@@ -249,7 +249,7 @@ class NodeFormula(Formula[NodeConfig]):
         return isinstance(config, NodeConfig) and config.node_shares
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
         return global_parts(frame)
 
     @classmethod

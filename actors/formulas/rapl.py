@@ -90,11 +90,9 @@ def rapl_groups(report: HWPCReport) -> list[str]:
     return found
 
 
-def global_parts(frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+def global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     """Each sensor's global reports in a frame, as ``dispatch_key`` of a formula reading RAPL
     energy picks them; ``None`` unless every global report has a ``rapl`` group."""
-    if not isinstance(frame, HWPCFrame):
-        return None
     if "global parts" not in frame.memo:
         frame.memo["global parts"] = _global_parts(frame)
     parts: list[tuple[Hashable, Frame]] | None = frame.memo["global parts"]
@@ -348,7 +346,7 @@ class RaplFormula(Formula[RaplConfig]):
         return None
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
         return global_parts(frame)
 
     def process(self, reports: Batch, out: Output) -> None:

@@ -279,9 +279,7 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         return None
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
-        if not isinstance(frame, HWPCFrame):
-            return None
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
         return [(sensor, frame.of_sensor(sensor)) for sensor in frame.sensors()]
 
     def process(self, reports: Batch, out: Output) -> None:
