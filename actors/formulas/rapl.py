@@ -21,7 +21,7 @@ from pydantic import Field, PositiveInt
 from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
-from wattflow.formats.batch import Batch, expand
+from wattflow.formats.batch import Batch, hwpc_frame
 from wattflow.formats.frames import (
     Column,
     EventsTable,
@@ -350,10 +350,7 @@ class RaplFormula(Formula[RaplConfig]):
         return global_parts(frame)
 
     def process(self, reports: Batch, out: Output) -> None:
-        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            frame: HWPCFrame | None = reports[0]
-        else:
-            frame = frame_of_global_reports(expand(reports), out)
+        frame = hwpc_frame(reports, lambda batch: frame_of_global_reports(batch, out))
         if frame is None:
             return
         mark = out.mark()

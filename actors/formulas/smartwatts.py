@@ -78,7 +78,7 @@ from wattflow.actors.formulas.smartwatts_frames import (
     is_canonical,
 )
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.batch import Batch, expand
+from wattflow.formats.batch import Batch, hwpc_frame
 from wattflow.formats.frames import (
     Column,
     FormulaFrame,
@@ -283,13 +283,14 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         return [(sensor, frame.of_sensor(sensor)) for sensor in frame.sensors()]
 
     def process(self, reports: Batch, out: Output) -> None:
-        frame: HWPCFrame | None
-        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            frame, arrival = reports[0], None
-            if not is_canonical(frame):
-                frame, arrival = self._frame_of(frame.reports(), out)
-        else:
-            frame, arrival = self._frame_of(expand(reports), out)
+        arrival: list[int] | None = None  # the ticks' order, where reports made the frame
+
+        def of_reports(batch: list[Report]) -> HWPCFrame | None:
+            nonlocal arrival
+            made, arrival = self._frame_of(batch, out)
+            return made
+
+        frame = hwpc_frame(reports, of_reports, as_it_is=is_canonical)
         if frame is not None:
             self._take(frame, arrival, out)
         self._emit(self._ripe(out, final=False), out)
