@@ -23,7 +23,6 @@ REPRESENTATION_PROBES = {"holds_frame"}
 STILL_BRANCHING = {
     Path(name)
     for name in (
-        "actors/formulas/smartwatts.py",
         "actors/naming.py",
         "actors/partition.py",
         "actors/pipeline.py",

@@ -208,8 +208,9 @@ class SmartWattsState(FormulaState, frozen=True, tag=1):
     """Each scope's models, by socket, one per frequency layer."""
 
 
-Produced = list[Frame]
-"""What the estimates of some ticks make: PowerFrames and FormulaFrames, in tick order."""
+Produced = list[tuple[PowerFrame, FormulaFrame]]
+"""What the estimates of some ticks make: a PowerFrame and a FormulaFrame per run of them, in
+tick order."""
 
 
 @formulas.register("smartwatts")
@@ -511,14 +512,13 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         """Hand the frames on; PowerFrames that carry their input reports' metadata as their
         reports (the outputs write frames a column at a time), and then all of them, to keep
         the order of ticks."""
-        as_reports = any(
-            isinstance(item, PowerFrame) and item.report_metadata is not None for item in produced
-        )
-        for item in produced:
-            if as_reports and isinstance(item, PowerFrame):
-                out.emit_all(item.reports())
+        as_reports = any(power.report_metadata is not None for power, _ in produced)
+        for power, formula in produced:
+            if as_reports:
+                out.emit_all(power.reports())
             else:
-                out.emit_frame(item)
+                out.emit_frame(power)
+            out.emit_frame(formula)
 
     def layers(self, scope: Scope, socket: str) -> FrequencyLayers:
         """The models of one scope and socket, created on first use."""
@@ -1046,8 +1046,10 @@ class Estimates:
         columns = EstimateColumns(*(column[order] for column in made))
         described = self.described.rows_later(order.tolist())
         return [
-            self._power_frame(frame, columns, self._shares(columns)),
-            FormulaFrame(self.formula.sensor, FORMULA_KEYS, later=described),
+            (
+                self._power_frame(frame, columns, self._shares(columns)),
+                FormulaFrame(self.formula.sensor, FORMULA_KEYS, later=described),
+            )
         ]
 
     def _shares(self, columns: EstimateColumns) -> TargetShares:
