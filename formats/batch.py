@@ -65,7 +65,7 @@ def expand(batch: Batch) -> list[Report]:
     return reports
 
 
-# --- the formulas' side ---
+# --- the formulas' side ---------------------------------------------------------------------
 
 T = TypeVar("T")
 
