@@ -10,8 +10,8 @@ from operator import attrgetter
 from wattflow.actors.checkpoints import barrier_of
 from wattflow.actors.formulas.base import FormulaActor
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
-from wattflow.formats.batch import batch_size, expand
-from wattflow.formats.frames import Frame
+from wattflow.formats.batch import batch_size, expand, hwpc_parts
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
@@ -59,9 +59,7 @@ class Router(Actor):
                 continue
             self._in_flight = batch
             size = batch_size(batch)
-            first = batch[0]
-            alone = len(batch) == 1  # as a frame travels
-            parts = self._route_frame(first) if alone and isinstance(first, Frame) else None
+            parts = hwpc_parts(batch, self._route_frame)
             if parts is not None:
                 for actor, pairs in parts.items():
                     for pair in pairs:  # a frame travels alone
@@ -78,7 +76,7 @@ class Router(Actor):
             self._in_flight = []
 
     def _route_frame(
-        self, frame: Frame
+        self, frame: HWPCFrame
     ) -> dict[FormulaActor, list[tuple[Hashable, Report | Frame]]] | None:
         """Each formula's parts of a frame, or ``None`` when the frame must go as reports.
 

@@ -16,7 +16,7 @@ from operator import attrgetter
 from typing import Any, TypeVar, cast
 
 from wattflow.formats.frames import FormulaFrame, Frame, HWPCFrame, PowerFrame
-from wattflow.formats.reports import FormulaReport, PowerReport, Report
+from wattflow.formats.reports import FormulaReport, HWPCReport, PowerReport, Report
 
 Batch = Sequence[Report | Frame]
 """What moves from stage to stage: reports, or a frame standing for many (a frame travels
@@ -275,3 +275,36 @@ def any_target(batch: Batch, test: Callable[[str], bool]) -> bool:
         elif isinstance(item, Report) and test(item.target):
             return True
     return False
+
+
+# --- the formulas' side ---------------------------------------------------------------------
+
+
+def hwpc_parts(batch: Sequence[Report | Frame], parts: Callable[[HWPCFrame], T | None]) -> T | None:
+    """What ``parts`` makes of a batch that is hwpc-sensor's frame travelling alone (the
+    formulas' shares of it, routed whole); ``None`` for any other batch: it goes as reports."""
+    return parts(batch[0]) if len(batch) == 1 and isinstance(batch[0], HWPCFrame) else None
+
+
+def hwpc_frame(
+    batch: Batch,
+    of_reports: Callable[[list[Report]], HWPCFrame | None],
+    *,
+    as_it_is: Callable[[HWPCFrame], bool] = lambda frame: True,
+    others: Callable[[Report], object] | None = None,
+) -> HWPCFrame | None:
+    """A batch's hwpc-sensor reports as one frame: the frame travelling alone if ``as_it_is``
+    takes it, else the one ``of_reports`` makes of the reports (dead-lettering those it cannot
+    hold), after ``others``, when given, had each other report in order."""
+    if len(batch) == 1 and isinstance(frame := batch[0], HWPCFrame) and as_it_is(frame):
+        return frame
+    reports = expand(batch)
+    if others is not None:
+        hwpc: list[Report] = []
+        for report in reports:
+            if isinstance(report, HWPCReport):
+                hwpc.append(report)
+            else:
+                others(report)
+        reports = hwpc
+    return of_reports(reports) if reports else None

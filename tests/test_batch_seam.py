@@ -20,17 +20,6 @@ PACKAGES = ("actors", "formats", "service")
 THE_BATCH_TYPE = {Path("formats/batch.py"), Path("formats/frames.py")}
 REPRESENTATION_TYPES = {"Frame", "HWPCFrame", "PowerFrame", "FormulaFrame", "Report"}
 REPRESENTATION_PROBES = {"holds_frame"}
-STILL_BRANCHING = {
-    Path(name)
-    for name in (
-        "actors/formulas/node.py",
-        "actors/formulas/rapl.py",
-        "actors/formulas/smartwatts.py",
-        "actors/router.py",
-    )
-}
-"""Modules not moved onto the batch's operations yet: each must still branch (so that one
-moved is taken off this list), and the list only shrinks."""
 
 
 def _named(node: ast.expr) -> set[str]:
@@ -90,9 +79,6 @@ def test_no_stage_branches_on_the_batch_representation(module: Path) -> None:
     if module in THE_BATCH_TYPE:
         return
     found = representation_branches((LIBRARY / module).read_text(encoding="utf-8"))
-    if module in STILL_BRANCHING:
-        assert found, f"{module} no longer branches: take it off STILL_BRANCHING"
-        return
     assert not found, f"{module} asks which representation a batch holds: " + ", ".join(
         f"line {line}: {what}" for line, what in found
     )

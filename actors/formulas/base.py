@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from wattflow.actors.checkpoints import Barrier, barrier_of
 from wattflow.actors.runtime import Actor, DeadLetter, DeadLetters, Ledger, Mailbox, QueueConfig
 from wattflow.formats.batch import Batch, batch_size, expand
-from wattflow.formats.frames import Frame
+from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.reports import Report
 
 if TYPE_CHECKING:
@@ -192,9 +192,9 @@ class Formula(ABC, Generic[C]):
         """The instance a report belongs to; ``None`` when it holds nothing for this formula."""
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
-        """A frame's parts for each instance, each standing for the reports ``dispatch_key``
-        would send that instance; ``None`` for a formula that takes the frame's reports instead.
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
+        """An hwpc-sensor frame's parts for each instance, each standing for the reports
+        ``dispatch_key`` would send it; ``None`` for a formula that takes the frame's reports.
 
         A formula that returns parts receives them in :meth:`process`, alone in their batch.
         """

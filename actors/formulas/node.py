@@ -66,7 +66,7 @@ from wattflow.actors.formulas.rapl import (
     tick_energy,
 )
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.batch import Batch
+from wattflow.formats.batch import Batch, hwpc_frame
 from wattflow.formats.frames import Frame, HWPCFrame
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import (
@@ -249,7 +249,7 @@ class NodeFormula(Formula[NodeConfig]):
         return isinstance(config, NodeConfig) and config.node_shares
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
         return global_parts(frame)
 
     @classmethod
@@ -265,21 +265,13 @@ class NodeFormula(Formula[NodeConfig]):
         return None
 
     def process(self, reports: Batch, out: Output) -> None:
-        global_reports: list[Report] = []
-        for report in reports:
-            if isinstance(report, HWPCFrame):
-                self._rapl(report, out)
-            elif isinstance(report, HWPCReport):
-                global_reports.append(report)
-            elif isinstance(report, Frame):  # another formula's frame: its reports are units
-                for one in report.reports():
-                    self._other(one, out)
-            else:
-                self._other(report, out)
-        if global_reports:
-            frame = frame_of_global_reports(global_reports, out)
-            if frame is not None:
-                self._rapl(frame, out)
+        frame = hwpc_frame(
+            reports,
+            lambda batch: frame_of_global_reports(batch, out),
+            others=lambda report: self._other(report, out),  # each report a unit
+        )
+        if frame is not None:
+            self._rapl(frame, out)
         self._report_ready(out, flushing=False)
 
     def _other(self, report: Report, out: Output) -> None:

@@ -21,7 +21,7 @@ from pydantic import Field, PositiveInt
 from wattflow.actors.checkpoints import FormulaState, Saved, decode_state, encode_state
 from wattflow.actors.formulas import formulas
 from wattflow.actors.formulas.base import Formula, FormulaConfig, Output
-from wattflow.formats.batch import Batch, expand
+from wattflow.formats.batch import Batch, hwpc_frame
 from wattflow.formats.frames import (
     Column,
     EventsTable,
@@ -90,11 +90,9 @@ def rapl_groups(report: HWPCReport) -> list[str]:
     return found
 
 
-def global_parts(frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+def global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     """Each sensor's global reports in a frame, as ``dispatch_key`` of a formula reading RAPL
     energy picks them; ``None`` unless every global report has a ``rapl`` group."""
-    if not isinstance(frame, HWPCFrame):
-        return None
     if "global parts" not in frame.memo:
         frame.memo["global parts"] = _global_parts(frame)
     parts: list[tuple[Hashable, Frame]] | None = frame.memo["global parts"]
@@ -348,14 +346,11 @@ class RaplFormula(Formula[RaplConfig]):
         return None
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
         return global_parts(frame)
 
     def process(self, reports: Batch, out: Output) -> None:
-        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            frame: HWPCFrame | None = reports[0]
-        else:
-            frame = frame_of_global_reports(expand(reports), out)
+        frame = hwpc_frame(reports, lambda batch: frame_of_global_reports(batch, out))
         if frame is None:
             return
         mark = out.mark()

@@ -78,7 +78,7 @@ from wattflow.actors.formulas.smartwatts_frames import (
     is_canonical,
 )
 from wattflow.actors.formulas.window import StreamTime
-from wattflow.formats.batch import Batch, expand
+from wattflow.formats.batch import Batch, hwpc_frame
 from wattflow.formats.frames import (
     Column,
     FormulaFrame,
@@ -208,8 +208,9 @@ class SmartWattsState(FormulaState, frozen=True, tag=1):
     """Each scope's models, by socket, one per frequency layer."""
 
 
-Produced = list[Frame]
-"""What the estimates of some ticks make: PowerFrames and FormulaFrames, in tick order."""
+Produced = list[tuple[PowerFrame, FormulaFrame]]
+"""What the estimates of some ticks make: a PowerFrame and a FormulaFrame per run of them, in
+tick order."""
 
 
 @formulas.register("smartwatts")
@@ -279,19 +280,18 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         return None
 
     @classmethod
-    def frame_parts(cls, frame: Frame) -> list[tuple[Hashable, Frame]] | None:
-        if not isinstance(frame, HWPCFrame):
-            return None
+    def frame_parts(cls, frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
         return [(sensor, frame.of_sensor(sensor)) for sensor in frame.sensors()]
 
     def process(self, reports: Batch, out: Output) -> None:
-        frame: HWPCFrame | None
-        if len(reports) == 1 and isinstance(reports[0], HWPCFrame):
-            frame, arrival = reports[0], None
-            if not is_canonical(frame):
-                frame, arrival = self._frame_of(frame.reports(), out)
-        else:
-            frame, arrival = self._frame_of(expand(reports), out)
+        arrival: list[int] | None = None  # the ticks' order, where reports made the frame
+
+        def of_reports(batch: list[Report]) -> HWPCFrame | None:
+            nonlocal arrival
+            made, arrival = self._frame_of(batch, out)
+            return made
+
+        frame = hwpc_frame(reports, of_reports, as_it_is=is_canonical)
         if frame is not None:
             self._take(frame, arrival, out)
         self._emit(self._ripe(out, final=False), out)
@@ -512,14 +512,13 @@ class SmartWattsFormula(Formula[SmartWattsConfig]):
         """Hand the frames on; PowerFrames that carry their input reports' metadata as their
         reports (the outputs write frames a column at a time), and then all of them, to keep
         the order of ticks."""
-        as_reports = any(
-            isinstance(item, PowerFrame) and item.report_metadata is not None for item in produced
-        )
-        for item in produced:
-            if as_reports and isinstance(item, PowerFrame):
-                out.emit_all(item.reports())
+        as_reports = any(power.report_metadata is not None for power, _ in produced)
+        for power, formula in produced:
+            if as_reports:
+                out.emit_all(power.reports())
             else:
-                out.emit_frame(item)
+                out.emit_frame(power)
+            out.emit_frame(formula)
 
     def layers(self, scope: Scope, socket: str) -> FrequencyLayers:
         """The models of one scope and socket, created on first use."""
@@ -1047,8 +1046,10 @@ class Estimates:
         columns = EstimateColumns(*(column[order] for column in made))
         described = self.described.rows_later(order.tolist())
         return [
-            self._power_frame(frame, columns, self._shares(columns)),
-            FormulaFrame(self.formula.sensor, FORMULA_KEYS, later=described),
+            (
+                self._power_frame(frame, columns, self._shares(columns)),
+                FormulaFrame(self.formula.sensor, FORMULA_KEYS, later=described),
+            )
         ]
 
     def _shares(self, columns: EstimateColumns) -> TargetShares:
