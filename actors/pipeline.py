@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 from wattflow.actors.checkpoints import Barrier, Checkpoints, StateStore, barrier_of
@@ -48,7 +48,6 @@ from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
 
-_kind = attrgetter("kind")
 
 DRAIN_SETTLE_S = 5.0
 """Seconds the pipeline may still take once its drain deadline has passed and the outputs have
@@ -439,18 +438,38 @@ class Pipeline:
         a pusher takes every kind in it (a frame as its reports to a pusher that does not write
         frames); the reports that no pusher takes are counted as unrequested."""
         counts = kinds_in(piece)
+        if len(counts) == 1:  # a frame, or reports of one kind: the whole of it to each taker
+            ((kind, count),) = counts.items()
+            return self._whole_to(self._pushers_for(kind), piece, count)
+        return self._by_kind(expand(piece), counts)
+
+    def _by_kind(
+        self, reports: list[Report], counts: Counter[str]
+    ) -> list[tuple[PusherActor, Batch]]:
         takers = {kind: self._pushers_for(kind) for kind in counts}
         self.ledger.unrequested += sum(counts[kind] for kind, found in takers.items() if not found)
         shares: list[tuple[PusherActor, Batch]] = []
-        reports: list[Report] | None = None
         for actor in self.pushers:
             accepted = {kind for kind, found in takers.items() if actor in found}
-            whole = len(accepted) == len(counts)
-            if whole and actor.pusher.takes_frames:
-                shares.append((actor, piece))
+            if len(accepted) == len(counts):
+                shares.append((actor, reports))
             elif accepted:
+                shares.append((actor, _of_kinds(reports, accepted)))
+        return shares
+
+    def _whole_to(
+        self, takers: list[PusherActor], piece: Batch, count: int
+    ) -> list[tuple[PusherActor, Batch]]:
+        if not takers:
+            self.ledger.unrequested += count
+        shares: list[tuple[PusherActor, Batch]] = []
+        reports: list[Report] | None = None
+        for actor in takers:
+            if actor.pusher.takes_frames:
+                shares.append((actor, piece))
+            else:
                 reports = expand(piece) if reports is None else reports
-                shares.append((actor, reports if whole else _of_kinds(reports, accepted)))
+                shares.append((actor, reports))
         return shares
 
     def formula_named(self, name: str) -> FormulaActor:
