@@ -850,3 +850,56 @@ def test_a_source_that_starts_or_stops_inside_an_interval_counts_for_what_it_cov
         parts = sum(node.metadata[scope] for scope in ("cpu", "dram", "gpu"))
         assert rest.power == pytest.approx(node.power - parts, abs=1e-5)
     assert rests[4].power == pytest.approx(REST_W)
+
+
+def _node_ends_after(batches: list[list[Report]]) -> list[float]:
+    """The seconds (since START) at which the node's reports end, from a node formula that
+    waits for no quiet source (``--node-lateness-ms 0``, as a live run long past its start)
+    and is given ``batches`` one after the other, then flushed."""
+    config = NodeConfig(node_lateness_ms=0)
+    config._sources_expected = frozenset({"meter", "rapl"})
+    formula, out = NodeFormula(config, "node-1"), Output()
+    for batch in batches:
+        formula.process(batch, out)
+    formula.flush(out)
+    return [
+        (r.timestamp - START).total_seconds()
+        for r in out.items()
+        if isinstance(r, PowerReport) and r.target == "node"
+    ]
+
+
+def _meter(quarters: range) -> list[Report]:
+    return [
+        MeterReport(
+            timestamp=START + timedelta(seconds=quarter / 4),
+            sensor="node-1",
+            target="all",
+            channels={"d0c0": METER_W * 1000},
+        )
+        for quarter in quarters
+    ]
+
+
+@pytest.mark.parametrize(
+    ("first_rapl_s", "case"),
+    [(7, "hwpc-sensor started a second after the last interval reported"), (3, "behind it")],
+)
+def test_a_better_source_that_starts_late_takes_over_where_the_reports_are(
+    first_rapl_s: int, case: str
+) -> None:
+    """The meter ran alone long enough for the node's intervals to be reported by its
+    readings (0 to 6 s); then hwpc-sensor's ticks come and set the intervals. They go on from
+    the last interval reported, through the meter's held ones, so that the node's reports tile
+    the time: before, the meter's held intervals were dropped (no report of 6 to 7 s). With
+    hwpc-sensor's first ticks behind what was reported, none of that time is reported again."""
+    alone = _meter(range(0, 25))
+    together = sorted(
+        [*_meter(range(25, 49)), *(rapl(second) for second in range(first_rapl_s, 13))],
+        key=lambda report: report.timestamp,
+    )
+    ends = _node_ends_after([alone, together])
+    assert ends[:24] == [quarter / 4 for quarter in range(1, 25)], case
+    steps = [later - earlier for earlier, later in itertools.pairwise(ends)]
+    assert all(0 < step <= 1 for step in steps), (case, ends)
+    assert ends[-1] == 12, case

@@ -139,6 +139,8 @@ class NodeState(FormulaState, frozen=True, tag=1):
     """Each held interval's estimates per target (a sum, before they were kept apart)."""
     stream: dict[str, int] = msgspec.field(default_factory=dict)
     """How far each source had come (none before the stream time was kept)."""
+    reported_until: int | None = None
+    """The end of the last interval reported (none before it was kept)."""
 
 
 @dataclass
@@ -220,6 +222,8 @@ class NodeFormula(Formula[NodeConfig]):
         self.previous: dict[str, tuple[int, dict[str, float]]] = {}
         self.anchor_ends: list[int] = []
         self.anchor_source: str | None = None
+        self.reported_until: int | None = None
+        """The end of the last interval reported: a better source's intervals go on from it."""
         self.targets: dict[int, dict[str, list[float]]] = defaultdict(dict)
         """Each interval's estimates per target, as they came: summed exactly
         (:func:`math.fsum`) when reported, so the order they came in changes no digit."""
@@ -309,6 +313,7 @@ class NodeFormula(Formula[NodeConfig]):
                     for end, powers in self.targets.items()
                 },
                 stream=self.stream.state(),
+                reported_until=self.reported_until,
             )
         )
 
@@ -328,6 +333,7 @@ class NodeFormula(Formula[NodeConfig]):
         self.previous = dict(saved.previous)
         self.anchor_source = saved.anchor_source
         self.anchor_ends = saved.anchor_ends
+        self.reported_until = saved.reported_until
         newest = saved.stream or {
             name: end for name, (end, _) in saved.previous.items() if name in _READINGS
         }
@@ -499,10 +505,23 @@ class NodeFormula(Formula[NodeConfig]):
         """Intervals follow hwpc-sensor's ticks if any come, else the GPU's, else the meter's."""
         if self.anchor_source is None or _RANK[name] < _RANK[self.anchor_source]:
             self.anchor_source = name
-            self.anchor_ends = [start, end]
+            self.anchor_ends = self._taken_over(start, end)
             return
         if name == self.anchor_source and (not self.anchor_ends or end > self.anchor_ends[-1]):
             self.anchor_ends.append(end)
+
+    def _taken_over(self, start: int, end: int) -> list[int]:
+        """The interval ends once a better source's first interval (``start`` to ``end``)
+        takes over: from it, where nothing was reported yet (the intervals follow the better
+        source from its first); else from the last one reported, through the lesser source's
+        held intervals up to ``start``, so that the node's reports neither leave out nor count
+        twice the time around the change (hwpc-sensor started well after the meter)."""
+        done = self.reported_until
+        if done is None:
+            return [start, end]
+        ends = [done, *(held for held in self.anchor_ends if done < held < start)]
+        ends += [later for later in (start, end) if later > ends[-1]]
+        return ends
 
     def _awaiting_better(self) -> bool:
         """Whether the intervals follow a lesser source while a better one the inputs will give
@@ -539,6 +558,7 @@ class NodeFormula(Formula[NodeConfig]):
                 except Exception as error:  # its inputs were absorbed: no report to dead-letter
                     out.fail((), error, unit="interval", since=mark)
             self.anchor_ends.pop(0)
+            self.reported_until = end
             reported = True
         if reported:  # never before: the intervals may yet follow a source that comes later
             for source in SOURCES:
