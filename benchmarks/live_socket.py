@@ -43,10 +43,12 @@ time of every process of the service (user and system, all threads) is read over
 of a core, and by thread (the event loop, the other threads), for each ``--paced-containers``
 count. The ledger is checked after a drain, as in the flood mode. CPU time, not wall time: the
 machine may be shared. A run in which wattflow used more than :data:`BUSY_WARNING` of its core
-could not keep up, and says so. ``--profile N`` runs wattflow under cProfile (with the Python
-running this script) and prints the N modules (or C functions) where its event loop spent most
-of its own time over the whole run, start-up and warm-up included; profiling slows it, so its
-CPU figures are then not comparable.
+could not keep up, and says so. With ``--workers N`` (one count), wattflow runs N workers, not
+pinned, and the share is of N cores (the threads of the workers are not read apart).
+``--profile N`` runs wattflow under cProfile (with the Python running this script) and prints
+the N modules (or C functions) where its event loop spent most of its own time over the whole
+run, start-up and warm-up included; profiling slows it, so its CPU figures are then not
+comparable.
 
     python benchmarks/live_socket.py --paced --sensors 100 --seconds 15 --paced-containers 10,100
 """
@@ -443,6 +445,9 @@ def main() -> int:
         args.containers_list = [int(n) for n in args.paced_containers.split(",")]
         if min(args.sensors, args.seconds, args.repeat, *args.containers_list) < 1:
             parser.error("--sensors, --seconds, --repeat and --paced-containers take 1 or more")
+        if not args.workers.isdigit() or int(args.workers) < 1:
+            parser.error("--paced takes one --workers count, 1 or more")
+        args.workers = int(args.workers)
         others = os.sched_getaffinity(0) - {WATTFLOW_CORE}
         if others:
             os.sched_setaffinity(0, others)
@@ -560,6 +565,7 @@ class Paced:
     sensors: int
     containers: int
     seconds: int
+    workers: int = 1  # `wattflow run --workers N`: then not pinned, with N cores to use
     reports: int = 0  # sent, warm-up included: what the ledger must say entered
     cpu_s: float = 0.0
     span_s: float = 0.0
@@ -576,6 +582,12 @@ class Paced:
     @property
     def per_tick_us(self) -> float:
         return self.cpu_s / self.ticks * 1e6
+
+    @property
+    def busy(self) -> str:
+        """The CPU over the paced span as a share of the cores the service has."""
+        share = self.cpu_s / self.span_s / self.workers
+        return f"{share:.1%} of {'a core' if self.workers == 1 else f'{self.workers} cores'}"
 
     @property
     def per_report_us(self) -> float:
@@ -666,12 +678,12 @@ def run_paced(
     for old in outputs(output):
         old.unlink()
     process = subprocess.Popen(
-        [*command, "run", "--input", "socket", "--port", "0", *input_extra, "--output",
-         "jsonl", "--file", str(output), *FLAGS, *extra],
+        [*command, "run", "--input", "socket", "--port", "0", *input_extra, "--workers",
+         str(run.workers), "--output", "jsonl", "--file", str(output), *FLAGS, *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=lambda: pin_to(WATTFLOW_CORE),
+        preexec_fn=(lambda: pin_to(WATTFLOW_CORE)) if run.workers == 1 else None,
     )  # fmt: skip
     assert process.stderr is not None
     log = Log(process.stderr)
@@ -749,7 +761,7 @@ def paced_main(args: argparse.Namespace) -> int:
             ]
             runs = []
             for round_number in range(1, args.repeat + 1):
-                run = Paced(args.sensors, containers, args.seconds)
+                run = Paced(args.sensors, containers, args.seconds, args.workers)
                 run.reports = args.sensors * (WARM_UP_TICKS + args.seconds) * (containers + 1)
                 run_paced(command, extra, input_extra, ticks, run, output, args.timeout)
                 runs.append(run)
@@ -762,8 +774,7 @@ def paced_main(args: argparse.Namespace) -> int:
             print(
                 f"median {args.sensors} sensors × {containers} containers: "
                 f"{best.per_tick_us:,.0f} µs of CPU per sensor-tick, "
-                f"{best.per_report_us:.1f} µs per report, "
-                f"{best.cpu_s / best.span_s:.1%} of a core"
+                f"{best.per_report_us:.1f} µs per report, {best.busy}"
             )
     if failed:
         print(f"{failed} runs FAILED their checks (see above)")
@@ -776,20 +787,21 @@ def report_paced(round_number: int, run: Paced) -> None:
     threads = ", ".join(
         f"{name} {seconds / run.ticks * 1e6:,.0f} µs"
         for name, seconds in sorted(run.threads.items(), key=lambda item: -item[1])
-        if seconds > 0
+        if seconds > 0 and run.workers == 1  # a worker's threads are not read
     )
     print(
         f"round {round_number}, {run.sensors} sensors × {run.containers} containers, "
         f"{run.seconds} s paced: CPU {run.cpu_s:.2f} s over {run.span_s:.1f} s "
-        f"({run.cpu_s / run.span_s:.1%} of a core) = {run.per_tick_us:,.0f} µs per sensor-tick, "
-        f"{run.per_report_us:.1f} µs per report; per sensor-tick by thread: {threads}; "
-        f"sends up to {run.late_s * 1e3:.0f} ms late; {run.written:,} PowerReports"
+        f"({run.busy}) = {run.per_tick_us:,.0f} µs per sensor-tick, "
+        f"{run.per_report_us:.1f} µs per report; "
+        + (f"per sensor-tick by thread (the service's process): {threads}; " if threads else "")
+        + f"sends up to {run.late_s * 1e3:.0f} ms late; {run.written:,} PowerReports"
         + ("" if not run.problems else "; FAILED")
     )
-    if run.cpu_s / run.span_s > BUSY_WARNING:
+    if run.cpu_s / run.span_s > BUSY_WARNING * run.workers:
         print(
-            f"  warning: wattflow used {run.cpu_s / run.span_s:.0%} of its core: it could not "
-            "keep up with the ticks, and the figures are a lower bound"
+            f"  warning: wattflow used {run.busy}: it could not keep up with the ticks, and "
+            "the figures are a lower bound"
         )
     for problem in run.problems:
         print(f"  problem: {problem}", file=sys.stderr)
