@@ -125,7 +125,9 @@ def wattflow_python(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(ROOT)], check=True)
+        # with the compat extra: --wattflow-args '--compat smartwatts-2.4' needs scikit-learn
+        install = [str(python), "-m", "pip", "install", "--quiet", f"{ROOT}[compat]"]
+        subprocess.run(install, check=True)
     subprocess.run(
         [
             str(python),

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import platform
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from wattflow.formats.errors import WattflowError
@@ -119,6 +121,15 @@ def json_decoder() -> Finding:
         "Python only: wattflow was installed where no C compiler built its parser; reinstall "
         "with gcc and Python's headers (python3-dev) for the faster decoder",
     )
+
+
+def compat_regression() -> Finding:
+    """Whether ``--compat smartwatts-2.4`` can run: it fits with scikit-learn, which only the
+    ``compat`` extra installs (the default mode fits with SciPy)."""
+    what = "--compat smartwatts-2.4"
+    if importlib.util.find_spec("sklearn") is not None:
+        return Finding(what, True, "scikit-learn installed (SmartWatts 2.4.1's ElasticNet)")
+    return Finding(what, False, "needs scikit-learn: pip install 'wattflow[compat]'")
 
 
 def nvml() -> Finding:
@@ -230,11 +241,11 @@ async def _pre_processor(name: str, settings: Any) -> Finding:
 def check_command(argv: Sequence[str], console: Console | None = None) -> int:
     """Print the screen; exit 0 when every configured input and output works, else 1.
 
-    RAPL, NVML and decoder lines are information (a GPU-less node has no NVML), so they do not
-    change the exit code; a server that cannot be reached does.
+    RAPL, NVML, decoder and compat lines are information (a GPU-less node has no NVML), so they
+    do not change the exit code; a server that cannot be reached does.
     """
     console = console or Console()
-    machine = [rapl_powercap(), rapl_perf(), nvml(), json_decoder()]
+    machine = [rapl_powercap(), rapl_perf(), nvml(), json_decoder(), compat_regression()]
     configured = asyncio.run(backends(argv)) if argv else []
     table = Table(title=f"wattflow check on {platform.node()}", show_lines=False)
     table.add_column("")
@@ -242,7 +253,7 @@ def check_command(argv: Sequence[str], console: Console | None = None) -> int:
     table.add_column("details")
     for finding in machine + configured:
         mark = "[green]ok[/green]" if finding.works else "[red]no[/red]"
-        table.add_row(mark, finding.what, finding.detail)
+        table.add_row(mark, escape(finding.what), escape(finding.detail))  # [compat] is text
     console.print(table)
     if not argv:
         console.print("Give the service's --input/--output flags to check its servers too.")

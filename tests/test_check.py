@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from wattflow.service.check import rapl_perf, rapl_powercap
+import pytest
+from rich.console import Console
+
+from wattflow.service.check import check_command, rapl_perf, rapl_powercap
 
 from .conftest import wattflow
 from .servers import ServerProcess, free_port, mongodb_uri
@@ -52,6 +56,7 @@ def test_check_without_servers_reports_the_machine_and_exits_0() -> None:
     assert "NVML" in done.stdout
     # The test command installs wattflow with a compiler: the C parser is built and named.
     assert "C parser (straight into columns)" in done.stdout
+    assert "scikit-learn installed" in done.stdout  # the test extras include wattflow[compat]
     bad = wattflow("check", "--output", "nowhere")
     assert bad.returncode == 2
     assert "unknown output 'nowhere'" in bad.stderr
@@ -62,3 +67,17 @@ def test_check_help_describes_check() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: wattflow check")
     assert "wattflow run" in done.stdout  # it takes run's flags, and says where they are listed
+
+
+def test_the_compat_line_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where scikit-learn is missing, the screen says to install ``wattflow[compat]``: the
+    brackets printed as they are, not read as the console's markup (they vanished)."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *rest: None if name == "sklearn" else real_find_spec(name, *rest),
+    )
+    console = Console(record=True, width=200)
+    assert check_command([], console) == 0
+    assert "needs scikit-learn: pip install 'wattflow[compat]'" in console.export_text()

@@ -9,6 +9,8 @@ SmartWatts 2.4.1 wrote for it (README.txt there says how). A user switching from
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,37 @@ def test_the_ticks_smartwatts_loses_at_shutdown_are_processed(
     last = max(key[0] for key in smartwatts)
     later = {key[0] for key in ours if key[0] > last}
     assert len(later) == 5
+
+
+def test_without_scikit_learn_the_compat_mode_says_which_extra_to_install(tmp_path: Path) -> None:
+    """scikit-learn is the compat mode's alone (``wattflow[compat]``): a service started with
+    ``--compat smartwatts-2.4`` where it is missing stops before reading anything, exit 2,
+    naming the extra, rather than failing at its first fit."""
+    files = ",".join(str(DATA / "input" / name) for name in ("rapl.csv", "msr.csv", "core.csv"))
+    argv = [
+        "run",
+        "--input", "csv", "--model", "HWPCReport", "--name", "puller", "--files", files,
+        "--output", "csv", "--model", "PowerReport", "--name", "pusher",
+        "--directory", str(tmp_path / "out"), "--compat", "smartwatts-2.4",
+    ]  # fmt: skip
+    as_if_not_installed = (
+        "import sys; sys.modules['sklearn'] = None; "  # what a missing package raises
+        "from wattflow.service.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+
+    def without_scikit_learn(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", as_if_not_installed, *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    result = without_scikit_learn(*argv)
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'wattflow[compat]'" in result.stderr
+    assert not any((tmp_path / "out").rglob("*.csv"))
+    default_mode = [flag for flag in argv if flag not in ("--compat", "smartwatts-2.4")]
+    result = without_scikit_learn(*default_mode)
+    assert result.returncode == 0, result.stderr
+    assert any((tmp_path / "out").rglob("PowerReport.csv")), "the default mode needs none"

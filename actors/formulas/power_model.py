@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from wattflow.actors.checkpoints import Packed
+from wattflow.formats.errors import WattflowError
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -589,7 +590,13 @@ def load_regression(compat: bool) -> None:
     in the background they would take that time from the first reports on a busy core.
     """
     if compat:
-        importlib.import_module("sklearn.linear_model")
+        try:
+            importlib.import_module("sklearn.linear_model")
+        except ImportError as error:
+            raise WattflowError(
+                "--compat smartwatts-2.4 fits SmartWatts' own regression, scikit-learn's "
+                f"ElasticNet, which is not installed ({error}): pip install 'wattflow[compat]'"
+            ) from None
     else:
         importlib.import_module("scipy.optimize")
         importlib.import_module("scipy.linalg")
