@@ -103,7 +103,12 @@ what every output holds (MongoDB's documents nest up to 100 levels)."""
 _JSON_SCALARS = (str, float, bool, type(None), datetime)
 
 
-def check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+ReportMetadata = dict[str, Any]
+"""A report's metadata: free key-value pairs of JSON's kinds of data and dates, as
+:func:`check_metadata` allows them (an input's own, carried on as it came)."""
+
+
+def check_metadata(metadata: ReportMetadata) -> ReportMetadata:
     """Refuse metadata that some output could not write, naming the first such value: anything
     but JSON's kinds of data and dates (a MongoDB document's ObjectId, Decimal128 or binary),
     an integer beyond 64 bits, a key with a NUL character (BSON's keys end at one), or nesting
@@ -148,7 +153,7 @@ class Report(BaseModel):
     timestamp: Timestamp = Field(description="Time the measurement refers to, in UTC.")
     sensor: str = Field(min_length=1, description="Name that groups reports for one formula.")
     target: str = Field(min_length=1, description="Subject of the measurement.")
-    metadata: Annotated[dict[str, Any], AfterValidator(check_metadata)] = Field(
+    metadata: Annotated[ReportMetadata, AfterValidator(check_metadata)] = Field(
         default_factory=dict, description="Free key-value pairs carried along."
     )
 

@@ -236,6 +236,23 @@ def test_a_pending_tick_that_is_not_a_report_is_refused_whole() -> None:
     assert_untouched(case, formula, held)
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(2**70, "beyond 64 bits"), ({"_id": {"$oid": "x"}, "a\0b": 1}, "not a name MongoDB holds")],
+)
+def test_a_held_ticks_metadata_no_input_would_take_is_refused_whole(value: Any, why: str) -> None:
+    """The GPU formula's held ticks carry their report's own metadata on to their reports;
+    metadata an input would have refused (a damaged or hand-made state) refuses the state, as
+    its outputs could not write it."""
+    case = CASES["gpu"]
+    formula, held = holding(case)
+    saved = orjson.loads(orjson.dumps(held))
+    saved["devices"]["0"]["held"][-1]["report"]["metadata"] = {"n": value}
+    with pytest.raises(ValueError, match=why):
+        formula.restore(saved)
+    assert_untouched(case, formula, held)
+
+
 def test_a_state_saved_in_the_other_mode_is_refused() -> None:
     formula, held = holding(CASES["smartwatts"])
     with pytest.raises(ValueError, match="saved in the other mode"):

@@ -98,7 +98,15 @@ from wattflow.actors.formulas.gpu_sharing import (
 )
 from wattflow.actors.formulas.window import StreamTime
 from wattflow.formats.batch import Batch
-from wattflow.formats.reports import GPUDevice, GPUProcess, GPUReport, PowerReport, Report
+from wattflow.formats.reports import (
+    GPUDevice,
+    GPUProcess,
+    GPUReport,
+    PowerReport,
+    Report,
+    ReportMetadata,
+    check_metadata,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -293,8 +301,13 @@ class SavedReport(msgspec.Struct, frozen=True):
     timestamp: datetime
     sensor: str
     target: str
-    metadata: dict[str, Any]
+    metadata: ReportMetadata
     """The report's own metadata, carried on to the tick's reports as it came."""
+
+    def __post_init__(self) -> None:
+        """Refuse, as it is decoded, metadata an input would have refused (a state written
+        by hand or damaged): an output could not write it."""
+        check_metadata(self.metadata)
 
 
 class SavedTick(msgspec.Struct, kw_only=True, frozen=True):
