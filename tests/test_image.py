@@ -85,7 +85,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
         "--only-binary=:all:",
         "--dest",
         str(wheelhouse),
-        f"{ROOT}[kubernetes]",  # the image holds the k8s pre-processor's client
+        f"{ROOT}[kubernetes,compat]",  # the image holds the k8s client and scikit-learn
         "setuptools",
         "wheel",
     )
@@ -131,6 +131,8 @@ def test_the_image_runs_wattflow_as_an_unprivileged_user(image: str) -> None:
     assert parser.stdout.strip() == "True", "the image decodes with the C parser: " + (
         parser.stdout + parser.stderr
     )
+    compat = run(*RUN, "--entrypoint", "python", image, "-c", "import sklearn.linear_model")
+    assert compat.returncode == 0, "the image runs --compat smartwatts-2.4: " + compat.stderr
     inspected = run("podman", "image", "inspect", image, "--format", "{{.Config.Healthcheck}}")
     assert "/health" in inspected.stdout
 
