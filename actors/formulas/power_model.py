@@ -461,7 +461,7 @@ class FrequencyModel(PowerModel):
         medians = ordered[:, middle]
         if size % 2 == 0:  # as statistics.median: (a + b) / 2, to the bit
             medians = (ordered[:, middle - 1] + medians) / 2
-        over = np.flatnonzero(medians > threshold_w)
+        over = (medians > threshold_w).nonzero()[0]
         return first_full + int(over[0]) if over.size else len(errors)
 
     def _refine_every(self) -> int:

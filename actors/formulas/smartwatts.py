@@ -593,7 +593,7 @@ def _reports_in_both(first: HWPCFrame, later: HWPCFrame, millis: int) -> bool:
         for table in frame.tables:
             seen[table.targets[table.millis == millis]] = True
         names = frame.names
-        codes = np.flatnonzero(seen).tolist()
+        codes = seen.nonzero()[0].tolist()
         return {"" if (n := names[c]) in GLOBAL_TARGETS else n for c in codes}
 
     return bool(targets(first) & targets(later))

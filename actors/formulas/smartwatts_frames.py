@@ -167,12 +167,13 @@ def index_reports(frame: HWPCFrame) -> ReportIndex:
         _tick_numbers(t.millis[at], first, ticks) * width + t.targets[at]
         for t, at in zip(frame.tables, starts, strict=True)
     ]
-    unique, inverse = np.unique(np.concatenate([np.empty(0, np.int64), *keys]), return_inverse=True)
-    inverse = inverse.reshape(-1)
+    every_key = np.concatenate([np.empty(0, np.int64), *keys])
+    unique = distinct_sorted(np.sort(every_key))
+    inverse = np.searchsorted(unique, every_key)
     row_report = {}
     done = 0
     for table, at, part in zip(frame.tables, starts, keys, strict=True):
-        runs = np.diff(np.append(at, len(table)))
+        runs = run_lengths(at, len(table))
         row_report[table.group] = np.repeat(inverse[done : done + len(part)], runs)
         done += len(part)
     tick_of = unique // width
@@ -208,20 +209,20 @@ def assemble(frame: HWPCFrame, timing: Timing) -> Assembly:
     reasons = _target_reasons(frame, role, index, is_global)
     alive = np.ones(len(index.millis), dtype=np.bool_)
     alive[list(reasons)] = False
-    ticks = np.unique(index.millis[alive])
+    ticks = distinct_sorted(index.millis[alive])  # the reports come in tick order
     tick_of = np.searchsorted(ticks, index.millis)
     targets = np.bincount(tick_of[alive & ~is_global], minlength=len(ticks))
     global_of = np.full(len(ticks), -1, dtype=np.int64)
-    alive_globals = np.flatnonzero(alive & is_global)
+    alive_globals = (alive & is_global).nonzero()[0]
     global_of[tick_of[alive_globals]] = alive_globals
     interval_s, first, too_soon = _timing(ticks, timing)
     waiting = np.arange(len(ticks)) < first
     waiting_reports = alive & waiting[np.minimum(tick_of, max(len(ticks) - 1, 0))]
     rejects = _Rejects(index, timing)
-    rejects.too_soon(np.flatnonzero(too_soon), interval_s, alive, tick_of)
+    rejects.too_soon(too_soon.nonzero()[0], interval_s, alive, tick_of)
     timed = ~waiting & ~too_soon
-    rejects.incomplete(np.flatnonzero(timed & (global_of < 0)), alive, tick_of)
-    candidates = np.flatnonzero(timed & (global_of >= 0) & (targets > 0))
+    rejects.incomplete((timed & (global_of < 0)).nonzero()[0], alive, tick_of)
+    candidates = (timed & (global_of >= 0) & (targets > 0)).nonzero()[0]
     found = global_sockets(frame, role, index, global_of[candidates], timing.base_frequency)
     bad = np.array([reason is not None for reason in found.reasons], dtype=np.bool_)
     for at, reason in enumerate(found.reasons):
@@ -289,13 +290,13 @@ class _Rejects:
                 f"tick {interval_s[tick] * 1000:.0f} ms after the previous one, under a "
                 f"quarter of the sensor period ({self.timing.period_ms} ms)"
             )
-            self._add(np.flatnonzero(alive & (tick_of == tick)), reason)
+            self._add((alive & (tick_of == tick)).nonzero()[0], reason)
 
     def incomplete(self, ticks: IntArray, alive: Bools, tick_of: IntArray) -> None:
         lateness = self.timing.lateness_ms
         wait = "" if self.timing.compat else f" within --tick-lateness-ms {lateness} ms"
         for tick in ticks.tolist():
-            reports = np.flatnonzero(alive & (tick_of == tick))
+            reports = (alive & (tick_of == tick)).nonzero()[0]
             when = datetime_of(int(self.index.millis[reports[0]])).isoformat()
             reason = f"tick {when} is incomplete: no global report ('all'){wait}"
             self._add(reports, reason)
@@ -304,7 +305,7 @@ class _Rejects:
         self, tick: int, report: int, reason: str, alive: Bools, tick_of: IntArray
     ) -> None:
         self._add(np.array([report]), reason, True)
-        targets = np.flatnonzero(alive & (tick_of == tick))
+        targets = (alive & (tick_of == tick)).nonzero()[0]
         self._add(
             targets[targets != report], f"the global report of its tick was rejected: {reason}"
         )
@@ -320,7 +321,7 @@ def _target_reasons(
     core = role.core
     if core is not None:
         has_core[index.row_report[core.group]] = True
-    for report in np.flatnonzero(~is_global & ~has_core).tolist():
+    for report in (~is_global & ~has_core).nonzero()[0].tolist():
         groups = sorted(
             t.group for t in frame.tables if (index.row_report[t.group] == report).any()
         )
@@ -332,7 +333,7 @@ def _target_reasons(
     columns = [at for at, event in enumerate(core.events) if event not in TIME_EVENTS]
     values = core.values[:, columns]
     bad = (values < 0) | (values >= WRAPPED_COUNTER)
-    for row in np.flatnonzero(targets & bad.any(axis=1)).tolist():
+    for row in (targets & bad.any(axis=1)).nonzero()[0].tolist():
         column = columns[int(np.argmax(bad[row]))]
         value = frame.value(core, row, column)
         reasons.setdefault(int(row_report[row]), _bad_counter(core, row, column, value))
@@ -399,16 +400,15 @@ def global_sockets(
     if role.rapl is None or role.msr is None:
         return Sockets(none, {}, np.zeros((ticks, 0), dtype=np.int64), reasons)
     rapl = role.rapl
-    mine = np.flatnonzero(rapl_tick >= 0)
-    ids, first = np.unique(rapl.sockets[mine], return_index=True)
-    sockets = ids[np.argsort(first)]
+    mine = (rapl_tick >= 0).nonzero()[0]
+    sockets = np.array(list(dict.fromkeys(rapl.sockets[mine].tolist())), dtype=np.int64)
     position = {int(socket): at for at, socket in enumerate(sockets.tolist())}
     size = ticks * len(sockets)
     slots = _slots(rapl, mine, rapl_tick[mine], position)
     given = np.zeros(size, dtype=np.bool_)
     given[slots.slot] = True
     energy, faults = _energy(frame, rapl, slots, size)
-    mine = np.flatnonzero(msr_tick >= 0)
+    mine = (msr_tick >= 0).nonzero()[0]
     msr_slots = _slots(role.msr, mine, msr_tick[mine], position)
     frequency = _frequency(frame, role.msr, msr_slots, given, sockets, base_frequency, faults)
     if faults:
@@ -448,7 +448,7 @@ def _without(ticks: int, places: IntArray) -> list[int]:
     """The places from 0 to ``ticks`` that ``places`` (-1: none) does not hold."""
     held = np.zeros(ticks + 1, dtype=np.bool_)
     held[places] = True  # -1 marks the spare last entry
-    missing: list[int] = np.flatnonzero(~held[:ticks]).tolist()
+    missing: list[int] = (~held[:ticks]).nonzero()[0].tolist()
     return missing
 
 
@@ -475,7 +475,7 @@ def _energy(
         found[slot] = values[given][first]
         energy[event] = found
         bad = (found[slot] < 0) | (found[slot] >= WRAPPED_COUNTER)
-        for at in np.flatnonzero(bad).tolist():
+        for at in bad.nonzero()[0].tolist():
             row = int(rows[at])
             reason = _bad_counter(rapl, row, column, frame.value(rapl, row, column))
             faults.append((0, int(slot[at]), row * len(rapl.events) + column, reason))
@@ -502,7 +502,7 @@ def _frequency(
         pair[:, int(event == "MPERF")] = msr.values[rows, msr.events.index(event)]
     pair[np.isnan(pair)] = 0.0
     negative = (pair < 0).any(axis=1)
-    for at in np.flatnonzero(negative).tolist():
+    for at in negative.nonzero()[0].tolist():
         row = int(rows[at])
         value = min(frame.value(msr, row, msr.events.index(e)) for e in events)
         faults.append((2, int(slot[at]), row, _bad_counter(msr, row, "APERF/MPERF", value)))
@@ -512,10 +512,10 @@ def _frequency(
         sums[slot[starts]] = ordered_sums(pair, starts, exact=_exact(pair))
     present = np.zeros(len(given), dtype=np.bool_)
     present[slot] = True
-    for at in np.flatnonzero(given & ~present).tolist():
+    for at in (given & ~present).nonzero()[0].tolist():
         socket = sockets[at % len(sockets)]
         faults.append((1, at, 0, f"global report without msr counters for socket {socket}"))
-    for at in np.flatnonzero(given & present & (sums[:, 1] <= 0)).tolist():
+    for at in (given & present & (sums[:, 1] <= 0)).nonzero()[0].tolist():
         socket = sockets[at % len(sockets)]
         reason = f"MPERF is zero on socket {socket}: the package frequency is unknown"
         faults.append((3, at, 0, reason))
@@ -689,7 +689,7 @@ def ordered_sums(values: FloatArray, starts: IntArray, *, exact: bool) -> FloatA
     if exact or not len(values):
         sums: FloatArray = np.add.reduceat(values, starts, axis=0)
         return sums
-    lengths = np.diff(np.append(starts, len(values)))
+    lengths = run_lengths(starts, len(values))
     run_of_row = np.repeat(np.arange(len(starts)), lengths)
     place = np.arange(len(values)) - starts[run_of_row]
     padded = np.zeros((len(starts), int(lengths.max()), values.shape[1]))
@@ -698,6 +698,27 @@ def ordered_sums(values: FloatArray, starts: IntArray, *, exact: bool) -> FloatA
     for column in range(1, padded.shape[1]):
         total += padded[:, column]  # adding the zeros that pad a short run changes nothing
     return total
+
+
+def distinct_sorted(values: IntArray) -> IntArray:
+    """The distinct values of a sorted array: ``np.unique`` without its sort and its checks,
+    which cost a live tick's few values more than the work."""
+    keep = np.empty(len(values), dtype=np.bool_)
+    keep[:1] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    found: IntArray = values[keep]
+    return found
+
+
+def run_lengths(starts: IntArray, rows: int) -> IntArray:
+    """The length of each run of ``rows`` rows whose runs start at ``starts`` (the first at 0):
+    ``np.diff`` with the end appended, without its copies, which a live tick's few runs would
+    mostly pay for."""
+    lengths = np.empty(len(starts), dtype=np.int64)
+    if len(starts):
+        np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+        lengths[-1] = rows - starts[-1]
+    return lengths
 
 
 def _positions(sockets: IntArray, position: dict[int, int]) -> IntArray:
