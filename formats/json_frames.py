@@ -332,11 +332,12 @@ class _Batch:
         following.tick_rank = -1
         return following
 
-    def frame(self) -> HWPCFrame:
+    def frame(self, sensor: str) -> HWPCFrame:
+        """The frame of the batch's lines, all of ``sensor`` (a batch is one sensor's)."""
         if len(self.codes) != len(self.names):
             self.names = list(self.codes)
         tables = [rows.table(name) for name, rows in self.groups.items() if rows.line_rows]
-        return HWPCFrame(self.names, tables, self.reports, canonical=True)
+        return HWPCFrame(self.names, tables, self.reports, canonical=True, sensor=sensor)
 
 
 def decode_hwpc_frames(
@@ -545,7 +546,7 @@ class _LineColumns:
         for group, (events, shape) in groups.items():
             if shape is not None:
                 tables.append(self._table(group, events, self.shapes[shape], sensor, codes, single))
-        frame = HWPCFrame(names, tables, len(lines), canonical=True)
+        frame = HWPCFrame(names, tables, len(lines), canonical=True, sensor=self.strings[sensor])
         learned = tuple((group, events) for group, (events, _) in groups.items())
         return frame, _remembered(learned, names, known)
 
@@ -769,13 +770,13 @@ def _document_frames(
             try:
                 batch.add(document)
             except _Cut:
-                done.setdefault(document.sensor, []).append(batch.frame())
+                done.setdefault(document.sensor, []).append(batch.frame(document.sensor))
                 batch = sensors[document.sensor] = batch.next()
                 batch.add(document)
         frames = [
             frame
             for sensor, batch in sensors.items()
-            for frame in [*done.get(sensor, ()), batch.frame()]
+            for frame in [*done.get(sensor, ()), batch.frame(sensor)]
         ]
     except (_NotPlain, _Cut, KeyError):  # KeyError: a cpu lacking one of its group's events
         return None
