@@ -12,6 +12,7 @@ late). The first tick of a sensor only sets the start of the first interval.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from itertools import accumulate
 from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
@@ -104,101 +105,117 @@ def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     when a target has RAPL rows or a global report has no RAPL energy (the frame then goes
     report by report, where such reports are told apart).
 
-    The router asks this of every frame: each table's global rows are found once, by
-    comparing the target column with the global targets' codes (one, mostly)."""
+    The router asks this of every frame, and a live sensor's frame is one tick: numpy's fixed
+    cost per call is then most of the work. So each step is a call or two on the frame's
+    columns end to end (every table's rows one after the other), each table's part of them a
+    slice, rather than a few calls per table."""
     tables = {table.group: table for table in frame.tables}
     rapl = tables.get("rapl")
     codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
-    global_rows = [_among(table.targets, codes) for table in frame.tables]
+    targets = np.concatenate([np.empty(0, dtype=np.int64), *(t.targets for t in frame.tables)])
+    is_global = _among(targets, codes)
     if rapl is None:
-        if not any(bool(rows.any()) for rows in global_rows):
-            return []  # only targets' reports, none of them the formula's
-        return None
+        if np.count_nonzero(is_global):
+            return None
+        return []  # only targets' reports, none of them the formula's
     if len(tables) != len(frame.tables):
         return None
-    reports = _global_report_count(frame, rapl, global_rows)
+    stops = list(accumulate(len(table) for table in frame.tables))
+    global_rows = [
+        is_global[stop - len(table) : stop] for table, stop in zip(frame.tables, stops, strict=True)
+    ]
+    reports = _global_report_count(frame, rapl, targets, is_global, stops)
     if reports is None:
         return None
     return _sensor_parts(frame, reports, global_rows)
 
 
 def _among(values: IntArray, codes: list[int]) -> npt.NDArray[np.bool_]:
-    """Where ``values`` is one of ``codes``."""
-    if len(codes) == 1:
-        found: npt.NDArray[np.bool_] = values == codes[0]
-        return found
-    return np.isin(values, codes)
+    """Where ``values`` is one of ``codes`` (the global targets' codes: one or two, for which
+    comparisons cost less than ``np.isin``)."""
+    if not codes:
+        return np.zeros(len(values), dtype=np.bool_)
+    found: npt.NDArray[np.bool_] = values == codes[0]
+    for code in codes[1:]:
+        found |= values == code
+    return found
 
 
 def _global_report_count(
-    frame: HWPCFrame, rapl: EventsTable, global_rows: list[npt.NDArray[np.bool_]]
+    frame: HWPCFrame,
+    rapl: EventsTable,
+    targets: IntArray,
+    is_global: npt.NDArray[np.bool_],
+    stops: list[int],
 ) -> int | None:
     """How many global reports a frame holds, when every one of them has RAPL energy and no
-    target has RAPL rows; else ``None``. ``global_rows`` are each table's global rows."""
+    target has RAPL rows; else ``None``. ``targets`` and ``is_global`` are the target of every
+    row of the frame's tables end to end and whether it is global, ``stops`` where each
+    table's rows end among them.
+
+    One key per row, its report's: the RAPL rows' keys are among the global rows' keys, so
+    the global reports all have RAPL energy exactly when both hold as many distinct keys."""
+    stop = stops[frame.tables.index(rapl)]
+    start = stop - len(rapl)
+    if np.count_nonzero(is_global[start:stop]) != stop - start:
+        return None  # a target's RAPL rows
+    keys = _report_keys(frame, targets)
+    in_rapl = _distinct(keys[start:stop])
+    if _distinct(keys[is_global]) != in_rapl:
+        return None  # a global report without RAPL energy
+    return in_rapl
+
+
+def _report_keys(frame: HWPCFrame, targets: IntArray) -> IntArray:
+    """One number per row of the frame's tables, end to end (``targets``: their targets),
+    that tells its report: its tick (ms after the first one, or, for ticks spread over
+    centuries with many names, its place among the frame's ticks, so that no key wraps around
+    64 bits), sensor and target. In a frame of one sensor (an input's frame is) the sensor
+    tells no report from another and is left out."""
     width = len(frame.names)
-    first, ticks = _key_ticks(frame, width)
-    in_rapl: IntArray | None = None
-    for table, rows in zip(frame.tables, global_rows, strict=True):
-        if table is rapl:
-            if not bool(rows.all()):
-                return None  # a target's RAPL rows
-            in_rapl = _report_keys(rapl, None, first, width, ticks)
-    assert in_rapl is not None
-    for table, rows in zip(frame.tables, global_rows, strict=True):
-        if table is not rapl and not _within(
-            _report_keys(table, rows, first, width, ticks), in_rapl
-        ):
-            return None  # a global report without RAPL energy
-    return len(in_rapl)
-
-
-def _key_ticks(frame: HWPCFrame, width: int) -> tuple[int, npt.NDArray[np.int64] | None]:
-    """The first tick's milliseconds, from which :func:`_report_keys` counts; and, for ticks
-    spread over centuries with many names, the frame's ticks, so that each is keyed by its
-    place among them (fewer than its rows) and the keys cannot wrap around 64 bits."""
-    first = min((int(table.millis.min()) for table in frame.tables if len(table)), default=0)
-    last = max((int(table.millis.max()) for table in frame.tables if len(table)), default=0)
+    millis: IntArray = np.concatenate(
+        [np.empty(0, dtype=np.int64), *(t.millis for t in frame.tables)]
+    )
+    if not len(millis):
+        return millis
+    first, last = int(np.minimum.reduce(millis)), int(np.maximum.reduce(millis))
     if (last - first + 1) * width * width < 2**63:
-        return first, None
-    return first, np.unique(np.concatenate([table.millis for table in frame.tables]))
-
-
-def _within(keys: IntArray, known: IntArray) -> bool:
-    """Whether every key (sorted, unique) is among the ``known`` ones (sorted, unique)."""
-    if np.array_equal(keys, known):
-        return True  # the usual case: the same reports in every group
-    return len(keys) < len(known) and bool(np.isin(keys, known, assume_unique=True).all())
-
-
-def _report_keys(
-    table: EventsTable,
-    chosen: npt.NDArray[np.bool_] | None,
-    first: int,
-    width: int,
-    ticks: npt.NDArray[np.int64] | None = None,
-) -> IntArray:
-    """One number per report among a table's ``chosen`` rows (``None``: all of them), sorted:
-    its tick (ms after ``first``, or its place in ``ticks`` when given), sensor and target,
-    ``width`` being the number of names the codes index. The caller gives ``ticks`` where the
-    milliseconds times ``width`` squared could pass 2**63."""
-    millis, sensors, targets = table.millis, table.sensors, table.targets
-    if chosen is not None:
-        millis, sensors, targets = millis[chosen], sensors[chosen], targets[chosen]
-    places = millis - first if ticks is None else np.searchsorted(ticks, millis)
-    keys: IntArray = np.unique((places * width + sensors) * width + targets)
+        places = millis - first
+    else:
+        places = np.searchsorted(np.unique(millis), millis)
+    if len(frame.sensors()) > 1:
+        places = places * width + np.concatenate([t.sensors for t in frame.tables])
+    keys: IntArray = places * width + targets
     return keys
+
+
+def _distinct(keys: IntArray) -> int:
+    """How many distinct keys there are (a sort and a comparison: ``np.unique`` costs more on a
+    few keys)."""
+    if not len(keys):
+        return 0
+    ordered = np.sort(keys)
+    return 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
 
 
 def _sensor_parts(
     frame: HWPCFrame, reports: int, global_rows: list[npt.NDArray[np.bool_]]
 ) -> list[tuple[Hashable, Frame]]:
     """A frame's global reports, one part per sensor; ``reports`` is their count, kept on a
-    frame of a single sensor."""
+    frame of a single sensor.
+
+    The global rows of a frame of one sensor (an input's frame is) are that sensor's, when
+    there are any: the frame's sensors, which the router already asked for, say so."""
+    if not reports:
+        return []
     tables = [table.where(rows) for table, rows in zip(frame.tables, global_rows, strict=True)]
-    only_global = HWPCFrame(frame.names, tables, None, frame.originals)
-    sensors = only_global.sensors()
+    only_global = HWPCFrame(frame.names, tables, None, frame.originals, sensor=frame.sensor)
+    sensors = frame.sensors()
+    if len(sensors) != 1:
+        sensors = only_global.sensors()
     if len(sensors) == 1:
-        return [(sensors[0], HWPCFrame(only_global.names, only_global.tables, reports))]
+        part = HWPCFrame(only_global.names, only_global.tables, reports, sensor=sensors[0])
+        return [(sensors[0], part)]
     return [(sensor, only_global.of_sensor(sensor)) for sensor in sensors]
 
 
