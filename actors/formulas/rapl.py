@@ -12,6 +12,7 @@ late). The first tick of a sensor only sets the start of the first interval.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from functools import lru_cache
 from itertools import accumulate
 from typing import ClassVar, Literal, NamedTuple
 
@@ -31,6 +32,7 @@ from wattflow.formats.frames import (
     HWPCFrame,
     IntArray,
     PowerFrame,
+    run_starts,
 )
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import HWPCReport, Report, to_millis
@@ -244,49 +246,84 @@ class Energy(NamedTuple):
     """Each entry's event, a code into ``events``."""
     events: list[str]
     value: FloatArray
+    socket: IntArray
+    """Each entry's socket, as its row gives it."""
+    target: IntArray
+    """Each entry's target (a code into the frame's names), as its row gives it."""
 
 
 def rapl_energy(tables: list[EventsTable], ticks: IntArray) -> Energy:
     """Each tick's energy per table, socket and RAPL event: from the first cpu giving the event,
-    as every cpu of a socket repeats it. ``ticks``: the frame's ticks in the order they came."""
-    events = list(
-        dict.fromkeys(e for t in tables for e in t.events if e.startswith(RAPL_EVENT_PREFIX))
-    )
+    as every cpu of a socket repeats it. ``ticks``: the frame's ticks in the order they came.
+
+    A live sensor's tick is a few rows, where numpy's fixed cost per call, not the rows, is
+    the work: each table gives its entries as one matrix (:func:`_table_energy`), put in
+    order with one sort."""
+    events = list(dict.fromkeys(t.events[c] for t in tables for c in rapl_columns(t.events)))
     sorter = np.argsort(ticks)
-    parts = [(*(np.empty(0, dtype=np.int64) for _ in range(6)), np.empty(0))]
-    for at, table in enumerate(tables):
-        tick = sorter[np.searchsorted(ticks, table.millis, sorter=sorter)]
-        # Ticks are fewer than the frame's rows and sockets below SOCKET_LIMIT (2**16, which
-        # every input keeps): the slot stays far below 2**63.
-        slot = tick * (int(table.sockets.max(initial=0)) + 1) + table.sockets
-        unique, first = np.unique(slot, return_index=True)
-        slot_first = first[np.searchsorted(unique, slot)]
-        for column, event in enumerate(table.events):
-            if event.startswith(RAPL_EVENT_PREFIX):
-                values = table.values[:, column].astype(np.float64)
-                given = np.flatnonzero(~np.isnan(values))
-                rows = given[np.unique(slot[given], return_index=True)[1]]
-                parts.append(
-                    (
-                        *(np.full(len(rows), n) for n in (at, column, events.index(event))),
-                        tick[rows],
-                        slot_first[rows],
-                        rows,
-                        values[rows],
-                    )
-                )
-    table_at, columns, code, tick, first, rows, value = [
-        np.concatenate(c) for c in zip(*parts, strict=True)
-    ]
-    order = np.lexsort((columns, first, table_at, tick))
-    return Energy(
-        tick[order], table_at[order], rows[order], columns[order], code[order], events, value[order]
-    )
+    parts = [_table_energy(at, t, ticks, sorter, events) for at, t in enumerate(tables) if len(t)]
+    if not parts:
+        entries, value = np.empty((len(_ENTRY_FIELDS), 0), dtype=np.int64), np.empty(0)
+    elif len(parts) == 1:  # mostly: hwpc-sensor's one rapl group
+        entries, value = parts[0]
+    else:
+        entries = np.concatenate([part[0] for part in parts], axis=1)
+        value = np.concatenate([part[1] for part in parts])
+    table_at, column, code, tick, first, *_ = entries
+    order = np.lexsort((column, first, table_at, tick))
+    table_at, column, code, tick, _, row, socket, target = entries[:, order]
+    return Energy(tick, table_at, row, column, code, events, value[order], socket, target)
+
+
+_ENTRY_FIELDS = ("table", "column", "event", "tick", "slot's first row", "row", "socket", "target")
+"""The rows of :func:`_table_energy`'s matrix, each entry's."""
+
+
+def _table_energy(
+    at: int, table: EventsTable, ticks: IntArray, sorter: IntArray, events: list[str]
+) -> tuple[IntArray, FloatArray]:
+    """A table's (``at``: its place) RAPL energy, every RAPL event at once, unordered: a
+    matrix of :data:`_ENTRY_FIELDS` rows, a column per entry, and each entry's value.
+
+    The rows are put in order of their slot (tick and socket), the table's order kept within
+    one; then each slot's first row giving each event is the least of its rows' positions
+    where that event is not NaN."""
+    columns = list(rapl_columns(table.events))
+    tick = sorter[np.searchsorted(ticks, table.millis, sorter=sorter)]
+    # Ticks are fewer than the frame's rows and sockets below SOCKET_LIMIT (2**16, which
+    # every input keeps): the slot stays far below 2**63.
+    slot = tick * (int(table.sockets.max()) + 1) + table.sockets
+    order = np.argsort(slot, kind="stable")
+    starts = run_starts(slot[order])
+    values = table.values[:, columns].astype(np.float64)[order]
+    count = len(order)
+    position = np.where(np.isnan(values), count, np.arange(count)[:, None])
+    found = np.minimum.reduceat(position, starts, axis=0)  # slots × events
+    slot_at, event_at = np.nonzero(found < count)
+    taken = found[slot_at, event_at]
+    entries = np.empty((len(_ENTRY_FIELDS), len(taken)), dtype=np.int64)
+    entries[0] = at
+    entries[1:3] = np.array(
+        [columns, [events.index(table.events[c]) for c in columns]], dtype=np.int64
+    )[:, event_at]
+    rows = entries[5] = order[taken]
+    entries[3] = tick[rows]
+    entries[4] = order[starts[slot_at]]
+    entries[6] = table.sockets[rows]
+    entries[7] = table.targets[rows]
+    return entries, values[taken, event_at]
+
+
+@lru_cache(maxsize=1024)
+def rapl_columns(events: tuple[str, ...]) -> tuple[int, ...]:
+    """The columns of a table with these events that hold RAPL energy: worked out once per
+    group's events (a sensor's tables keep theirs, tick after tick), not on every frame."""
+    return tuple(c for c, event in enumerate(events) if event.startswith(RAPL_EVENT_PREFIX))
 
 
 def _rapl_tables(frame: HWPCFrame) -> list[EventsTable]:
     """The tables of a frame that hold RAPL energy (``rapl``, or named after a CSV file)."""
-    return [t for t in frame.tables if any(e.startswith(RAPL_EVENT_PREFIX) for e in t.events)]
+    return [t for t in frame.tables if rapl_columns(t.events)]
 
 
 def _arrival(tables: list[EventsTable]) -> IntArray:
@@ -379,9 +416,7 @@ class RaplFormula(Formula[RaplConfig]):
     def _estimate(self, frame: HWPCFrame, out: Output) -> None:
         """Each tick's interval in turn, then the power of every tick that has one."""
         tables, ticks, energy = tick_energy(frame)
-        negative = np.flatnonzero(energy.value < 0)
-        ticks_with, first = np.unique(energy.tick[negative], return_index=True)
-        first_negative = dict(zip(ticks_with.tolist(), negative[first].tolist(), strict=True))
+        first_negative = _first_negative(energy)
         intervals = np.full(len(ticks), np.nan)
         for at, millis in enumerate(ticks.tolist()):
             mark = out.mark()
@@ -443,21 +478,26 @@ class RaplFormula(Formula[RaplConfig]):
         """The ``rapl`` PowerReports of every tick with an interval: one per socket and
         event, with SmartWatts' metadata."""
         kept = ~np.isnan(intervals[energy.tick])
-        if not bool(kept.any()):
+        count = int(np.count_nonzero(kept))
+        if not count:
             return
-        tick, row, table_at, event = (
-            energy.tick[kept],
-            energy.row[kept],
-            energy.table[kept],
-            energy.event[kept],
+        value, tick, sockets, targets, event = (
+            energy.value,
+            energy.tick,
+            energy.socket,
+            energy.target,
+            energy.event,
         )
-        sockets = np.empty(len(row), dtype=np.int64)
-        targets = np.empty(len(row), dtype=np.int64)
-        for at, table in enumerate(tables):
-            mine = table_at == at
-            sockets[mine] = table.sockets[row[mine]]
-            targets[mine] = table.targets[row[mine]]
-        socket_ids, socket_codes = np.unique(sockets, return_inverse=True)
+        if count < len(kept):
+            value, tick, sockets, targets, event = (
+                value[kept],
+                tick[kept],
+                sockets[kept],
+                targets[kept],
+                event[kept],
+            )
+        socket_ids = np.unique(sockets)
+        socket_codes = np.searchsorted(socket_ids, sockets)
         domains = [e[len(RAPL_EVENT_PREFIX) :] for e in energy.events]
         millis = ticks[tick]
         sensor = frame.names[int(tables[0].sensors[0])]
@@ -465,20 +505,28 @@ class RaplFormula(Formula[RaplConfig]):
             PowerFrame(
                 sensor=sensor,
                 millis=millis,
-                targets=np.zeros(len(row), dtype=np.int64),
+                targets=np.zeros(count, dtype=np.int64),
                 target_names=["rapl"],
-                power=energy.value[kept] * RAPL_UNIT_J / intervals[tick],
+                power=value * RAPL_UNIT_J / intervals[tick],
                 metadata={
                     "scope": Column(event, [SCOPE_OF_DOMAIN.get(d, d.lower()) for d in domains]),
-                    "socket": Column(
-                        socket_codes.reshape(-1), [str(s) for s in socket_ids.tolist()]
-                    ),
+                    "socket": Column(socket_codes, [str(s) for s in socket_ids.tolist()]),
                     "formula": Column(event, list(energy.events)),
-                    "ratio": np.ones(len(row)),
+                    "ratio": np.ones(count),
                 },
                 report_metadata=frame.report_metadata(sensor, millis, targets),
             )
         )
+
+
+def _first_negative(energy: Energy) -> dict[int, int]:
+    """The first entry of negative energy of each tick that has one, by tick: mostly none,
+    which one comparison tells."""
+    negative = np.flatnonzero(energy.value < 0)
+    if not len(negative):
+        return {}
+    ticks_with, first = np.unique(energy.tick[negative], return_index=True)
+    return dict(zip(ticks_with.tolist(), negative[first].tolist(), strict=True))
 
 
 def _negative(frame: HWPCFrame, tables: list[EventsTable], energy: Energy, entry: int) -> str:
