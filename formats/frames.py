@@ -70,7 +70,7 @@ def run_starts(*columns: IntArray) -> IntArray:
         np.not_equal(columns[0][1:], columns[0][:-1], out=change[1:])
         for column in columns[1:]:
             change[1:] |= column[1:] != column[:-1]
-    found: IntArray = np.flatnonzero(change)
+    found: IntArray = change.nonzero()[0]
     return found
 
 

@@ -252,16 +252,21 @@ class Energy(NamedTuple):
     """Each entry's target (a code into the frame's names), as its row gives it."""
 
 
-def rapl_energy(tables: list[EventsTable], ticks: IntArray) -> Energy:
+def rapl_energy(tables: list[EventsTable], places: IntArray) -> Energy:
     """Each tick's energy per table, socket and RAPL event: from the first cpu giving the event,
-    as every cpu of a socket repeats it. ``ticks``: the frame's ticks in the order they came.
+    as every cpu of a socket repeats it. ``places``: each row's tick, its place among the
+    frame's ticks in the order they came, for every table's rows end to end (:func:`_arrival`).
 
     A live sensor's tick is a few rows, where numpy's fixed cost per call, not the rows, is
     the work: each table gives its entries as one matrix (:func:`_table_energy`), put in
     order with one sort."""
     events = list(dict.fromkeys(t.events[c] for t in tables for c in rapl_columns(t.events)))
-    sorter = np.argsort(ticks)
-    parts = [_table_energy(at, t, ticks, sorter, events) for at, t in enumerate(tables) if len(t)]
+    stops = accumulate(len(table) for table in tables)
+    parts = [
+        _table_energy(at, table, places[stop - len(table) : stop], events)
+        for at, (table, stop) in enumerate(zip(tables, stops, strict=True))
+        if len(table)
+    ]
     if not parts:
         entries, value = np.empty((len(_ENTRY_FIELDS), 0), dtype=np.int64), np.empty(0)
     elif len(parts) == 1:  # mostly: hwpc-sensor's one rapl group
@@ -280,26 +285,26 @@ _ENTRY_FIELDS = ("table", "column", "event", "tick", "slot's first row", "row", 
 
 
 def _table_energy(
-    at: int, table: EventsTable, ticks: IntArray, sorter: IntArray, events: list[str]
+    at: int, table: EventsTable, tick: IntArray, events: list[str]
 ) -> tuple[IntArray, FloatArray]:
-    """A table's (``at``: its place) RAPL energy, every RAPL event at once, unordered: a
-    matrix of :data:`_ENTRY_FIELDS` rows, a column per entry, and each entry's value.
+    """A table's (``at``: its place; ``tick``: each row's) RAPL energy, every RAPL event at
+    once, unordered: a matrix of :data:`_ENTRY_FIELDS` rows, a column per entry, and each
+    entry's value.
 
     The rows are put in order of their slot (tick and socket), the table's order kept within
     one; then each slot's first row giving each event is the least of its rows' positions
     where that event is not NaN."""
     columns = list(rapl_columns(table.events))
-    tick = sorter[np.searchsorted(ticks, table.millis, sorter=sorter)]
     # Ticks are fewer than the frame's rows and sockets below SOCKET_LIMIT (2**16, which
     # every input keeps): the slot stays far below 2**63.
-    slot = tick * (int(table.sockets.max()) + 1) + table.sockets
-    order = np.argsort(slot, kind="stable")
+    slot = tick * (int(np.maximum.reduce(table.sockets)) + 1) + table.sockets
+    order = slot.argsort(kind="stable")
     starts = run_starts(slot[order])
-    values = table.values[:, columns].astype(np.float64)[order]
+    values = table.values[order[:, None], columns]  # as the table holds them, in slot order
     count = len(order)
     position = np.where(np.isnan(values), count, np.arange(count)[:, None])
     found = np.minimum.reduceat(position, starts, axis=0)  # slots × events
-    slot_at, event_at = np.nonzero(found < count)
+    slot_at, event_at = (found < count).nonzero()
     taken = found[slot_at, event_at]
     entries = np.empty((len(_ENTRY_FIELDS), len(taken)), dtype=np.int64)
     entries[0] = at
@@ -311,7 +316,7 @@ def _table_energy(
     entries[4] = order[starts[slot_at]]
     entries[6] = table.sockets[rows]
     entries[7] = table.targets[rows]
-    return entries, values[taken, event_at]
+    return entries, values[taken, event_at].astype(np.float64)
 
 
 @lru_cache(maxsize=1024)
@@ -326,20 +331,30 @@ def _rapl_tables(frame: HWPCFrame) -> list[EventsTable]:
     return [t for t in frame.tables if rapl_columns(t.events)]
 
 
-def _arrival(tables: list[EventsTable]) -> IntArray:
-    """The ticks of the tables' rows, in the order they first come."""
+def _arrival(tables: list[EventsTable]) -> tuple[IntArray, IntArray]:
+    """The ticks of the tables' rows, in the order they first come, and each row's place among
+    them (every table's rows end to end). Rows whose ticks go forward, as every input gives
+    them, need no sort: a tick starts where the milliseconds change."""
     millis = np.concatenate([np.empty(0, dtype=np.int64), *(t.millis for t in tables)])
-    ticks, first = np.unique(millis, return_index=True)
-    arrival: IntArray = ticks[np.argsort(first)]
-    return arrival
+    if not np.count_nonzero(millis[1:] < millis[:-1]):
+        new = np.empty(len(millis), dtype=np.bool_)
+        new[:1] = True
+        np.not_equal(millis[1:], millis[:-1], out=new[1:])
+        places: IntArray = new.cumsum() - 1
+        return millis[new], places
+    ticks, first, inverse = np.unique(millis, return_index=True, return_inverse=True)
+    rank = first.argsort()
+    place = np.empty(len(rank), dtype=np.int64)
+    place[rank] = np.arange(len(rank))
+    return ticks[rank], place[inverse.reshape(-1)]
 
 
 def tick_energy(frame: HWPCFrame) -> tuple[list[EventsTable], IntArray, Energy]:
     """A frame's tables that hold RAPL energy, its ticks in the order they came, and their
     energy (:func:`rapl_energy`): what the RAPL and node formulas read of a frame."""
     tables = _rapl_tables(frame)
-    ticks = _arrival(tables)
-    return tables, ticks, rapl_energy(tables, ticks)
+    ticks, places = _arrival(tables)
+    return tables, ticks, rapl_energy(tables, places)
 
 
 def frame_of_global_reports(reports: list[Report], out: Output) -> HWPCFrame | None:
@@ -477,7 +492,8 @@ class RaplFormula(Formula[RaplConfig]):
     ) -> None:
         """The ``rapl`` PowerReports of every tick with an interval: one per socket and
         event, with SmartWatts' metadata."""
-        kept = ~np.isnan(intervals[energy.tick])
+        seconds = intervals[energy.tick]
+        kept = ~np.isnan(seconds)
         count = int(np.count_nonzero(kept))
         if not count:
             return
@@ -489,15 +505,16 @@ class RaplFormula(Formula[RaplConfig]):
             energy.event,
         )
         if count < len(kept):
-            value, tick, sockets, targets, event = (
+            value, tick, sockets, targets, event, seconds = (
                 value[kept],
                 tick[kept],
                 sockets[kept],
                 targets[kept],
                 event[kept],
+                seconds[kept],
             )
         socket_ids = np.unique(sockets)
-        socket_codes = np.searchsorted(socket_ids, sockets)
+        socket_codes = socket_ids.searchsorted(sockets)
         domains = [e[len(RAPL_EVENT_PREFIX) :] for e in energy.events]
         millis = ticks[tick]
         sensor = frame.names[int(tables[0].sensors[0])]
@@ -507,7 +524,7 @@ class RaplFormula(Formula[RaplConfig]):
                 millis=millis,
                 targets=np.zeros(count, dtype=np.int64),
                 target_names=["rapl"],
-                power=value * RAPL_UNIT_J / intervals[tick],
+                power=value * RAPL_UNIT_J / seconds,
                 metadata={
                     "scope": Column(event, [SCOPE_OF_DOMAIN.get(d, d.lower()) for d in domains]),
                     "socket": Column(socket_codes, [str(s) for s in socket_ids.tolist()]),
@@ -522,7 +539,7 @@ class RaplFormula(Formula[RaplConfig]):
 def _first_negative(energy: Energy) -> dict[int, int]:
     """The first entry of negative energy of each tick that has one, by tick: mostly none,
     which one comparison tells."""
-    negative = np.flatnonzero(energy.value < 0)
+    negative = (energy.value < 0).nonzero()[0]
     if not len(negative):
         return {}
     ticks_with, first = np.unique(energy.tick[negative], return_index=True)
