@@ -113,7 +113,8 @@ def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     slice, rather than a few calls per table."""
     tables = {table.group: table for table in frame.tables}
     rapl = tables.get("rapl")
-    codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
+    names = frame.names
+    codes = [names.index(name) for name in GLOBAL_TARGETS if name in names]  # names are unique
     targets = np.concatenate([np.empty(0, dtype=np.int64), *(t.targets for t in frame.tables)])
     is_global = _among(targets, codes)
     if rapl is None:
@@ -126,7 +127,7 @@ def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     global_rows = [
         is_global[stop - len(table) : stop] for table, stop in zip(frame.tables, stops, strict=True)
     ]
-    reports = _global_report_count(frame, rapl, targets, is_global, stops)
+    reports = _global_report_count(frame, rapl, targets, is_global, stops, codes)
     if reports is None:
         return None
     return _sensor_parts(frame, reports, global_rows)
@@ -149,11 +150,12 @@ def _global_report_count(
     targets: IntArray,
     is_global: npt.NDArray[np.bool_],
     stops: list[int],
+    codes: list[int],
 ) -> int | None:
     """How many global reports a frame holds, when every one of them has RAPL energy and no
     target has RAPL rows; else ``None``. ``targets`` and ``is_global`` are the target of every
     row of the frame's tables end to end and whether it is global, ``stops`` where each
-    table's rows end among them.
+    table's rows end among them, ``codes`` the global targets' codes.
 
     One key per row, its report's: the RAPL rows' keys are among the global rows' keys, so
     the global reports all have RAPL energy exactly when both hold as many distinct keys."""
@@ -161,31 +163,36 @@ def _global_report_count(
     start = stop - len(rapl)
     if np.count_nonzero(is_global[start:stop]) != stop - start:
         return None  # a target's RAPL rows
-    keys = _report_keys(frame, targets)
+    keys = _report_keys(frame, targets, several_targets=len(codes) > 1)
     in_rapl = _distinct(keys[start:stop])
     if _distinct(keys[is_global]) != in_rapl:
         return None  # a global report without RAPL energy
     return in_rapl
 
 
-def _report_keys(frame: HWPCFrame, targets: IntArray) -> IntArray:
+def _report_keys(frame: HWPCFrame, targets: IntArray, *, several_targets: bool) -> IntArray:
     """One number per row of the frame's tables, end to end (``targets``: their targets),
-    that tells its report: its tick (ms after the first one, or, for ticks spread over
-    centuries with many names, its place among the frame's ticks, so that no key wraps around
-    64 bits), sensor and target. In a frame of one sensor (an input's frame is) the sensor
-    tells no report from another and is left out."""
-    width = len(frame.names)
+    that tells one global report from another: its tick (ms after the first one, or, for
+    ticks spread over centuries with many names, its place among the frame's ticks, so that
+    no key wraps around 64 bits), sensor and target (``several_targets``: whether global
+    rows may have more than one).
+
+    What does not vary among global rows is left out: the sensor of a frame of one sensor (an
+    input's frame is), the target where one name is global. Then a global report is its tick
+    and its key the tick's milliseconds, as they are."""
     millis: IntArray = np.concatenate(
         [np.empty(0, dtype=np.int64), *(t.millis for t in frame.tables)]
     )
-    if not len(millis):
+    several_sensors = len(frame.sensors()) > 1
+    if not len(millis) or not (several_sensors or several_targets):
         return millis
+    width = len(frame.names)
     first, last = int(np.minimum.reduce(millis)), int(np.maximum.reduce(millis))
     if (last - first + 1) * width * width < 2**63:
         places = millis - first
     else:
         places = np.searchsorted(np.unique(millis), millis)
-    if len(frame.sensors()) > 1:
+    if several_sensors:
         places = places * width + np.concatenate([t.sensors for t in frame.tables])
     keys: IntArray = places * width + targets
     return keys
