@@ -281,10 +281,19 @@ def rapl_energy(tables: list[EventsTable], places: IntArray) -> Energy:
     else:
         entries = np.concatenate([part[0] for part in parts], axis=1)
         value = np.concatenate([part[1] for part in parts])
-    table_at, column, code, tick, first, *_ = entries
-    order = np.lexsort((column, first, table_at, tick))
-    table_at, column, code, tick, _, row, socket, target = entries[:, order]
-    return Energy(tick, table_at, row, column, code, events, value[order], socket, target)
+    order = np.lexsort((entries[1], entries[4], entries[0], entries[3]))
+    ordered = entries[:, order]
+    return Energy(
+        ordered[3],
+        ordered[0],
+        ordered[5],
+        ordered[1],
+        ordered[2],
+        events,
+        value[order],
+        ordered[6],
+        ordered[7],
+    )
 
 
 _ENTRY_FIELDS = ("table", "column", "event", "tick", "slot's first row", "row", "socket", "target")
@@ -302,11 +311,9 @@ def _table_energy(
     one; then each slot's first row giving each event is the least of its rows' positions
     where that event is not NaN."""
     columns = list(rapl_columns(table.events))
-    # Ticks are fewer than the frame's rows and sockets below SOCKET_LIMIT (2**16, which
-    # every input keeps): the slot stays far below 2**63.
-    slot = tick * (int(np.maximum.reduce(table.sockets)) + 1) + table.sockets
-    order = slot.argsort(kind="stable")
-    starts = run_starts(slot[order])
+    event_columns = _event_columns(table.events, tuple(events))
+    order = np.lexsort((table.sockets, tick))  # a stable sort: the table's order within a slot
+    starts = run_starts(tick[order], table.sockets[order])
     values = table.values[order[:, None], columns]  # as the table holds them, in slot order
     count = len(order)
     position = np.where(np.isnan(values), count, np.arange(count)[:, None])
@@ -315,9 +322,7 @@ def _table_energy(
     taken = found[slot_at, event_at]
     entries = np.empty((len(_ENTRY_FIELDS), len(taken)), dtype=np.int64)
     entries[0] = at
-    entries[1:3] = np.array(
-        [columns, [events.index(table.events[c]) for c in columns]], dtype=np.int64
-    )[:, event_at]
+    entries[1:3] = event_columns[:, event_at]
     rows = entries[5] = order[taken]
     entries[3] = tick[rows]
     entries[4] = order[starts[slot_at]]
@@ -333,6 +338,18 @@ def rapl_columns(events: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(c for c, event in enumerate(events) if event.startswith(RAPL_EVENT_PREFIX))
 
 
+@lru_cache(maxsize=1024)
+def _event_columns(events: tuple[str, ...], rapl_events: tuple[str, ...]) -> IntArray:
+    """For a table with ``events``, each RAPL column and its event's code among
+    ``rapl_events`` (the frame's), as two rows: the same for every tick of a sensor. Never
+    changed by its callers, which only index it."""
+    columns = rapl_columns(events)
+    found: IntArray = np.array(
+        [columns, [rapl_events.index(events[c]) for c in columns]], dtype=np.int64
+    ).reshape(2, len(columns))
+    return found
+
+
 def _rapl_tables(frame: HWPCFrame) -> list[EventsTable]:
     """The tables of a frame that hold RAPL energy (``rapl``, or named after a CSV file)."""
     return [t for t in frame.tables if rapl_columns(t.events)]
@@ -342,12 +359,17 @@ def _arrival(tables: list[EventsTable]) -> tuple[IntArray, IntArray]:
     """The ticks of the tables' rows, in the order they first come, and each row's place among
     them (every table's rows end to end). Rows whose ticks go forward, as every input gives
     them, need no sort: a tick starts where the milliseconds change."""
-    millis = np.concatenate([np.empty(0, dtype=np.int64), *(t.millis for t in tables)])
+    millis = (
+        tables[0].millis  # mostly: hwpc-sensor's one rapl group, its rows as they are
+        if len(tables) == 1
+        else np.concatenate([np.empty(0, dtype=np.int64), *(t.millis for t in tables)])
+    )
     if not np.count_nonzero(millis[1:] < millis[:-1]):
         new = np.empty(len(millis), dtype=np.bool_)
         new[:1] = True
         np.not_equal(millis[1:], millis[:-1], out=new[1:])
-        places: IntArray = new.cumsum() - 1
+        places: IntArray = new.cumsum()
+        places -= 1
         return millis[new], places
     ticks, first, inverse = np.unique(millis, return_index=True, return_inverse=True)
     rank = first.argsort()
