@@ -91,10 +91,11 @@ class ReportTable:
         metadata: dict[str, Values] | list[dict[str, Any]] = (
             dict(frame.metadata) if frame.report_metadata is None else frame.metadata_rows()
         )
+        first = np.zeros(rows, dtype=np.int64)  # every row's code into one value (never changed)
         return cls(
-            kinds=Column(np.zeros(rows, dtype=np.int64), [PowerReport.kind]),
+            kinds=Column(first, [PowerReport.kind]),
             timestamps=Column(tick_codes, ticks.tolist()),
-            sensors=Column(np.zeros(rows, dtype=np.int64), [frame.sensor]),
+            sensors=Column(first, [frame.sensor]),
             targets=Column(frame.targets, frame.target_names),
             metadata=metadata,
             power=frame.power,
@@ -207,6 +208,8 @@ def join_rows(
     cells: list[AnyStr] = [empty] * (width * rows)
     for at, column in enumerate(laid):
         cells[at::width] = column
+    if len(cuts) == 1:  # one text of every row (JSON Lines): no slice of the cells to copy
+        return [empty.join(cells)]
     texts: list[AnyStr] = []
     start = 0
     for count in cuts:
@@ -379,12 +382,12 @@ def _json_metadata(metadata: dict[str, Values] | list[dict[str, Any]]) -> list[P
         return [b"{}"]
     pieces: list[Piece[bytes]] = []
     for key, values in metadata.items():
-        pieces += [_json_key(key, first=not pieces), _json_values(values)]
+        pieces += [_json_key(key, not pieces), _json_values(values)]
     return [*pieces, b"}"]
 
 
 @lru_cache(maxsize=256)
-def _json_key(key: str, *, first: bool) -> bytes:
+def _json_key(key: str, first: bool) -> bytes:
     """A metadata key's text before its values, as a frame's columns write it: the same few
     keys (``scope``, ``socket``…) on every frame, so encoded once."""
     return (b"{" if first else b",") + _dumps(key) + b":"
