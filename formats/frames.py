@@ -70,7 +70,7 @@ def run_starts(*columns: IntArray) -> IntArray:
         np.not_equal(columns[0][1:], columns[0][:-1], out=change[1:])
         for column in columns[1:]:
             change[1:] |= column[1:] != column[:-1]
-    found: IntArray = np.flatnonzero(change)
+    found: IntArray = change.nonzero()[0]
     return found
 
 
@@ -115,10 +115,15 @@ class EventsTable:
         return self._each(lambda name: np.concatenate((getattr(self, name), getattr(later, name))))
 
     def where(self, mask: npt.NDArray[np.bool_]) -> EventsTable:
-        """The rows ``mask`` selects, in order."""
-        if bool(mask.all()):
+        """The rows ``mask`` selects, in order: views (as :meth:`rows`) where they are one run
+        of rows, as a report's rows mostly are, which spares copying every column."""
+        count = int(np.count_nonzero(mask))
+        if count == len(mask):
             return self
-        return self._each(lambda name: getattr(self, name)[mask])
+        chosen = np.flatnonzero(mask)
+        if count and int(chosen[-1]) - int(chosen[0]) == count - 1:
+            return self.rows(int(chosen[0]), int(chosen[-1]) + 1)
+        return self._each(lambda name: getattr(self, name)[chosen])
 
 
 ROW_COLUMNS = ("millis", "sensors", "targets", "sockets", "cpus", "values")
@@ -190,7 +195,7 @@ class HWPCFrame(Frame):
 
     kind: ClassVar[str] = HWPCReport.kind
 
-    __slots__ = ("canonical", "count", "memo", "names", "originals", "tables")
+    __slots__ = ("canonical", "count", "memo", "names", "originals", "sensor", "tables")
 
     def __init__(
         self,
@@ -200,6 +205,7 @@ class HWPCFrame(Frame):
         originals: dict[ReportKey, HWPCReport] | None = None,
         *,
         canonical: bool = False,
+        sensor: str | None = None,
     ):
         self.names = names
         """The texts the sensor and target codes stand for. Never changed once a frame has it:
@@ -220,6 +226,10 @@ class HWPCFrame(Frame):
         that a consumer may skip that check; ``False`` says nothing either way. The JSON inputs'
         decoder promises it: it places whole lines, each tick after the one before, each
         (tick, target) once, each socket's cpus together and each once."""
+        self.sensor = sensor
+        """The sensor of every row, where the frame's maker knows there is one (the JSON
+        inputs' decoder makes a frame per sensor), so that :meth:`sensors` need not look at
+        the rows: the router asks it of every frame. ``None`` says nothing either way."""
 
     @classmethod
     def from_reports(cls, reports: Sequence[HWPCReport]) -> tuple[HWPCFrame, list[HWPCReport]]:
@@ -260,12 +270,26 @@ class HWPCFrame(Frame):
         return self.count
 
     def sensors(self) -> list[str]:
-        """The sensors with rows in this frame, in code order."""
+        """The sensors with rows in this frame, in code order.
+
+        Worked out once per frame (kept in :attr:`memo`): the router asks it of every frame
+        for SmartWatts, :meth:`of_sensor` and the RAPL formula's parts again, and on a live
+        sensor's one-tick frame numpy's fixed cost per call is most of the work."""
+        found: list[str] | None = self.memo.get("sensors")
+        if found is None:
+            found = self.memo["sensors"] = self._sensors()
+        return list(found)
+
+    def _sensors(self) -> list[str]:
+        """:meth:`sensors`, worked out: mostly a frame of one sensor (an input's frame is),
+        which one comparison per table shows."""
         columns = [t.sensors for t in self.tables if len(t)]
         if not columns:
             return []
+        if self.sensor is not None:
+            return [self.sensor]
         first = int(columns[0][0])
-        if all(bool((column == first).all()) for column in columns):
+        if all(not np.count_nonzero(column != first) for column in columns):
             return [self.names[first]]
         codes = np.unique(np.concatenate(columns))
         return [self.names[code] for code in codes.tolist()]
@@ -273,7 +297,7 @@ class HWPCFrame(Frame):
     def of_sensor(self, sensor: str) -> HWPCFrame:
         """The frame's rows of one sensor (the frame itself when it holds no other)."""
         code = self.names.index(sensor)
-        if all(bool((t.sensors == code).all()) for t in self.tables):
+        if self.sensors() in ([sensor], []):
             return self
         return self._part([t.where(t.sensors == code) for t in self.tables])
 
@@ -304,7 +328,7 @@ class HWPCFrame(Frame):
         return self._part([t.where(np.isin(keys(t.millis, t.targets), wanted)) for t in tables])
 
     def _part(self, tables: list[EventsTable]) -> HWPCFrame:
-        return HWPCFrame(self.names, tables, None, self.originals)
+        return HWPCFrame(self.names, tables, None, self.originals, sensor=self.sensor)
 
     def value(self, table: EventsTable, row: int, column: int) -> int | float:
         """A counter as its report gave it: an integer stays one in a table of floats."""
@@ -345,7 +369,8 @@ class HWPCFrame(Frame):
         first = self._part(upto) if _has_rows(upto) else None
         if not _has_rows(later):
             return first, None
-        return first, HWPCFrame(self.names, later, None, self._originals_after(millis))
+        originals = self._originals_after(millis)
+        return first, HWPCFrame(self.names, later, None, originals, sensor=self.sensor)
 
     def _originals_after(self, millis: int) -> dict[ReportKey, HWPCReport] | None:
         """The reports this frame was made of that come after ``millis``: the later part's
@@ -377,7 +402,8 @@ class HWPCFrame(Frame):
         if later.originals is not None:
             originals = {**(originals or {}), **later.originals}
         count = None if self.count is None or later.count is None else self.count + later.count
-        return HWPCFrame(names, together, count, originals)
+        sensor = self.sensor if self.sensor == later.sensor else None
+        return HWPCFrame(names, together, count, originals, sensor=sensor)
 
     def _recoded(self, later: HWPCFrame) -> tuple[list[str], list[EventsTable], list[EventsTable]]:
         """Names for both frames' rows, and each frame's tables with codes into them.

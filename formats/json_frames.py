@@ -332,11 +332,12 @@ class _Batch:
         following.tick_rank = -1
         return following
 
-    def frame(self) -> HWPCFrame:
+    def frame(self, sensor: str) -> HWPCFrame:
+        """The frame of the batch's lines, all of ``sensor`` (a batch is one sensor's)."""
         if len(self.codes) != len(self.names):
             self.names = list(self.codes)
         tables = [rows.table(name) for name, rows in self.groups.items() if rows.line_rows]
-        return HWPCFrame(self.names, tables, self.reports, canonical=True)
+        return HWPCFrame(self.names, tables, self.reports, canonical=True, sensor=sensor)
 
 
 def decode_hwpc_frames(
@@ -457,7 +458,7 @@ def compiled_hwpc_frames(
     learned: dict[str, Layout] = {}
     sensor_ids, firsts = np.unique(columns.sensors, return_index=True)
     single = len(sensor_ids) == 1
-    for sensor_id in sensor_ids[np.argsort(firsts)].tolist():
+    for sensor_id in sensor_ids[firsts.argsort()].tolist():
         sensor = strings[sensor_id]
         made = columns.frame(sensor_id, known.get(sensor, _NO_LAYOUT), single)
         if made is None:
@@ -545,7 +546,7 @@ class _LineColumns:
         for group, (events, shape) in groups.items():
             if shape is not None:
                 tables.append(self._table(group, events, self.shapes[shape], sensor, codes, single))
-        frame = HWPCFrame(names, tables, len(lines), canonical=True)
+        frame = HWPCFrame(names, tables, len(lines), canonical=True, sensor=self.strings[sensor])
         learned = tuple((group, events) for group, (events, _) in groups.items())
         return frame, _remembered(learned, names, known)
 
@@ -560,7 +561,7 @@ class _LineColumns:
         }
         ranks = np.full(len(self.shapes), -1, dtype=np.int64)
         used, firsts = np.unique(shapes_of_groups, return_index=True)
-        for shape_index in used[np.argsort(firsts)].tolist():
+        for shape_index in used[firsts.argsort()].tolist():
             shape = self.shapes[shape_index]
             known = groups.get(shape.group)
             if known is not None and (known[0] != shape.events or known[1] is not None):
@@ -572,21 +573,26 @@ class _LineColumns:
     def _placed(self, lines: IntArray, lines_of_groups: IntArray, group_ranks: IntArray) -> bool:
         """Whether :class:`_Batch` places every line in one frame: each line's groups in the
         tables' order, ticks in order, one report per (tick, target), a tick's reports in the
-        order of their first group."""
+        order of their first group.
+
+        A live sensor's batch is a tick or so: each check is a call or two of numpy (counts
+        rather than ``any``, a sort rather than ``np.unique``), whose fixed cost is then most
+        of the work."""
         same_line = lines_of_groups[1:] == lines_of_groups[:-1]
-        if bool((group_ranks[1:][same_line] <= group_ranks[:-1][same_line]).any()):
+        if np.count_nonzero(group_ranks[1:][same_line] <= group_ranks[:-1][same_line]):
             return False
-        first_ranks = group_ranks[np.flatnonzero(np.concatenate(([True], ~same_line)))]
+        first_ranks = group_ranks[np.concatenate(([True], ~same_line))]
         millis = self.millis[lines]
-        steps = np.diff(millis)
-        if bool((steps < 0).any()):
+        steps = millis[1:] - millis[:-1]
+        if np.count_nonzero(steps < 0):
             return False
         same_tick = steps == 0
-        if bool((first_ranks[1:][same_tick] < first_ranks[:-1][same_tick]).any()):
+        if np.count_nonzero(first_ranks[1:][same_tick] < first_ranks[:-1][same_tick]):
             return False
-        ticks = np.concatenate(([0], np.cumsum(~same_tick)))
-        keys = ticks * len(self.strings) + self.targets[lines]
-        return len(np.unique(keys)) == len(keys)
+        ticks = np.zeros(len(millis), dtype=np.int64)
+        np.cumsum(~same_tick, out=ticks[1:])
+        keys = np.sort(ticks * len(self.strings) + self.targets[lines])
+        return not np.count_nonzero(keys[1:] == keys[:-1])
 
     def _names(self, lines: IntArray, layout: Layout) -> tuple[list[str], dict[str, int], IntArray]:
         """The frame's names: the layout's, then the sensor's and targets' new ones as they
@@ -595,7 +601,10 @@ class _LineColumns:
         known = layout.codes
         if known:  # mostly, every name is the layout's: no order to find
             table = np.array([known.get(text, -1) for text in self.strings], dtype=np.int64)
-            if (table[self.sensors[lines]] >= 0).all() and (table[self.targets[lines]] >= 0).all():
+            if not (
+                np.count_nonzero(table[self.sensors[lines]] < 0)
+                or np.count_nonzero(table[self.targets[lines]] < 0)
+            ):
                 return layout.names, known, table
         both = np.column_stack((self.sensors[lines], self.targets[lines])).ravel()
         ids, firsts = np.unique(both, return_index=True)
@@ -769,13 +778,13 @@ def _document_frames(
             try:
                 batch.add(document)
             except _Cut:
-                done.setdefault(document.sensor, []).append(batch.frame())
+                done.setdefault(document.sensor, []).append(batch.frame(document.sensor))
                 batch = sensors[document.sensor] = batch.next()
                 batch.add(document)
         frames = [
             frame
             for sensor, batch in sensors.items()
-            for frame in [*done.get(sensor, ()), batch.frame()]
+            for frame in [*done.get(sensor, ()), batch.frame(sensor)]
         ]
     except (_NotPlain, _Cut, KeyError):  # KeyError: a cpu lacking one of its group's events
         return None

@@ -16,9 +16,10 @@ module writes for the row PowerAPI's CSV output lays out (``str`` of each value,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, AnyStr, TypeAlias, cast
 
 import numpy as np
@@ -90,10 +91,11 @@ class ReportTable:
         metadata: dict[str, Values] | list[dict[str, Any]] = (
             dict(frame.metadata) if frame.report_metadata is None else frame.metadata_rows()
         )
+        first = np.zeros(rows, dtype=np.int64)  # every row's code into one value (never changed)
         return cls(
-            kinds=Column(np.zeros(rows, dtype=np.int64), [PowerReport.kind]),
+            kinds=Column(first, [PowerReport.kind]),
             timestamps=Column(tick_codes, ticks.tolist()),
-            sensors=Column(np.zeros(rows, dtype=np.int64), [frame.sensor]),
+            sensors=Column(first, [frame.sensor]),
             targets=Column(frame.targets, frame.target_names),
             metadata=metadata,
             power=frame.power,
@@ -157,14 +159,16 @@ def coded(values: list[Any]) -> Column:
 
 def _ticks(millis: IntArray) -> tuple[IntArray, IntArray]:
     """A frame's distinct timestamps and each row's code into them: without a sort when they
-    go forward, as formulas write them."""
-    if not len(millis) or bool((millis[1:] < millis[:-1]).any()):
-        ticks, codes = np.unique(millis, return_inverse=True)
-        return ticks, codes.reshape(-1)
+    go forward, as formulas write them (a live sensor's frame is one tick: a few numpy calls,
+    each costing more than its rows)."""
+    if not len(millis) or np.count_nonzero(millis[1:] < millis[:-1]):
+        ticks, inverse = np.unique(millis, return_inverse=True)
+        return ticks, inverse.reshape(-1)
     new = np.empty(len(millis), dtype=np.bool_)
     new[0] = True
     np.not_equal(millis[1:], millis[:-1], out=new[1:])
-    return millis[new], np.cumsum(new) - 1
+    codes: IntArray = new.cumsum() - 1
+    return millis[new], codes
 
 
 def _taken(values: Any, rows: IntArray) -> Any:
@@ -182,10 +186,11 @@ def _taken(values: Any, rows: IntArray) -> Any:
 # --- Rows of text -----------------------------------------------------------------------------
 
 
-FEW_ROWS = 64
-"""Up to this many rows, texts are picked and laid side by side row by row in Python: numpy's
-fixed cost per call (tens of them per table) is then more than the rows' own work. A live
-sensor's tick is a table of a few dozen rows."""
+FEW_ROWS = 256
+"""Up to this many rows, texts are picked in Python and columns are not merged with one another
+(each is joined with its constants only): numpy's fixed cost per call (tens of them to merge
+columns) is then more than the rows' own work. A live sensor's tick is a table of a few dozen
+rows, a few ticks of it a few hundred."""
 
 
 def join_rows(
@@ -198,11 +203,13 @@ def join_rows(
     occurs written once, as long as the combinations stay few beside the rows; then every
     piece is laid into one list a piece at a time, and each cut joined in one call.
     """
-    laid = list(_merged(pieces, rows, empty))
+    laid = _merged(pieces, rows, empty)
     width = len(laid)
     cells: list[AnyStr] = [empty] * (width * rows)
     for at, column in enumerate(laid):
         cells[at::width] = column
+    if len(cuts) == 1:  # one text of every row (JSON Lines): no slice of the cells to copy
+        return [empty.join(cells)]
     texts: list[AnyStr] = []
     start = 0
     for count in cuts:
@@ -211,47 +218,54 @@ def join_rows(
     return texts
 
 
-def _merged(pieces: Sequence[Piece[AnyStr]], rows: int, empty: AnyStr) -> Iterator[list[AnyStr]]:
-    """Each row's text of each piece left once neighbouring pieces of few texts are merged."""
-    limit = max(rows // 4, 1)
+def _merged(pieces: Sequence[Piece[AnyStr]], rows: int, empty: AnyStr) -> list[list[AnyStr]]:
+    """Each row's text of each piece left once neighbouring pieces of few texts are merged.
+
+    A column of one text (a frame's one tick, its sensor) is that text on every row: merged
+    like any other constant, it costs nothing per row. Constants are gathered as they come
+    and joined once, with the column they precede where there is one."""
+    limit = 1 if rows <= FEW_ROWS else rows // 4
+    laid: list[list[AnyStr]] = []
     run: list[AnyStr | Column] = []
     size = 1
     for piece in pieces:
-        if isinstance(piece, list):
-            if run:
-                yield _run_texts(run, rows, empty)
-                run, size = [], 1
-            yield piece
-            continue
         if isinstance(piece, Column):
-            if size > 1 and size * len(piece.values) > limit:
-                yield _run_texts(run, rows, empty)
+            values = piece.values
+            if len(values) == 1:
+                run.append(values[0])
+                continue
+            if size > 1 and size * len(values) > limit:
+                laid.append(_run_texts(run, rows, empty))
                 run, size = [], 1
-            size *= max(len(piece.values), 1)
-        run.append(piece)
+            size *= max(len(values), 1)
+            run.append(piece)
+        elif isinstance(piece, list):
+            if run:
+                laid.append(_run_texts(run, rows, empty))
+                run, size = [], 1
+            laid.append(piece)
+        else:
+            run.append(piece)
     if run:
-        yield _run_texts(run, rows, empty)
+        laid.append(_run_texts(run, rows, empty))
+    return laid
 
 
 def _run_texts(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[AnyStr]:
-    """Each row's text of pieces laid side by side: constants, and columns of few texts."""
-    coded = [piece for piece in run if isinstance(piece, Column)]
+    """Each row's text of pieces laid side by side: constants, and columns of few texts.
+
+    With one column among constants, each of its texts is joined with them once, then picked
+    for every row: work per distinct text, not per row and piece."""
+    coded = [at for at, piece in enumerate(run) if isinstance(piece, Column)]
     if not coded:
-        return [empty.join(cast(list[AnyStr], run))] * rows
-    if len(run) == 1:
-        return _pick(coded[0].values, coded[0].codes)
-    if rows <= FEW_ROWS:
-        return _texts_row_by_row(run, rows, empty)
-    return _texts_by_combination(run, coded, empty)
-
-
-def _texts_row_by_row(run: list[AnyStr | Column], rows: int, empty: AnyStr) -> list[AnyStr]:
-    """Few rows: each row's texts picked and joined in Python, cheaper than numpy's calls."""
-    cells = [
-        _pick(piece.values, piece.codes) if isinstance(piece, Column) else [piece] * rows
-        for piece in run
-    ]
-    return [empty.join(row) for row in zip(*cells, strict=True)]
+        return [empty.join(cast("list[AnyStr]", run))] * rows
+    if len(coded) == 1:
+        at = coded[0]
+        column = cast(Column, run[at])
+        before = empty.join(cast("list[AnyStr]", run[:at]))
+        after = empty.join(cast("list[AnyStr]", run[at + 1 :]))
+        return _pick([before + text + after for text in column.values], column.codes)
+    return _texts_by_combination(run, [cast(Column, run[at]) for at in coded], empty)
 
 
 def _texts_by_combination(
@@ -347,7 +361,11 @@ def _json_timestamp(timestamp: datetime) -> bytes:
     return orjson.dumps(powerapi.format_timestamp(timestamp))
 
 
+@lru_cache(maxsize=1024)
 def _json_millis(millis: int) -> bytes:
+    """A tick's timestamp as JSON, kept for the next frames of the tick: each formula's frame
+    of a live sensor's tick writes the same one, and formatting a datetime costs more than
+    the rest of a small frame's columns."""
     return _json_timestamp(powerapi.datetime_of(millis))
 
 
@@ -364,8 +382,15 @@ def _json_metadata(metadata: dict[str, Values] | list[dict[str, Any]]) -> list[P
         return [b"{}"]
     pieces: list[Piece[bytes]] = []
     for key, values in metadata.items():
-        pieces += [(b"," if pieces else b"{") + _dumps(key) + b":", _json_values(values)]
+        pieces += [_json_key(key, not pieces), _json_values(values)]
     return [*pieces, b"}"]
+
+
+@lru_cache(maxsize=256)
+def _json_key(key: str, first: bool) -> bytes:
+    """A metadata key's text before its values, as a frame's columns write it: the same few
+    keys (``scope``, ``socket``…) on every frame, so encoded once."""
+    return (b"{" if first else b",") + _dumps(key) + b":"
 
 
 _SCALARS = {float, int, bool, type(None)}

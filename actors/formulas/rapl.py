@@ -12,6 +12,8 @@ late). The first tick of a sensor only sets the start of the first interval.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from functools import lru_cache
+from itertools import accumulate
 from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
@@ -30,6 +32,7 @@ from wattflow.formats.frames import (
     HWPCFrame,
     IntArray,
     PowerFrame,
+    run_starts,
 )
 from wattflow.formats.powerapi import datetime_of
 from wattflow.formats.reports import HWPCReport, Report, to_millis
@@ -104,101 +107,124 @@ def _global_parts(frame: HWPCFrame) -> list[tuple[Hashable, Frame]] | None:
     when a target has RAPL rows or a global report has no RAPL energy (the frame then goes
     report by report, where such reports are told apart).
 
-    The router asks this of every frame: each table's global rows are found once, by
-    comparing the target column with the global targets' codes (one, mostly)."""
+    The router asks this of every frame, and a live sensor's frame is one tick: numpy's fixed
+    cost per call is then most of the work. So each step is a call or two on the frame's
+    columns end to end (every table's rows one after the other), each table's part of them a
+    slice, rather than a few calls per table."""
     tables = {table.group: table for table in frame.tables}
     rapl = tables.get("rapl")
-    codes = [code for code, name in enumerate(frame.names) if name in GLOBAL_TARGETS]
-    global_rows = [_among(table.targets, codes) for table in frame.tables]
+    names = frame.names
+    codes = [names.index(name) for name in GLOBAL_TARGETS if name in names]  # names are unique
+    targets = np.concatenate([np.empty(0, dtype=np.int64), *(t.targets for t in frame.tables)])
+    is_global = _among(targets, codes)
     if rapl is None:
-        if not any(bool(rows.any()) for rows in global_rows):
-            return []  # only targets' reports, none of them the formula's
-        return None
+        if np.count_nonzero(is_global):
+            return None
+        return []  # only targets' reports, none of them the formula's
     if len(tables) != len(frame.tables):
         return None
-    reports = _global_report_count(frame, rapl, global_rows)
+    stops = list(accumulate(len(table) for table in frame.tables))
+    global_rows = [
+        is_global[stop - len(table) : stop] for table, stop in zip(frame.tables, stops, strict=True)
+    ]
+    reports = _global_report_count(frame, rapl, targets, is_global, stops, codes)
     if reports is None:
         return None
     return _sensor_parts(frame, reports, global_rows)
 
 
 def _among(values: IntArray, codes: list[int]) -> npt.NDArray[np.bool_]:
-    """Where ``values`` is one of ``codes``."""
-    if len(codes) == 1:
-        found: npt.NDArray[np.bool_] = values == codes[0]
-        return found
-    return np.isin(values, codes)
+    """Where ``values`` is one of ``codes`` (the global targets' codes: one or two, for which
+    comparisons cost less than ``np.isin``)."""
+    if not codes:
+        return np.zeros(len(values), dtype=np.bool_)
+    found: npt.NDArray[np.bool_] = values == codes[0]
+    for code in codes[1:]:
+        found |= values == code
+    return found
 
 
 def _global_report_count(
-    frame: HWPCFrame, rapl: EventsTable, global_rows: list[npt.NDArray[np.bool_]]
+    frame: HWPCFrame,
+    rapl: EventsTable,
+    targets: IntArray,
+    is_global: npt.NDArray[np.bool_],
+    stops: list[int],
+    codes: list[int],
 ) -> int | None:
     """How many global reports a frame holds, when every one of them has RAPL energy and no
-    target has RAPL rows; else ``None``. ``global_rows`` are each table's global rows."""
+    target has RAPL rows; else ``None``. ``targets`` and ``is_global`` are the target of every
+    row of the frame's tables end to end and whether it is global, ``stops`` where each
+    table's rows end among them, ``codes`` the global targets' codes.
+
+    One key per row, its report's: the RAPL rows' keys are among the global rows' keys, so
+    the global reports all have RAPL energy exactly when both hold as many distinct keys."""
+    stop = stops[frame.tables.index(rapl)]
+    start = stop - len(rapl)
+    if np.count_nonzero(is_global[start:stop]) != stop - start:
+        return None  # a target's RAPL rows
+    keys = _report_keys(frame, targets, several_targets=len(codes) > 1)
+    in_rapl = _distinct(keys[start:stop])
+    if _distinct(keys[is_global]) != in_rapl:
+        return None  # a global report without RAPL energy
+    return in_rapl
+
+
+def _report_keys(frame: HWPCFrame, targets: IntArray, *, several_targets: bool) -> IntArray:
+    """One number per row of the frame's tables, end to end (``targets``: their targets),
+    that tells one global report from another: its tick (ms after the first one, or, for
+    ticks spread over centuries with many names, its place among the frame's ticks, so that
+    no key wraps around 64 bits), sensor and target (``several_targets``: whether global
+    rows may have more than one).
+
+    What does not vary among global rows is left out: the sensor of a frame of one sensor (an
+    input's frame is), the target where one name is global. Then a global report is its tick
+    and its key the tick's milliseconds, as they are."""
+    millis: IntArray = np.concatenate(
+        [np.empty(0, dtype=np.int64), *(t.millis for t in frame.tables)]
+    )
+    several_sensors = len(frame.sensors()) > 1
+    if not len(millis) or not (several_sensors or several_targets):
+        return millis
     width = len(frame.names)
-    first, ticks = _key_ticks(frame, width)
-    in_rapl: IntArray | None = None
-    for table, rows in zip(frame.tables, global_rows, strict=True):
-        if table is rapl:
-            if not bool(rows.all()):
-                return None  # a target's RAPL rows
-            in_rapl = _report_keys(rapl, None, first, width, ticks)
-    assert in_rapl is not None
-    for table, rows in zip(frame.tables, global_rows, strict=True):
-        if table is not rapl and not _within(
-            _report_keys(table, rows, first, width, ticks), in_rapl
-        ):
-            return None  # a global report without RAPL energy
-    return len(in_rapl)
-
-
-def _key_ticks(frame: HWPCFrame, width: int) -> tuple[int, npt.NDArray[np.int64] | None]:
-    """The first tick's milliseconds, from which :func:`_report_keys` counts; and, for ticks
-    spread over centuries with many names, the frame's ticks, so that each is keyed by its
-    place among them (fewer than its rows) and the keys cannot wrap around 64 bits."""
-    first = min((int(table.millis.min()) for table in frame.tables if len(table)), default=0)
-    last = max((int(table.millis.max()) for table in frame.tables if len(table)), default=0)
+    first, last = int(np.minimum.reduce(millis)), int(np.maximum.reduce(millis))
     if (last - first + 1) * width * width < 2**63:
-        return first, None
-    return first, np.unique(np.concatenate([table.millis for table in frame.tables]))
-
-
-def _within(keys: IntArray, known: IntArray) -> bool:
-    """Whether every key (sorted, unique) is among the ``known`` ones (sorted, unique)."""
-    if np.array_equal(keys, known):
-        return True  # the usual case: the same reports in every group
-    return len(keys) < len(known) and bool(np.isin(keys, known, assume_unique=True).all())
-
-
-def _report_keys(
-    table: EventsTable,
-    chosen: npt.NDArray[np.bool_] | None,
-    first: int,
-    width: int,
-    ticks: npt.NDArray[np.int64] | None = None,
-) -> IntArray:
-    """One number per report among a table's ``chosen`` rows (``None``: all of them), sorted:
-    its tick (ms after ``first``, or its place in ``ticks`` when given), sensor and target,
-    ``width`` being the number of names the codes index. The caller gives ``ticks`` where the
-    milliseconds times ``width`` squared could pass 2**63."""
-    millis, sensors, targets = table.millis, table.sensors, table.targets
-    if chosen is not None:
-        millis, sensors, targets = millis[chosen], sensors[chosen], targets[chosen]
-    places = millis - first if ticks is None else np.searchsorted(ticks, millis)
-    keys: IntArray = np.unique((places * width + sensors) * width + targets)
+        places = millis - first
+    else:
+        places = np.searchsorted(np.unique(millis), millis)
+    if several_sensors:
+        places = places * width + np.concatenate([t.sensors for t in frame.tables])
+    keys: IntArray = places * width + targets
     return keys
+
+
+def _distinct(keys: IntArray) -> int:
+    """How many distinct keys there are (a sort and a comparison: ``np.unique`` costs more on a
+    few keys)."""
+    if not len(keys):
+        return 0
+    ordered = np.sort(keys)
+    return 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1]))
 
 
 def _sensor_parts(
     frame: HWPCFrame, reports: int, global_rows: list[npt.NDArray[np.bool_]]
 ) -> list[tuple[Hashable, Frame]]:
     """A frame's global reports, one part per sensor; ``reports`` is their count, kept on a
-    frame of a single sensor."""
+    frame of a single sensor.
+
+    The global rows of a frame of one sensor (an input's frame is) are that sensor's, when
+    there are any: the frame's sensors, which the router already asked for, say so."""
+    if not reports:
+        return []
     tables = [table.where(rows) for table, rows in zip(frame.tables, global_rows, strict=True)]
-    only_global = HWPCFrame(frame.names, tables, None, frame.originals)
-    sensors = only_global.sensors()
+    only_global = HWPCFrame(frame.names, tables, None, frame.originals, sensor=frame.sensor)
+    sensors = frame.sensors()
+    if len(sensors) != 1:
+        sensors = only_global.sensors()
     if len(sensors) == 1:
-        return [(sensors[0], HWPCFrame(only_global.names, only_global.tables, reports))]
+        part = HWPCFrame(only_global.names, only_global.tables, reports, sensor=sensors[0])
+        return [(sensors[0], part)]
     return [(sensor, only_global.of_sensor(sensor)) for sensor in sensors]
 
 
@@ -227,65 +253,137 @@ class Energy(NamedTuple):
     """Each entry's event, a code into ``events``."""
     events: list[str]
     value: FloatArray
+    socket: IntArray
+    """Each entry's socket, as its row gives it."""
+    target: IntArray
+    """Each entry's target (a code into the frame's names), as its row gives it."""
 
 
-def rapl_energy(tables: list[EventsTable], ticks: IntArray) -> Energy:
+def rapl_energy(tables: list[EventsTable], places: IntArray) -> Energy:
     """Each tick's energy per table, socket and RAPL event: from the first cpu giving the event,
-    as every cpu of a socket repeats it. ``ticks``: the frame's ticks in the order they came."""
-    events = list(
-        dict.fromkeys(e for t in tables for e in t.events if e.startswith(RAPL_EVENT_PREFIX))
-    )
-    sorter = np.argsort(ticks)
-    parts = [(*(np.empty(0, dtype=np.int64) for _ in range(6)), np.empty(0))]
-    for at, table in enumerate(tables):
-        tick = sorter[np.searchsorted(ticks, table.millis, sorter=sorter)]
-        # Ticks are fewer than the frame's rows and sockets below SOCKET_LIMIT (2**16, which
-        # every input keeps): the slot stays far below 2**63.
-        slot = tick * (int(table.sockets.max(initial=0)) + 1) + table.sockets
-        unique, first = np.unique(slot, return_index=True)
-        slot_first = first[np.searchsorted(unique, slot)]
-        for column, event in enumerate(table.events):
-            if event.startswith(RAPL_EVENT_PREFIX):
-                values = table.values[:, column].astype(np.float64)
-                given = np.flatnonzero(~np.isnan(values))
-                rows = given[np.unique(slot[given], return_index=True)[1]]
-                parts.append(
-                    (
-                        *(np.full(len(rows), n) for n in (at, column, events.index(event))),
-                        tick[rows],
-                        slot_first[rows],
-                        rows,
-                        values[rows],
-                    )
-                )
-    table_at, columns, code, tick, first, rows, value = [
-        np.concatenate(c) for c in zip(*parts, strict=True)
+    as every cpu of a socket repeats it. ``places``: each row's tick, its place among the
+    frame's ticks in the order they came, for every table's rows end to end (:func:`_arrival`).
+
+    A live sensor's tick is a few rows, where numpy's fixed cost per call, not the rows, is
+    the work: each table gives its entries as one matrix (:func:`_table_energy`), put in
+    order with one sort."""
+    events = list(dict.fromkeys(t.events[c] for t in tables for c in rapl_columns(t.events)))
+    stops = accumulate(len(table) for table in tables)
+    parts = [
+        _table_energy(at, table, places[stop - len(table) : stop], events)
+        for at, (table, stop) in enumerate(zip(tables, stops, strict=True))
+        if len(table)
     ]
-    order = np.lexsort((columns, first, table_at, tick))
+    if not parts:
+        entries, value = np.empty((len(_ENTRY_FIELDS), 0), dtype=np.int64), np.empty(0)
+    elif len(parts) == 1:  # mostly: hwpc-sensor's one rapl group
+        entries, value = parts[0]
+    else:
+        entries = np.concatenate([part[0] for part in parts], axis=1)
+        value = np.concatenate([part[1] for part in parts])
+    order = np.lexsort((entries[1], entries[4], entries[0], entries[3]))
+    ordered = entries[:, order]
     return Energy(
-        tick[order], table_at[order], rows[order], columns[order], code[order], events, value[order]
+        ordered[3],
+        ordered[0],
+        ordered[5],
+        ordered[1],
+        ordered[2],
+        events,
+        value[order],
+        ordered[6],
+        ordered[7],
     )
+
+
+_ENTRY_FIELDS = ("table", "column", "event", "tick", "slot's first row", "row", "socket", "target")
+"""The rows of :func:`_table_energy`'s matrix, each entry's."""
+
+
+def _table_energy(
+    at: int, table: EventsTable, tick: IntArray, events: list[str]
+) -> tuple[IntArray, FloatArray]:
+    """A table's (``at``: its place; ``tick``: each row's) RAPL energy, every RAPL event at
+    once, unordered: a matrix of :data:`_ENTRY_FIELDS` rows, a column per entry, and each
+    entry's value.
+
+    The rows are put in order of their slot (tick and socket), the table's order kept within
+    one; then each slot's first row giving each event is the least of its rows' positions
+    where that event is not NaN."""
+    columns = list(rapl_columns(table.events))
+    event_columns = _event_columns(table.events, tuple(events))
+    order = np.lexsort((table.sockets, tick))  # a stable sort: the table's order within a slot
+    starts = run_starts(tick[order], table.sockets[order])
+    values = table.values[order[:, None], columns]  # as the table holds them, in slot order
+    count = len(order)
+    position = np.where(np.isnan(values), count, np.arange(count)[:, None])
+    found = np.minimum.reduceat(position, starts, axis=0)  # slots × events
+    slot_at, event_at = (found < count).nonzero()
+    taken = found[slot_at, event_at]
+    entries = np.empty((len(_ENTRY_FIELDS), len(taken)), dtype=np.int64)
+    entries[0] = at
+    entries[1:3] = event_columns[:, event_at]
+    rows = entries[5] = order[taken]
+    entries[3] = tick[rows]
+    entries[4] = order[starts[slot_at]]
+    entries[6] = table.sockets[rows]
+    entries[7] = table.targets[rows]
+    return entries, values[taken, event_at].astype(np.float64)
+
+
+@lru_cache(maxsize=1024)
+def rapl_columns(events: tuple[str, ...]) -> tuple[int, ...]:
+    """The columns of a table with these events that hold RAPL energy: worked out once per
+    group's events (a sensor's tables keep theirs, tick after tick), not on every frame."""
+    return tuple(c for c, event in enumerate(events) if event.startswith(RAPL_EVENT_PREFIX))
+
+
+@lru_cache(maxsize=1024)
+def _event_columns(events: tuple[str, ...], rapl_events: tuple[str, ...]) -> IntArray:
+    """For a table with ``events``, each RAPL column and its event's code among
+    ``rapl_events`` (the frame's), as two rows: the same for every tick of a sensor. Never
+    changed by its callers, which only index it."""
+    columns = rapl_columns(events)
+    found: IntArray = np.array(
+        [columns, [rapl_events.index(events[c]) for c in columns]], dtype=np.int64
+    ).reshape(2, len(columns))
+    return found
 
 
 def _rapl_tables(frame: HWPCFrame) -> list[EventsTable]:
     """The tables of a frame that hold RAPL energy (``rapl``, or named after a CSV file)."""
-    return [t for t in frame.tables if any(e.startswith(RAPL_EVENT_PREFIX) for e in t.events)]
+    return [t for t in frame.tables if rapl_columns(t.events)]
 
 
-def _arrival(tables: list[EventsTable]) -> IntArray:
-    """The ticks of the tables' rows, in the order they first come."""
-    millis = np.concatenate([np.empty(0, dtype=np.int64), *(t.millis for t in tables)])
-    ticks, first = np.unique(millis, return_index=True)
-    arrival: IntArray = ticks[np.argsort(first)]
-    return arrival
+def _arrival(tables: list[EventsTable]) -> tuple[IntArray, IntArray]:
+    """The ticks of the tables' rows, in the order they first come, and each row's place among
+    them (every table's rows end to end). Rows whose ticks go forward, as every input gives
+    them, need no sort: a tick starts where the milliseconds change."""
+    millis = (
+        tables[0].millis  # mostly: hwpc-sensor's one rapl group, its rows as they are
+        if len(tables) == 1
+        else np.concatenate([np.empty(0, dtype=np.int64), *(t.millis for t in tables)])
+    )
+    if not np.count_nonzero(millis[1:] < millis[:-1]):
+        new = np.empty(len(millis), dtype=np.bool_)
+        new[:1] = True
+        np.not_equal(millis[1:], millis[:-1], out=new[1:])
+        places: IntArray = new.cumsum()
+        places -= 1
+        return millis[new], places
+    ticks, first, inverse = np.unique(millis, return_index=True, return_inverse=True)
+    rank = first.argsort()
+    place = np.empty(len(rank), dtype=np.int64)
+    place[rank] = np.arange(len(rank))
+    return ticks[rank], place[inverse.reshape(-1)]
 
 
 def tick_energy(frame: HWPCFrame) -> tuple[list[EventsTable], IntArray, Energy]:
     """A frame's tables that hold RAPL energy, its ticks in the order they came, and their
     energy (:func:`rapl_energy`): what the RAPL and node formulas read of a frame."""
     tables = _rapl_tables(frame)
-    ticks = _arrival(tables)
-    return tables, ticks, rapl_energy(tables, ticks)
+    ticks, places = _arrival(tables)
+    return tables, ticks, rapl_energy(tables, places)
 
 
 def frame_of_global_reports(reports: list[Report], out: Output) -> HWPCFrame | None:
@@ -362,9 +460,7 @@ class RaplFormula(Formula[RaplConfig]):
     def _estimate(self, frame: HWPCFrame, out: Output) -> None:
         """Each tick's interval in turn, then the power of every tick that has one."""
         tables, ticks, energy = tick_energy(frame)
-        negative = np.flatnonzero(energy.value < 0)
-        ticks_with, first = np.unique(energy.tick[negative], return_index=True)
-        first_negative = dict(zip(ticks_with.tolist(), negative[first].tolist(), strict=True))
+        first_negative = _first_negative(energy)
         intervals = np.full(len(ticks), np.nan)
         for at, millis in enumerate(ticks.tolist()):
             mark = out.mark()
@@ -425,22 +521,29 @@ class RaplFormula(Formula[RaplConfig]):
     ) -> None:
         """The ``rapl`` PowerReports of every tick with an interval: one per socket and
         event, with SmartWatts' metadata."""
-        kept = ~np.isnan(intervals[energy.tick])
-        if not bool(kept.any()):
+        seconds = intervals[energy.tick]
+        kept = ~np.isnan(seconds)
+        count = int(np.count_nonzero(kept))
+        if not count:
             return
-        tick, row, table_at, event = (
-            energy.tick[kept],
-            energy.row[kept],
-            energy.table[kept],
-            energy.event[kept],
+        value, tick, sockets, targets, event = (
+            energy.value,
+            energy.tick,
+            energy.socket,
+            energy.target,
+            energy.event,
         )
-        sockets = np.empty(len(row), dtype=np.int64)
-        targets = np.empty(len(row), dtype=np.int64)
-        for at, table in enumerate(tables):
-            mine = table_at == at
-            sockets[mine] = table.sockets[row[mine]]
-            targets[mine] = table.targets[row[mine]]
-        socket_ids, socket_codes = np.unique(sockets, return_inverse=True)
+        if count < len(kept):
+            value, tick, sockets, targets, event, seconds = (
+                value[kept],
+                tick[kept],
+                sockets[kept],
+                targets[kept],
+                event[kept],
+                seconds[kept],
+            )
+        socket_ids = np.unique(sockets)
+        socket_codes = socket_ids.searchsorted(sockets)
         domains = [e[len(RAPL_EVENT_PREFIX) :] for e in energy.events]
         millis = ticks[tick]
         sensor = frame.names[int(tables[0].sensors[0])]
@@ -448,20 +551,28 @@ class RaplFormula(Formula[RaplConfig]):
             PowerFrame(
                 sensor=sensor,
                 millis=millis,
-                targets=np.zeros(len(row), dtype=np.int64),
+                targets=np.zeros(count, dtype=np.int64),
                 target_names=["rapl"],
-                power=energy.value[kept] * RAPL_UNIT_J / intervals[tick],
+                power=value * RAPL_UNIT_J / seconds,
                 metadata={
                     "scope": Column(event, [SCOPE_OF_DOMAIN.get(d, d.lower()) for d in domains]),
-                    "socket": Column(
-                        socket_codes.reshape(-1), [str(s) for s in socket_ids.tolist()]
-                    ),
+                    "socket": Column(socket_codes, [str(s) for s in socket_ids.tolist()]),
                     "formula": Column(event, list(energy.events)),
-                    "ratio": np.ones(len(row)),
+                    "ratio": np.ones(count),
                 },
                 report_metadata=frame.report_metadata(sensor, millis, targets),
             )
         )
+
+
+def _first_negative(energy: Energy) -> dict[int, int]:
+    """The first entry of negative energy of each tick that has one, by tick: mostly none,
+    which one comparison tells."""
+    negative = (energy.value < 0).nonzero()[0]
+    if not len(negative):
+        return {}
+    ticks_with, first = np.unique(energy.tick[negative], return_index=True)
+    return dict(zip(ticks_with.tolist(), negative[first].tolist(), strict=True))
 
 
 def _negative(frame: HWPCFrame, tables: list[EventsTable], energy: Energy, entry: int) -> str:
