@@ -7,13 +7,15 @@ import os
 import subprocess
 import time
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from bson import ObjectId
 from pymongo import MongoClient
 
+from wattflow.actors.pushers import mongodb as mongodb_pusher
 from wattflow.actors.pushers.influxdb import query
 from wattflow.actors.pushers.mongodb import MongoDBPusher, MongoDBPusherConfig, document_id
 from wattflow.formats import jsonl, powerapi
@@ -141,6 +143,44 @@ def test_report_ids_tell_apart_everything_that_identifies_a_report() -> None:
     assert document_id(same) == document_id(base)
 
 
+def test_report_ids_keep_time_order_within_a_second() -> None:
+    """The input reads in ``_id`` order: ticks of one second (a sensor ticking a few ms early,
+    or ``--frequency`` under 1,000 ms) must come back in their time order."""
+    base = power_reports(1)[0]
+    reports = [
+        base.model_copy(update={"timestamp": base.timestamp + timedelta(milliseconds=ms)})
+        for ms in (999, 0, 250, 1, 998, 500, 1000, 1999)
+    ]
+    by_id = sorted(reports, key=document_id)
+    assert [r.timestamp for r in by_id] == sorted(r.timestamp for r in reports)
+    assert all(
+        document_id(r).generation_time == r.timestamp.replace(microsecond=0) for r in reports
+    )
+
+
+def test_reports_whose_ids_hash_alike_are_each_written_once(
+    mongodb_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one byte of hash, a hundred reports of one millisecond share ids: each is still
+    written, once, however often its batch is written again, recomputed or not."""
+    monkeypatch.setattr(mongodb_pusher, "ID_HASH_BYTES", 1)
+    base = power_reports(1)[0]
+    reports: list[Report] = [
+        base.model_copy(update={"target": f"container-{n}"}) for n in range(100)
+    ]
+    assert len({document_id(r) for r in reports}) < 100, "the test needs ids that collide"
+    config = MongoDBPusherConfig(
+        type="mongodb", uri=mongodb_uri(mongodb_server), db="powerapi", collection="alike"
+    )
+    pusher = MongoDBPusher(config)
+    recomputed: list[Report] = [r.model_copy(update={"power": 1.0}) for r in reversed(reports)]
+    assert write_with_pusher(pusher, [reports[:60], reports, recomputed]) == []
+    assert pusher.duplicates == 60 + 100
+    stored = list(client_of(mongodb_server)["powerapi"]["alike"].find())
+    assert sorted(d["target"] for d in stored) == sorted(r.target for r in reports)
+    assert {d["power"] for d in stored} == {base.power}, "the first write stands"
+
+
 def test_the_output_waits_for_a_server_that_is_down_at_start(tmp_path: Path) -> None:
     port = free_port()
     server = ServerProcess(
@@ -206,6 +246,40 @@ def test_the_input_reads_hwpc_sensor_documents_and_leaves_them(
     assert len(expected) >= 4
     assert sorted((tmp_path / "b.jsonl").read_text().splitlines()) == sorted(expected)
     assert collection.count_documents({}) == len(documents), "the input is never consumed"
+
+
+def test_ticks_under_a_second_apart_come_back_in_order(
+    mongodb_server: ServerProcess, tmp_path: Path
+) -> None:
+    """hwpc-sensor's reports of four ticks a second, written by the output and read back by
+    the input, make what the file makes: before ``_id`` held the millisecond, a second's
+    ticks came back in hash order, and the RAPL formula refused the earlier ones as late."""
+    reports = reports_of(workload(24))
+    first = reports[0].timestamp
+    quarter = [
+        r.model_copy(update={"timestamp": first + (r.timestamp - first) / 4}) for r in reports
+    ]
+    recorded = tmp_path / "hwpc.jsonl"
+    recorded.write_text("".join(powerapi.encode_json(r) + "\n" for r in quarter))
+    uri = mongodb_uri(mongodb_server)
+    written = wattflow(
+        "run", "--input", "jsonl", "--files", str(recorded),
+        "--output", "mongodb", "-u", uri, "-d", "powerapi", "-c", "quarter",
+        "--model", "HWPCReport",
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    period = ("--sensor-reports-frequency", "250")
+    from_file = run_rapl(*period, "--input", "jsonl", "--files", str(recorded), out=tmp_path / "a")
+    from_mongodb = run_rapl(
+        *period, "--input", "mongodb", "-u", uri, "-d", "powerapi", "-c", "quarter",
+        out=tmp_path / "b",
+    )  # fmt: skip
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_mongodb.returncode == 0, from_mongodb.stderr
+    assert "dead letter" not in from_mongodb.stderr
+    expected = (tmp_path / "a").read_text().splitlines()
+    assert len(expected) == 23  # one per tick after the first, which only starts an interval
+    assert sorted((tmp_path / "b").read_text().splitlines()) == sorted(expected)
 
 
 def test_a_bad_document_is_a_dead_letter_and_the_rest_goes_through(

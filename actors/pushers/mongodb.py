@@ -2,12 +2,14 @@
 
 Documents are what PowerAPI writes (``timestamp`` as a BSON date, ``sensor``, ``target``,
 ``metadata``, and the payload such as ``power``), with one addition: a deterministic ``_id``.
-It is an ObjectId whose first four bytes are the report's time (so ``_id`` order is time order,
-as with the ids MongoDB makes) and whose last eight are a hash of what identifies the report:
-its kind, time, sensor, target, and the scope, socket and device it is for. Writing a batch
-again, after a timeout that hid whether the first attempt landed, or after the service
+It is an ObjectId whose first six bytes are the report's time (its seconds, as in the ids
+MongoDB makes, then its millisecond in that second: ``_id`` order is time order to the
+millisecond, as the ``mongodb`` input reads it) and whose last six hash what identifies the
+report: its kind, time, sensor, target, and the scope, socket and device it is for. Writing a
+batch again, after a timeout that hid whether the first attempt landed, or after the service
 restarted and read its input again, adds nothing: the duplicates are refused by the ``_id``
-index and counted as already written.
+index and counted as already written; a report whose id another report holds (the hashes of
+one millisecond's reports alike) takes its next id.
 
 Inserts are unordered, so one refused document does not hold back the rest of its batch.
 The collection gets an index on (sensor, target, timestamp), the query every dashboard makes.
@@ -33,6 +35,7 @@ from wattflow.actors.pullers.mongodb import connection_string
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.formats import powerapi
+from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import Report, report_kind, to_millis
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,13 @@ _DUPLICATE_KEY = 11000
 _AUTHENTICATION_FAILED = {18, 13}
 _IDENTIFYING_METADATA = ("scope", "socket", "device")
 """Metadata that tells apart reports sharing kind, time, sensor and target."""
+ID_HASH_BYTES = 6
+"""The bytes of an ``_id`` that hash a report's identity (after its time): two reports of one
+millisecond (a tick's targets) share them with a chance of one in 2⁴⁸ per pair, and then the
+second takes its next id (:meth:`MongoDBPusher._insert`), so none is lost for it."""
+ID_ATTEMPTS = 16
+"""The ids a report tries before it is refused: past the first, each is needed only where
+every id before it holds another report."""
 
 
 class MongoDBPusherConfig(PusherConfig):
@@ -87,22 +97,39 @@ class MongoDBPusherConfig(PusherConfig):
         )
 
 
-def document_id(report: Report) -> ObjectId:
-    """The report's deterministic ``_id``: its time in seconds, then a hash of its identity."""
-    millis = to_millis(report.timestamp)
+def _identity(report: Report) -> str:
+    """What tells a report apart from every other of its output: kind, time, sensor, target,
+    and the scope, socket and device it is for (not what a formula recomputes after a
+    restart, such as its power, its model or its ratio)."""
     metadata = report.metadata
-    identity = "\x1f".join(
+    return "\x1f".join(
         (
             report.kind,
-            str(millis),
+            str(to_millis(report.timestamp)),
             report.sensor,
             report.target,
             *(str(metadata.get(key, "")) for key in _IDENTIFYING_METADATA),
         )
     )
-    digest = hashlib.blake2b(identity.encode(), digest_size=8).digest()
-    seconds = max(0, min(millis // 1000, 0xFFFFFFFF))
-    return ObjectId(struct.pack(">I", seconds) + digest)
+
+
+def document_id(report: Report, attempt: int = 0) -> ObjectId:
+    """The report's deterministic ``_id``: its time in seconds and its millisecond in that
+    second, then a hash of its identity (of its identity and ``attempt``, for the rare report
+    whose first ids another report holds: see :meth:`MongoDBPusher._insert`).
+
+    The millisecond keeps ``_id`` order the reports' time order within a second: the
+    ``mongodb`` input reads a collection in ``_id`` order, and a sensor's ticks do not keep
+    to whole seconds (a tick a few milliseconds early shares its second with the one before);
+    with the hash right after the seconds, such ticks came back in the hash's order, and a
+    formula took the later one first and the earlier one as late."""
+    identity = _identity(report) if not attempt else f"{_identity(report)}\x1f{attempt}"
+    digest = hashlib.blake2b(identity.encode(), digest_size=ID_HASH_BYTES).digest()
+    millis = to_millis(report.timestamp)
+    seconds, millisecond = divmod(millis, 1000)
+    if not 0 <= seconds <= 0xFFFFFFFF:  # beyond what four bytes of seconds hold: at an end
+        seconds, millisecond = (0, 0) if seconds < 0 else (0xFFFFFFFF, 999)
+    return ObjectId((struct.pack(">IH", seconds, millisecond) + digest).ljust(12, b"\0"))
 
 
 def to_document(report: Report) -> dict[str, Any]:
@@ -181,23 +208,74 @@ class MongoDBPusher(Pusher[MongoDBPusherConfig]):
         return refused
 
     async def _insert(self, part: list[Report]) -> list[tuple[Report, str]]:
-        """Insert one bulk; documents already there count as written, others as refused."""
-        documents = [to_document(report) for report in part]
+        """Insert one bulk; documents already there count as written, others as refused.
+
+        A refused ``_id`` usually holds this very report (a retried batch, a re-read input),
+        but it may hold another that hashes alike: the stored documents are read back, and a
+        report whose id another holds goes again under its next id, until it finds its own
+        or a free one. Retried, it finds the same ids in the same order: still written once.
+        """
+        refused: list[tuple[Report, str]] = []
+        attempts = [0] * len(part)
+        waiting = list(range(len(part)))
+        while waiting:
+            taken = await self._insert_once([part[at] for at in waiting], attempts, waiting)
+            held: dict[int, str | None] = {at: None for at, error in taken.items() if error is None}
+            refused += [(part[at], error) for at, error in taken.items() if error is not None]
+            waiting = await self._held_by_others(part, attempts, held)
+            for at in waiting:
+                attempts[at] += 1
+                if attempts[at] >= ID_ATTEMPTS:
+                    refused.append((part[at], f"{self.where}: no free _id in {ID_ATTEMPTS}"))
+            waiting = [at for at in waiting if attempts[at] < ID_ATTEMPTS]
+        return refused
+
+    async def _insert_once(
+        self, reports: list[Report], attempts: list[int], places: list[int]
+    ) -> dict[int, str | None]:
+        """Insert reports (at ``places`` of the bulk) under their current ids; the places
+        refused: ``None`` for an id already taken, else why."""
+        documents = [
+            {"_id": document_id(r, attempts[at]), **powerapi.to_mongodb(r)}
+            for r, at in zip(reports, places, strict=True)
+        ]
         try:
             await self._collection.insert_many(documents, ordered=False)
         except BulkWriteError as error:
-            refused = []
-            for failure in error.details.get("writeErrors", []):
-                if failure.get("code") == _DUPLICATE_KEY:
-                    self.duplicates += 1
-                else:
-                    refused.append((part[failure["index"]], f"{self.where}: {failure['errmsg']}"))
             if error.details.get("writeConcernErrors"):
                 raise PushUnavailable(
                     f"{self.where}: write concern not met: {error.details['writeConcernErrors']}"
                 ) from None
-            return refused
-        return []
+            return {
+                places[failure["index"]]: None
+                if failure.get("code") == _DUPLICATE_KEY
+                else f"{self.where}: {failure['errmsg']}"
+                for failure in error.details.get("writeErrors", [])
+            }
+        return {}
+
+    async def _held_by_others(
+        self, part: list[Report], attempts: list[int], taken: dict[int, str | None]
+    ) -> list[int]:
+        """Of the places whose id was taken, those whose id holds another report; the others
+        were written before (counted in :attr:`duplicates`)."""
+        if not taken:
+            return []
+        ids: dict[ObjectId, list[int]] = {}
+        for at in taken:  # a report the input gave twice takes one id twice
+            ids.setdefault(document_id(part[at], attempts[at]), []).append(at)
+        same = set()
+        async for document in self._collection.find({"_id": {"$in": list(ids)}}):
+            for at in ids[document["_id"]]:
+                report = part[at]
+                try:
+                    theirs = _identity(powerapi.from_mongodb(type(report), document))
+                except DecodeError:  # not a report of this kind: another's
+                    continue
+                if theirs == _identity(report):
+                    same.add(at)
+        self.duplicates += len(same)
+        return [at for at in taken if at not in same]
 
     async def close(self) -> None:
         if self.duplicates:
