@@ -34,21 +34,25 @@ repository root, on a machine with two cores or more:
     python benchmarks/live_socket.py --sensors 100 --containers 100 --ticks 40
 
 ``--paced`` measures what a running service costs at the pace sensors really send: one tick (the
-global report and one report per container, one write) per sensor per second. One connection
-per sensor; each sensor first sends :data:`WARM_UP_TICKS` ticks at once (SmartWatts learns its
-models on them) and, once wattflow is idle again, ``--seconds`` ticks, one a second, sensor
-``j`` of ``N`` at ``j/N`` into each second, as sensors started at random moments do. The CPU
-time of every process of the service (user and system, all threads) is read over that span
-(plus :data:`SETTLE_S` for the last ticks) and printed per sensor-tick and per report, as a share
-of a core, and by thread (the event loop, the other threads), for each ``--paced-containers``
-count. The ledger is checked after a drain, as in the flood mode. CPU time, not wall time: the
-machine may be shared. A run in which wattflow used more than :data:`BUSY_WARNING` of its core
-could not keep up, and says so. With ``--workers N`` (one count), wattflow runs N workers, not
-pinned, and the share is of N cores (the threads of the workers are not read apart).
-``--profile N`` runs wattflow under cProfile (with the Python running this script) and prints
-the N modules (or C functions) where its event loop spent most of its own time over the whole
-run, start-up and warm-up included; profiling slows it, so its CPU figures are then not
-comparable.
+global report and one report per container, one write) per sensor per second. One connection per
+sensor; each sensor first sends :data:`WARM_UP_TICKS` ticks at once (SmartWatts learns its models on
+them) and, once wattflow is idle again, ``--seconds`` ticks, one a second, sensor ``j`` of ``N`` at
+``j/N`` into each second, as sensors started at random moments do. The CPU time of every process of
+the service (user and system, all threads) is read over that span (plus :data:`SETTLE_S` for the
+last ticks, and the socket input's ``--gather-ms`` where ``--input-args`` gives it) and printed per
+sensor-tick and per report, as a share of a core, and by thread (the event loop, the other threads),
+for each ``--paced-containers`` count. So is each tick's latency, what the CPU is traded against:
+from its send to the last of its PowerReports in OUT (SmartWatts' estimates, which wait
+``--tick-lateness-ms`` of the sensor's own time for late reports; the RAPL formula's come first),
+median, 99th percentile and longest, over the ticks whose estimates came out before the CPU was read
+(the last ones are flushed at the drain, which would read short). The ledger is checked after a
+drain, as in the flood mode. CPU time, not wall time: the machine may be shared. A run in which
+wattflow used more than :data:`BUSY_WARNING` of its core could not keep up, and says so. With
+``--workers N`` (one count), wattflow runs N workers, not pinned, and the share is of N cores (the
+threads of the workers are not read apart). ``--profile N`` runs wattflow under cProfile (with the
+Python running this script) and prints the N modules (or C functions) where its event loop spent
+most of its own time over the whole run, start-up and warm-up included; profiling slows it, so its
+CPU figures are then not comparable.
 
     python benchmarks/live_socket.py --paced --sensors 100 --seconds 15 --paced-containers 10,100
 """
@@ -71,6 +75,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -554,6 +559,20 @@ first ``--learn-min-samples-required`` (10) of them, which a running service did
 SETTLE_S = 1.5
 """After the last paced tick, the time given to wattflow to handle it before CPU is read
 (``--gather-ms`` and the stages take a few tens of ms)."""
+
+
+def settle_s(input_extra: Sequence[str]) -> float:
+    """:data:`SETTLE_S`, plus the input's ``--gather-ms`` when it is given: lines wait that long
+    before they are decoded, and the CPU they then take belongs to the paced ticks."""
+    gather_ms = 0.0
+    for at, flag in enumerate(input_extra):
+        if flag == "--gather-ms" and at + 1 < len(input_extra):
+            gather_ms = float(input_extra[at + 1])
+        elif flag.startswith("--gather-ms="):
+            gather_ms = float(flag.split("=", 1)[1])
+    return SETTLE_S + gather_ms / 1000
+
+
 QUIET_CPU_S = 0.02
 """wattflow has handled the warm-up once it uses less CPU than this over half a second."""
 
@@ -570,6 +589,9 @@ class Paced:
     cpu_s: float = 0.0
     span_s: float = 0.0
     late_s: float = 0.0  # the latest a tick was sent after its time
+    latency_s: list[float] = field(default_factory=list)
+    """Per paced tick whose estimates came out while it was measured: from its send to the
+    last of its PowerReports written (SmartWatts' per-container estimates come last)."""
     threads: dict[str, float] = field(default_factory=dict)
     written: int = 0
     problems: list[str] = field(default_factory=list)
@@ -592,6 +614,18 @@ class Paced:
     @property
     def per_report_us(self) -> float:
         return self.cpu_s / (self.ticks * (self.containers + 1)) * 1e6
+
+    @property
+    def latency(self) -> str:
+        """The ticks' latency: median, 99th percentile and longest, and how many were seen."""
+        if not self.latency_s:
+            return "no tick's estimates seen while measured"
+        ordered = sorted(self.latency_s)
+        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return (
+            f"latency median {statistics.median(ordered):.2f} s, p99 {p99:.2f} s, "
+            f"longest {ordered[-1]:.2f} s ({len(ordered):,} of {self.ticks:,} ticks seen)"
+        )
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -628,8 +662,67 @@ def wait_until_quiet(pid: int, timeout: float) -> None:
         before = now
 
 
+def millis_of(stamp: int | float | str) -> int:
+    """A report's timestamp in Unix ms: hwpc-sensor writes ms, the JSON Lines output ISO."""
+    if isinstance(stamp, str):
+        moment = datetime.fromisoformat(stamp)
+        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return round(moment.timestamp() * 1000)
+    return int(stamp)
+
+
+def tick_key(tick: bytes) -> tuple[str, int]:
+    """A tick's sensor and timestamp, from its first line (its global report)."""
+    first = orjson.loads(tick[: tick.index(b"\n")] if b"\n" in tick else tick)
+    return first["sensor"], millis_of(first["timestamp"])
+
+
+class OutputWatcher:
+    """Follows wattflow's output files and notes when each (sensor, tick)'s PowerReports
+    were last written, other than the RAPL formula's (written as the tick comes): when its
+    SmartWatts estimates came out."""
+
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.offsets: dict[Path, int] = {}
+        self.pending: dict[Path, bytes] = {}
+        self.seen: dict[tuple[str, int], float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        while not self.stop.wait(0.02):
+            self.read()
+
+    def read(self) -> None:
+        for path in outputs(self.output):
+            try:
+                with path.open("rb") as file:
+                    file.seek(self.offsets.get(path, 0))
+                    data = self.pending.get(path, b"") + file.read()
+                    self.offsets[path] = file.tell()
+            except OSError:
+                continue
+            lines = data.split(b"\n")
+            self.pending[path] = lines.pop()
+            now = time.monotonic()
+            for line in lines:
+                report = orjson.loads(line)
+                if report.get("target") != "rapl":
+                    self.seen[(report["sensor"], millis_of(report["timestamp"]))] = now
+
+    def close(self) -> dict[tuple[str, int], float]:
+        self.stop.set()
+        self.thread.join()
+        return self.seen
+
+
 def send_paced(
-    connections: Sequence[socket.socket], ticks: Sequence[Sequence[bytes]], seconds: int
+    connections: Sequence[socket.socket],
+    ticks: Sequence[Sequence[bytes]],
+    seconds: int,
+    sent: dict[tuple[int, int], float] | None = None,
 ) -> float:
     """Send tick ``WARM_UP_TICKS + k`` of every sensor during second ``k``, sensor ``j`` at
     ``j / sensors`` into it, as sensors started at random moments do; the latest a send came
@@ -646,6 +739,8 @@ def send_paced(
             else:
                 late = max(late, -wait)
             connection.sendall(ticks[number][WARM_UP_TICKS + second])
+            if sent is not None:
+                sent[(number, second)] = time.monotonic()
     return late
 
 
@@ -697,12 +792,21 @@ def run_paced(
             connections.append(connection)
             connection.sendall(b"".join(sensor[:WARM_UP_TICKS]))
         wait_until_quiet(process.pid, timeout)
+        watcher = OutputWatcher(output)
         cpu_before, threads_before = cpu_seconds(process.pid), thread_cpu_seconds(process.pid)
         start = time.monotonic()
-        run.late_s = send_paced(connections, ticks, run.seconds)
-        time.sleep(SETTLE_S)
+        sent: dict[tuple[int, int], float] = {}
+        run.late_s = send_paced(connections, ticks, run.seconds, sent)
+        time.sleep(settle_s(input_extra))
         run.cpu_s = cpu_seconds(process.pid) - cpu_before
         run.span_s = time.monotonic() - start
+        seen = watcher.close()
+        keys = [[tick_key(tick) for tick in sensor[WARM_UP_TICKS:]] for sensor in ticks]
+        run.latency_s = [
+            seen[keys[number][second]] - at
+            for (number, second), at in sent.items()
+            if keys[number][second] in seen
+        ]
         threads = thread_cpu_seconds(process.pid)
         run.threads = {k: v - threads_before.get(k, 0.0) for k, v in threads.items()}
         close_all(connections, timeout)
@@ -774,7 +878,7 @@ def paced_main(args: argparse.Namespace) -> int:
             print(
                 f"median {args.sensors} sensors × {containers} containers: "
                 f"{best.per_tick_us:,.0f} µs of CPU per sensor-tick, "
-                f"{best.per_report_us:.1f} µs per report, {best.busy}"
+                f"{best.per_report_us:.1f} µs per report, {best.busy}; {best.latency}"
             )
     if failed:
         print(f"{failed} runs FAILED their checks (see above)")
@@ -795,7 +899,8 @@ def report_paced(round_number: int, run: Paced) -> None:
         f"({run.busy}) = {run.per_tick_us:,.0f} µs per sensor-tick, "
         f"{run.per_report_us:.1f} µs per report; "
         + (f"per sensor-tick by thread (the service's process): {threads}; " if threads else "")
-        + f"sends up to {run.late_s * 1e3:.0f} ms late; {run.written:,} PowerReports"
+        + f"sends up to {run.late_s * 1e3:.0f} ms late; {run.latency}; "
+        + f"{run.written:,} PowerReports"
         + ("" if not run.problems else "; FAILED")
     )
     if run.cpu_s / run.span_s > BUSY_WARNING * run.workers:
