@@ -73,6 +73,9 @@ went. Older stores migrate when opened."""
 
 POWER = "PowerReport"
 
+END_OF_TIME_MS = 2**62
+"""A time in Unix ms after every report's: the open end of a range of times."""
+
 
 class StoreError(WattflowError):
     """A store that cannot be opened, or a run that is not there."""
@@ -282,6 +285,16 @@ class RunStore(RunData):
         if found is None:
             raise StoreError(f"no run {identifier!r} in the store")
         return found
+
+    def events_since(self, run: str, since: datetime) -> list[EventReport]:
+        """The run's events stamped at or after ``since``, inside its window or not.
+
+        What the recorder polls to notice an event another process stored (``runs mark``,
+        ``record()``): the reports' index is by run and time, so this reads only the rows of
+        the run stamped since ``since``, however long the run.
+        """
+        rows = self._other_reports(run, to_millis(since), END_OF_TIME_MS, ["EventReport"])
+        return [report for _, _, report, _ in rows if isinstance(report, EventReport)]
 
     def power(self, run: Run) -> Iterator[PowerPage]:
         return self._power_pages(run.id, to_millis(run.start), to_millis(run.end))

@@ -723,5 +723,11 @@ def test_a_run_made_and_marked_through_the_store_reads_back_whichever_the_store(
         assert found.system["node"] == platform.node()
         assert [(e.event, e.data) for e in found.events] == [("epoch_begin", 3), ("epoch_end", 3)]
         assert to_millis(found.end) == to_millis(run.end) >= to_millis(found.events[-1].timestamp)
+        # What the recorder polls for an end marked by another process: events since a time.
+        since = found.events[-1].timestamp
+        stamped = [e for e in found.events if to_millis(e.timestamp) >= to_millis(since)]
+        assert store.events_since(run.id, since) == stamped
+        assert stamped[-1].event == "epoch_end"
+        assert store.events_since(run.id, since + timedelta(milliseconds=1)) == []
     with pytest.raises(StoreError, match="give a non-empty name"):
         new_run("e//s/0")
