@@ -117,17 +117,42 @@ def open_store(uri: str | None, *, create: bool = True) -> RunStore:
         StoreError: for a URI of another scheme, or a missing SQLite file when not creating.
     """
     uri = uri or default_store_uri()
-    if uri.startswith(("mongodb://", "mongodb+srv://")):
+    path = sqlite_path(uri)
+    if path is None:
         return MongoRunStore(uri)
+    if not create and not path.exists():
+        raise StoreError(f"no run store at {path}: check --store (runs import creates one)")
+    return SqliteRunStore(path)
+
+
+def sqlite_path(uri: str | None) -> Path | None:
+    """The SQLite file a store URI names, or None for MongoDB.
+
+    Raises:
+        StoreError: for a URI of another scheme.
+    """
+    uri = uri or default_store_uri()
+    if uri.startswith(("mongodb://", "mongodb+srv://")):
+        return None
     scheme, separator, _ = uri.partition("://")
     if separator and scheme != "sqlite":
         raise StoreError(
             f"store {uri!r}: give sqlite:///PATH, a path, or mongodb://HOST/DB, not {scheme}://"
         )
-    path = Path(uri.removeprefix("sqlite:///").removeprefix("sqlite://"))
-    if not create and not path.exists():
-        raise StoreError(f"no run store at {path}: check --store (runs import creates one)")
-    return SqliteRunStore(path)
+    return Path(uri.removeprefix("sqlite:///").removeprefix("sqlite://"))
+
+
+def discard_if_empty(path: Path) -> None:
+    """Remove a SQLite store that holds no run (and its write-ahead log): what a command that
+    created it and then failed leaves, which would otherwise read as a store without runs."""
+    try:
+        with SqliteRunStore(path) as store:
+            if store.runs():
+                return
+    except (StoreError, sqlite3.Error):
+        return  # not a store this code can read: not one to remove either
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
 
 
 def processing_micros(moment: datetime | None) -> int | None:

@@ -23,7 +23,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from rich.table import Table
 
 from wattflow.actors.exporters import exporters
-from wattflow.actors.run_store import RunStore, StoreError, mark, open_store, parse_run_id, run_id
+from wattflow.actors.run_store import (
+    RunStore,
+    StoreError,
+    discard_if_empty,
+    mark,
+    open_store,
+    parse_run_id,
+    run_id,
+    sqlite_path,
+)
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import (
@@ -162,16 +171,10 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     """``wattflow runs import|list|show|energy|mark``."""
     console = console or Console()
     args = runs_parser().parse_args(argv)
-    with open_store(args.store_ or args.store, create=args.action == "import") as store:
-        if args.action == "import":
-            system = None if args.system_info is None else read_system_info(args.system_info)
-            run, count = import_files(
-                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
-                settings=args.settings, repetition=args.repetition,
-                parameters=parameters_of(args.param), model=args.model, system=system,
-            )  # fmt: skip
-            print_lines(console, import_lines(run, count, store.count(run)))
-        elif args.action == "list":
+    if args.action == "import":
+        return import_command(args, console)
+    with open_store(args.store_ or args.store, create=False) as store:
+        if args.action == "list":
             runs = store.runs(args.experiment, args.benchmark)
             print_rows(console, RUNS_HEADER, [run_row(run, store.count(run)) for run in runs])
         elif args.action == "show":
@@ -184,6 +187,38 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
         else:
             mark(store, run_to_mark(store, args.run), args.event, args.data)
             console.print(f"marked {args.event}")
+    return 0
+
+
+def import_command(args: argparse.Namespace, console: Console) -> int:
+    """``wattflow runs import``: the one command that creates a store, and so the one that
+    must not leave an empty one behind when it fails. Its arguments and files are checked
+    before the store is opened; a store it created and then could not fill is removed."""
+    parameters = parameters_of(args.param)
+    settings = args.settings if args.settings is not None else _settings_of(parameters)
+    run_id(args.experiment, args.benchmark, settings, args.repetition)
+    for path in args.files:
+        if not path.is_file():
+            raise StoreError(f"{path}: no such file")
+    if args.model is not None:
+        report_kind(args.model)
+    system = None if args.system_info is None else read_system_info(args.system_info)
+    uri = args.store_ or args.store
+    path = sqlite_path(uri)
+    created = path if path is not None and not path.exists() else None
+    try:
+        with open_store(uri) as store:
+            run, count = import_files(
+                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
+                settings=settings, repetition=args.repetition, parameters=parameters,
+                model=args.model, system=system,
+            )  # fmt: skip
+            lines = import_lines(run, count, store.count(run))
+    except BaseException:
+        if created is not None:
+            discard_if_empty(created)
+        raise
+    print_lines(console, lines)
     return 0
 
 

@@ -643,6 +643,36 @@ def test_a_mistyped_store_is_an_error_not_a_new_empty_store(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_failed_import_leaves_no_store_behind(tmp_path: Path) -> None:
+    """``runs import`` creates the store, so it is the typo guard's weak spot: arguments and
+    files are checked before the store is opened, and a store it created but could not fill is
+    removed, so ``runs list`` then says there is no store rather than list none."""
+    source = write_jsonl(tmp_path / "power.jsonl", recording(1))
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    typo = tmp_path / "typo.db"
+    run = ["--store", f"sqlite:///{typo}", "--experiment", "e", "--benchmark", "b",
+           "--repetition", "0"]  # fmt: skip
+    for arguments, message in (
+        ([str(source)], "give --settings"),
+        ([str(tmp_path / "missing.jsonl"), "--settings", "s"], "missing.jsonl: no such file"),
+        ([str(source), "--settings", "s", "--model", "Nope"], "unknown report model 'Nope'"),
+        ([str(tmp_path / "bad.jsonl"), "--settings", "s"], "bad.jsonl:1: not valid JSON"),
+    ):
+        done = wattflow("runs", "import", *arguments, *run)
+        assert done.returncode == 2, done.stdout
+        assert message in done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "power.jsonl"]
+    listed = wattflow("runs", "list", "--store", f"sqlite:///{typo}")
+    assert listed.returncode == 2
+    assert f"no run store at {typo}" in listed.stderr
+    # A store that holds runs stays when an import into it fails.
+    assert wattflow("runs", "import", str(source), "--settings", "s", *run).returncode == 0
+    bad = wattflow("runs", "import", str(tmp_path / "bad.jsonl"), "--settings", "t", *run)
+    assert bad.returncode == 2
+    with open_store(f"sqlite:///{typo}", create=False) as opened:
+        assert [r.id for r in opened.runs()] == ["e/b/s/0"]
+
+
 def test_what_the_runs_commands_print_is_built_from_data_alone() -> None:
     """The rows and lines of ``runs list``, ``energy``, ``show`` and ``import``, from a run
     and its counts: no store, no terminal."""
