@@ -982,20 +982,25 @@ def new_run(identifier: str, parameters: Mapping[str, float] | None = None) -> R
     )
 
 
-def mark(store: RunStore, run: Run, event: EventName, data: object = None) -> Run:
-    """Record an event now in a run, and widen its window to hold it: ``wattflow runs mark``
-    and a program's ``record()`` both mark runs this way. Returns the run as widened.
+def mark(
+    store: RunStore, run: Run, event: EventName, data: object = None, at: datetime | None = None
+) -> Run:
+    """Record an event in a run, now or ``at`` a given time, and widen its window to hold it:
+    ``wattflow runs mark`` and a program's ``record()`` both mark runs this way. Returns the
+    run as widened.
 
     ``data`` is the event's index (an epoch or batch number, as the GPU measurement
-    directory's spec has it): see :func:`event_data`.
+    directory's spec has it): see :func:`event_data`. The event's processing time is now,
+    when it was marked, whatever ``at`` says.
     """
     now = datetime.now(UTC)
+    moment = now if at is None else to_utc(at)
     report = EventReport(
-        timestamp=now, sensor=platform.node(), target="all", event=event, data=event_data(data)
+        timestamp=moment, sensor=platform.node(), target="all", event=event, data=event_data(data)
     )
     store.add_reports(run.id, [report], processed=now)
-    if run.start <= now <= run.end:
+    if run.start <= moment <= run.end:
         return run
-    run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
+    run = run.model_copy(update={"start": min(run.start, moment), "end": max(run.end, moment)})
     store.save_run(run, widen=True)
     return run

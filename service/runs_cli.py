@@ -13,7 +13,7 @@ import argparse
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
@@ -41,6 +41,7 @@ from wattflow.formats.reports import (
     Report,
     TargetEnergyReport,
     report_kind,
+    to_utc,
 )
 from wattflow.formats.runs import (
     RecordedSystem,
@@ -51,6 +52,13 @@ from wattflow.formats.runs import (
 )
 
 EVENT_NAMES = list(get_args(EventName))
+
+FAR_S = 3600.0
+"""How far outside a run's window ``runs mark`` may put an event at now, unasked: a live run's
+window reaches about now, and an hour covers a service paused or a long step between marks."""
+
+NOTABLE_S = 60.0
+"""How much a mark may widen a run's window before ``runs mark`` warns that it did."""
 
 KIND_BY_PAYLOAD = (
     ("power", "PowerReport"),
@@ -109,6 +117,9 @@ def runs_parser() -> _Parser:
     marking.add_argument("--store", dest="store_", default=None)
     marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
                          "latest run)")  # fmt: skip
+    marking.add_argument("--at", metavar="TIME", help="the event's time (default: now): ISO 8601 "
+                         "(UTC unless it says), +SECONDS after the run's start, or now; needed "
+                         f"to mark a run that ended over {FAR_S / 3600:g} h ago")  # fmt: skip
     return parser
 
 
@@ -185,9 +196,85 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
             rows = [energy_row(r) for r in reports if isinstance(r, TargetEnergyReport)]
             print_rows(console, ENERGY_HEADER, rows)
         else:
-            mark(store, run_to_mark(store, args.run), args.event, args.data)
-            console.print(f"marked {args.event}")
+            mark_command(store, args, console)
     return 0
+
+
+def mark_command(store: RunStore, args: argparse.Namespace, console: Console) -> None:
+    """``wattflow runs mark``: the event at ``--at`` or now, refused when now would stretch a
+    run that ended long ago (an imported one) to today, and a warning when it widens the run's
+    window by more than :data:`NOTABLE_S`."""
+    run = run_to_mark(store, args.run)
+    moment = mark_time(run, args.at, datetime.now(UTC))
+    marked = mark(store, run, args.event, args.data, at=moment)
+    shown = f"marked {args.event} in {run.id} at {moment.isoformat()}"
+    console.print(shown, highlight=False, markup=False, soft_wrap=True)
+    warning = widening_warning(run, marked)
+    if warning is not None:
+        Console(stderr=True).print(warning, highlight=False, markup=False, soft_wrap=True)
+
+
+def mark_time(run: Run, at: str | None, now: datetime) -> datetime:
+    """The time ``runs mark`` gives its event: ``--at`` (an ISO 8601 time, naive ones UTC;
+    ``+SECONDS`` after the run's start; ``now``), or now when it is not more than
+    :data:`FAR_S` outside the run's window. A run recorded live has a window up to about now;
+    one imported from a recording of January does not, and marking it now would stretch it to
+    today, an export then spanning months: that is refused, saying how to place the event.
+
+    Raises:
+        StoreError: for a time that cannot be read, or now far outside the window without
+            ``--at``.
+    """
+    if at is None:
+        gap = outside_s(run, now)
+        if gap > FAR_S:
+            raise StoreError(
+                f"run {run.id} spans {run.start.isoformat()} – {run.end.isoformat()}: marking "
+                f"it now would stretch its window by {span_text(gap)}. Give --at TIME to place "
+                f"the event in the run (ISO 8601, UTC unless it says, or +SECONDS after its "
+                f"start), or --at now to stretch it"
+            )
+        return now
+    if at == "now":
+        return now
+    try:
+        if at.startswith("+"):
+            seconds = float(at[1:])
+            if not math.isfinite(seconds):
+                raise ValueError(at)
+            return run.start + timedelta(seconds=seconds)
+        return to_utc(at)
+    except (ValueError, OverflowError):
+        raise StoreError(
+            f"--at {at!r}: give an ISO 8601 time (2026-01-15T10:00:03, UTC unless it says), "
+            f"+SECONDS after the run's start, or now"
+        ) from None
+
+
+def outside_s(run: Run, moment: datetime) -> float:
+    """How far ``moment`` is outside the run's window, in seconds (0 inside it)."""
+    return max(0.0, (run.start - moment).total_seconds(), (moment - run.end).total_seconds())
+
+
+def widening_warning(before: Run, after: Run) -> str | None:
+    """What ``runs mark`` says when the event widened the run's window by more than
+    :data:`NOTABLE_S`: exports then span the new window."""
+    widened = after.duration_s - before.duration_s
+    if widened <= NOTABLE_S:
+        return None
+    return (
+        f"warning: the event is outside run {after.id}'s window, which it widened by "
+        f"{span_text(widened)}: it now spans {after.start.isoformat()} – "
+        f"{after.end.isoformat()} ({span_text(after.duration_s)})"
+    )
+
+
+def span_text(seconds: float) -> str:
+    """A length of time as a person reads it: seconds, minutes, hours or days."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
 
 
 def import_command(args: argparse.Namespace, console: Console) -> int:

@@ -211,12 +211,51 @@ def test_import_list_show_mark_and_export_a_gpu_directory(tmp_path: Path) -> Non
     exported = wattflow("export", "gpu-dir", "--store", store, "--out", str(out))
     assert exported.returncode == 0, exported.stderr
     check_gpu_directory(out, reports)
-    marked = wattflow("runs", "mark", "train_begin", "--store", store)
+    # The recording is months old: marking it now is refused, unless asked for.
+    marked = wattflow("runs", "mark", "train_begin", "--store", store, "--at", "now")
     assert marked.returncode == 0, marked.stderr
+    assert "warning: the event is outside run clock-limit/bert/877MHz,1065MHz/0's window" in (
+        marked.stderr
+    )
     with open_store(store) as opened:
         [run] = opened.runs()
         assert run.events[-1].event == "train_begin"
         assert run.end > at(10), "marking widens the window"
+
+
+def test_marking_an_imported_run_now_is_refused_and_at_places_the_event(tmp_path: Path) -> None:
+    """A recording from months ago marked now would get a window of months, which an export
+    would then span: ``runs mark`` refuses, and ``--at`` places the event in the recording."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    import_run(store, write_jsonl(tmp_path / "run.jsonl", recording()))
+    identifier = "clock-limit/bert/877MHz,1065MHz/0"
+    refused = wattflow("runs", "mark", "epoch_begin", "3", "--store", store)
+    assert refused.returncode == 2
+    message = " ".join(refused.stderr.split())
+    assert f"run {identifier} spans 2026-06-01T08:00:00+00:00 – 2026-06-01T08:00:10+00:00" in (
+        message
+    )
+    assert "Give --at TIME to place the event in the run" in message
+    for at_time, expected in (("+2.5", at(2.5)), ("2026-06-01T08:00:07.25", at(7.25))):
+        placed = wattflow("runs", "mark", "epoch_begin", "3", "--at", at_time, "--store", store)
+        assert placed.returncode == 0, placed.stderr
+        assert f"marked epoch_begin in {identifier} at {expected.isoformat()}" in placed.stdout
+        assert placed.stderr == "", "inside the window: no warning"
+    late = wattflow("runs", "mark", "train_end", "--at", "2026-06-01T08:10:00Z", "--store", store)
+    assert late.returncode == 0, late.stderr
+    assert "widened by 9.8 min: it now spans" in " ".join(late.stderr.split())
+    bad = wattflow("runs", "mark", "train_end", "--at", "yesterday", "--store", store)
+    assert bad.returncode == 2
+    assert "--at 'yesterday': give an ISO 8601 time" in bad.stderr
+    with open_store(store) as opened:
+        run = opened.get(identifier)
+    assert (run.start, run.end) == (at(0), at(600))
+    assert [(e.event, e.timestamp) for e in run.events if e.data == 3] == [
+        ("epoch_begin", at(2.5)),
+        ("epoch_begin", at(7.25)),
+    ]
+    exported = wattflow("export", "ross", "--store", store, "--out", str(tmp_path / "ross"))
+    assert exported.returncode == 0, exported.stderr
 
 
 def test_the_mongodb_store_holds_the_same_run(
