@@ -126,13 +126,16 @@ def runs_parser() -> _Parser:
 def export_parser() -> _Parser:
     """``wattflow export``'s command line."""
     parser = _Parser(prog="wattflow export")
-    parser.add_argument("format", choices=exporters.names())
-    parser.add_argument("--store", default=None)
-    parser.add_argument("--experiment")
-    parser.add_argument("--benchmark")
+    directories = [name for name in exporters.names() if exporters.get(name).writes_directory]
+    parser.add_argument("format", choices=exporters.names(), help="the format to write")
+    parser.add_argument("--store", default=None, help="sqlite:///path or mongodb://host/db "
+                        "(default: runs.db in the user's data directory)")  # fmt: skip
+    parser.add_argument("--experiment", help="only this experiment's runs")
+    parser.add_argument("--benchmark", help="only this benchmark's runs")
     parser.add_argument("--run", action="append", default=[], metavar="E/B/S/N",
                         help="only this run (repeat for several)")  # fmt: skip
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where to write: a directory "
+                        f"for {', '.join(directories)}; a file for the others")  # fmt: skip
     parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
     return parser
 
@@ -345,7 +348,7 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
         columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
                    TimeRemainingColumn())  # fmt: skip
         with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
-            task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
+            task = progress.add_task(f"{args.format} ← {counted(len(runs), 'run')}", total=total)
             exporter.export(runs, store, args.out, lambda count: progress.advance(task, count))
         for run in runs:
             try:
@@ -353,7 +356,10 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
             except StoreError as error:
                 console.print(f"wrote the export, but could not note it in the store: {error}")
                 break
-    console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
+    console.print(
+        f"wrote {args.out} from {counted(len(runs), 'run')}, {counted(total, 'report')}",
+        highlight=False, markup=False, soft_wrap=True,
+    )  # fmt: skip
     return 0
 
 
@@ -599,13 +605,18 @@ def show_lines(run: Run, kinds: Mapping[str, int]) -> list[str]:
 def import_lines(run: Run, imported: int, held: int) -> list[str]:
     """``wattflow runs import``'s answer; it says when the run held reports already, as
     importing a file twice stores its reports twice."""
-    lines = [f"imported {imported} reports into {run.id} ({run.start} – {run.end})"]
+    lines = [f"imported {counted(imported, 'report')} into {run.id} ({run.start} – {run.end})"]
     if held > imported:
         lines.append(
             f"{run.id} already held reports; it now holds {held} (importing "
             f"a file twice stores its reports twice)"
         )
     return lines
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 run``, ``3 runs``: a count with its noun, singular for one."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def print_lines(console: Console, lines: Sequence[str]) -> None:

@@ -210,6 +210,8 @@ def test_import_list_show_mark_and_export_a_gpu_directory(tmp_path: Path) -> Non
     out = tmp_path / "export"
     exported = wattflow("export", "gpu-dir", "--store", store, "--out", str(out))
     assert exported.returncode == 0, exported.stderr
+    inside = len([r for r in reports if r.timestamp <= at(10)])
+    assert f"wrote {out} from 1 run, {inside} reports" in exported.stderr
     check_gpu_directory(out, reports)
     # The recording is months old: marking it now is refused, unless asked for.
     marked = wattflow("runs", "mark", "train_begin", "--store", store, "--at", "now")
@@ -680,6 +682,16 @@ def test_a_mistyped_store_is_an_error_not_a_new_empty_store(tmp_path: Path) -> N
     assert other.returncode == 2
     assert "give sqlite:///PATH, a path, or mongodb://HOST/DB, not foo://" in other.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_export_option_says_what_it_does() -> None:
+    helped = wattflow("export", "--help")
+    assert helped.returncode == 0, helped.stderr
+    text = " ".join(helped.stdout.split())
+    for option in ("--store STORE sqlite:///path", "--experiment EXPERIMENT only",
+                   "--benchmark BENCHMARK only", "--run E/B/S/N only",
+                   "--out OUT where to write: a directory for gpu-dir"):  # fmt: skip
+        assert option in text, option
 
 
 def test_a_failed_import_leaves_no_store_behind(tmp_path: Path) -> None:
