@@ -73,6 +73,9 @@ went. Older stores migrate when opened."""
 
 POWER = "PowerReport"
 
+END_OF_TIME_MS = 2**62
+"""A time in Unix ms after every report's: the open end of a range of times."""
+
 
 class StoreError(WattflowError):
     """A store that cannot be opened, or a run that is not there."""
@@ -114,17 +117,42 @@ def open_store(uri: str | None, *, create: bool = True) -> RunStore:
         StoreError: for a URI of another scheme, or a missing SQLite file when not creating.
     """
     uri = uri or default_store_uri()
-    if uri.startswith(("mongodb://", "mongodb+srv://")):
+    path = sqlite_path(uri)
+    if path is None:
         return MongoRunStore(uri)
+    if not create and not path.exists():
+        raise StoreError(f"no run store at {path}: check --store (runs import creates one)")
+    return SqliteRunStore(path)
+
+
+def sqlite_path(uri: str | None) -> Path | None:
+    """The SQLite file a store URI names, or None for MongoDB.
+
+    Raises:
+        StoreError: for a URI of another scheme.
+    """
+    uri = uri or default_store_uri()
+    if uri.startswith(("mongodb://", "mongodb+srv://")):
+        return None
     scheme, separator, _ = uri.partition("://")
     if separator and scheme != "sqlite":
         raise StoreError(
             f"store {uri!r}: give sqlite:///PATH, a path, or mongodb://HOST/DB, not {scheme}://"
         )
-    path = Path(uri.removeprefix("sqlite:///").removeprefix("sqlite://"))
-    if not create and not path.exists():
-        raise StoreError(f"no run store at {path}: check --store (runs import creates one)")
-    return SqliteRunStore(path)
+    return Path(uri.removeprefix("sqlite:///").removeprefix("sqlite://"))
+
+
+def discard_if_empty(path: Path) -> None:
+    """Remove a SQLite store that holds no run (and its write-ahead log): what a command that
+    created it and then failed leaves, which would otherwise read as a store without runs."""
+    try:
+        with SqliteRunStore(path) as store:
+            if store.runs():
+                return
+    except (StoreError, sqlite3.Error):
+        return  # not a store this code can read: not one to remove either
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
 
 
 def processing_micros(moment: datetime | None) -> int | None:
@@ -282,6 +310,16 @@ class RunStore(RunData):
         if found is None:
             raise StoreError(f"no run {identifier!r} in the store")
         return found
+
+    def events_since(self, run: str, since: datetime) -> list[EventReport]:
+        """The run's events stamped at or after ``since``, inside its window or not.
+
+        What the recorder polls to notice an event another process stored (``runs mark``,
+        ``record()``): the reports' index is by run and time, so this reads only the rows of
+        the run stamped since ``since``, however long the run.
+        """
+        rows = self._other_reports(run, to_millis(since), END_OF_TIME_MS, ["EventReport"])
+        return [report for _, _, report, _ in rows if isinstance(report, EventReport)]
 
     def power(self, run: Run) -> Iterator[PowerPage]:
         return self._power_pages(run.id, to_millis(run.start), to_millis(run.end))
@@ -944,20 +982,25 @@ def new_run(identifier: str, parameters: Mapping[str, float] | None = None) -> R
     )
 
 
-def mark(store: RunStore, run: Run, event: EventName, data: object = None) -> Run:
-    """Record an event now in a run, and widen its window to hold it: ``wattflow runs mark``
-    and a program's ``record()`` both mark runs this way. Returns the run as widened.
+def mark(
+    store: RunStore, run: Run, event: EventName, data: object = None, at: datetime | None = None
+) -> Run:
+    """Record an event in a run, now or ``at`` a given time, and widen its window to hold it:
+    ``wattflow runs mark`` and a program's ``record()`` both mark runs this way. Returns the
+    run as widened.
 
     ``data`` is the event's index (an epoch or batch number, as the GPU measurement
-    directory's spec has it): see :func:`event_data`.
+    directory's spec has it): see :func:`event_data`. The event's processing time is now,
+    when it was marked, whatever ``at`` says.
     """
     now = datetime.now(UTC)
+    moment = now if at is None else to_utc(at)
     report = EventReport(
-        timestamp=now, sensor=platform.node(), target="all", event=event, data=event_data(data)
+        timestamp=moment, sensor=platform.node(), target="all", event=event, data=event_data(data)
     )
     store.add_reports(run.id, [report], processed=now)
-    if run.start <= now <= run.end:
+    if run.start <= moment <= run.end:
         return run
-    run = run.model_copy(update={"start": min(run.start, now), "end": max(run.end, now)})
+    run = run.model_copy(update={"start": min(run.start, moment), "end": max(run.end, moment)})
     store.save_run(run, widen=True)
     return run

@@ -221,7 +221,10 @@ def _export_runs(
     store: RunStore, directory: Path, repetition: int, written: list[tuple[str, str]]
 ) -> bool:
     """Export every demo run in the store to a GPU measurement directory and to Extra-P,
-    adding where each went (or why it failed) to ``written``; whether both were written."""
+    adding where each went (or why it failed) to ``written``; whether both were written.
+
+    Each run notes how its export in each format went, as ``wattflow export`` and the
+    service's ``--export`` note it, so ``wattflow runs list`` shows the demo's exports too."""
     runs = store.runs(EXPERIMENT)
     counted = f"{len(runs)} run{'s' * (len(runs) > 1)}"
     exported = True
@@ -234,7 +237,9 @@ def _export_runs(
         except (WattflowError, ValueError, OSError) as error:
             exported = False
             written.append((shown, f"FAILED: {error}"))
+            note_exports(store, runs, name, f"failed: {error}")
             continue
+        note_exports(store, runs, name, "written")
         if name == "gpu-dir":
             where = f"{out / EXPERIMENT / BENCHMARK / SETTINGS / str(repetition)}/ ({counted})"
         else:
@@ -244,6 +249,12 @@ def _export_runs(
             )
         written.append((shown, where))
     return exported
+
+
+def note_exports(store: RunStore, runs: list[Run], name: str, outcome: str) -> None:
+    """Note in each run how its export in ``name`` went (:attr:`Run.exports`)."""
+    for run in runs:
+        store.note_export(run.id, name, outcome)
 
 
 def replay(name: str, path: Path, model: str, speed: float) -> JsonlPuller:

@@ -13,7 +13,7 @@ import argparse
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
@@ -23,7 +23,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from rich.table import Table
 
 from wattflow.actors.exporters import exporters
-from wattflow.actors.run_store import RunStore, StoreError, mark, open_store, parse_run_id, run_id
+from wattflow.actors.run_store import (
+    RunStore,
+    StoreError,
+    discard_if_empty,
+    mark,
+    open_store,
+    parse_run_id,
+    run_id,
+    sqlite_path,
+)
 from wattflow.formats import jsonl, powerapi
 from wattflow.formats.errors import DecodeError
 from wattflow.formats.reports import (
@@ -32,6 +41,7 @@ from wattflow.formats.reports import (
     Report,
     TargetEnergyReport,
     report_kind,
+    to_utc,
 )
 from wattflow.formats.runs import (
     RecordedSystem,
@@ -42,6 +52,13 @@ from wattflow.formats.runs import (
 )
 
 EVENT_NAMES = list(get_args(EventName))
+
+FAR_S = 3600.0
+"""How far outside a run's window ``runs mark`` may put an event at now, unasked: a live run's
+window reaches about now, and an hour covers a service paused or a long step between marks."""
+
+NOTABLE_S = 60.0
+"""How much a mark may widen a run's window before ``runs mark`` warns that it did."""
 
 KIND_BY_PAYLOAD = (
     ("power", "PowerReport"),
@@ -100,19 +117,25 @@ def runs_parser() -> _Parser:
     marking.add_argument("--store", dest="store_", default=None)
     marking.add_argument("--run", help="experiment/benchmark/settings/repetition (default: the "
                          "latest run)")  # fmt: skip
+    marking.add_argument("--at", metavar="TIME", help="the event's time (default: now): ISO 8601 "
+                         "(UTC unless it says), +SECONDS after the run's start, or now; needed "
+                         f"to mark a run that ended over {FAR_S / 3600:g} h ago")  # fmt: skip
     return parser
 
 
 def export_parser() -> _Parser:
     """``wattflow export``'s command line."""
     parser = _Parser(prog="wattflow export")
-    parser.add_argument("format", choices=exporters.names())
-    parser.add_argument("--store", default=None)
-    parser.add_argument("--experiment")
-    parser.add_argument("--benchmark")
+    directories = [name for name in exporters.names() if exporters.get(name).writes_directory]
+    parser.add_argument("format", choices=exporters.names(), help="the format to write")
+    parser.add_argument("--store", default=None, help="sqlite:///path or mongodb://host/db "
+                        "(default: runs.db in the user's data directory)")  # fmt: skip
+    parser.add_argument("--experiment", help="only this experiment's runs")
+    parser.add_argument("--benchmark", help="only this benchmark's runs")
     parser.add_argument("--run", action="append", default=[], metavar="E/B/S/N",
                         help="only this run (repeat for several)")  # fmt: skip
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where to write: a directory "
+                        f"for {', '.join(directories)}; a file for the others")  # fmt: skip
     parser.add_argument("--model", action="store_true", help="add fitted models (extrap)")
     return parser
 
@@ -162,16 +185,10 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
     """``wattflow runs import|list|show|energy|mark``."""
     console = console or Console()
     args = runs_parser().parse_args(argv)
-    with open_store(args.store_ or args.store, create=args.action == "import") as store:
-        if args.action == "import":
-            system = None if args.system_info is None else read_system_info(args.system_info)
-            run, count = import_files(
-                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
-                settings=args.settings, repetition=args.repetition,
-                parameters=parameters_of(args.param), model=args.model, system=system,
-            )  # fmt: skip
-            print_lines(console, import_lines(run, count, store.count(run)))
-        elif args.action == "list":
+    if args.action == "import":
+        return import_command(args, console)
+    with open_store(args.store_ or args.store, create=False) as store:
+        if args.action == "list":
             runs = store.runs(args.experiment, args.benchmark)
             print_rows(console, RUNS_HEADER, [run_row(run, store.count(run)) for run in runs])
         elif args.action == "show":
@@ -182,8 +199,116 @@ def runs_command(argv: Sequence[str], console: Console | None = None) -> int:
             rows = [energy_row(r) for r in reports if isinstance(r, TargetEnergyReport)]
             print_rows(console, ENERGY_HEADER, rows)
         else:
-            mark(store, run_to_mark(store, args.run), args.event, args.data)
-            console.print(f"marked {args.event}")
+            mark_command(store, args, console)
+    return 0
+
+
+def mark_command(store: RunStore, args: argparse.Namespace, console: Console) -> None:
+    """``wattflow runs mark``: the event at ``--at`` or now, refused when now would stretch a
+    run that ended long ago (an imported one) to today, and a warning when it widens the run's
+    window by more than :data:`NOTABLE_S`."""
+    run = run_to_mark(store, args.run)
+    moment = mark_time(run, args.at, datetime.now(UTC))
+    marked = mark(store, run, args.event, args.data, at=moment)
+    shown = f"marked {args.event} in {run.id} at {moment.isoformat()}"
+    console.print(shown, highlight=False, markup=False, soft_wrap=True)
+    warning = widening_warning(run, marked)
+    if warning is not None:
+        Console(stderr=True).print(warning, highlight=False, markup=False, soft_wrap=True)
+
+
+def mark_time(run: Run, at: str | None, now: datetime) -> datetime:
+    """The time ``runs mark`` gives its event: ``--at`` (an ISO 8601 time, naive ones UTC;
+    ``+SECONDS`` after the run's start; ``now``), or now when it is not more than
+    :data:`FAR_S` outside the run's window. A run recorded live has a window up to about now;
+    one imported from a recording of January does not, and marking it now would stretch it to
+    today, an export then spanning months: that is refused, saying how to place the event.
+
+    Raises:
+        StoreError: for a time that cannot be read, or now far outside the window without
+            ``--at``.
+    """
+    if at is None:
+        gap = outside_s(run, now)
+        if gap > FAR_S:
+            raise StoreError(
+                f"run {run.id} spans {run.start.isoformat()} – {run.end.isoformat()}: marking "
+                f"it now would stretch its window by {span_text(gap)}. Give --at TIME to place "
+                f"the event in the run (ISO 8601, UTC unless it says, or +SECONDS after its "
+                f"start), or --at now to stretch it"
+            )
+        return now
+    if at == "now":
+        return now
+    try:
+        if at.startswith("+"):
+            seconds = float(at[1:])
+            if not math.isfinite(seconds):
+                raise ValueError(at)
+            return run.start + timedelta(seconds=seconds)
+        return to_utc(at)
+    except (ValueError, OverflowError):
+        raise StoreError(
+            f"--at {at!r}: give an ISO 8601 time (2026-01-15T10:00:03, UTC unless it says), "
+            f"+SECONDS after the run's start, or now"
+        ) from None
+
+
+def outside_s(run: Run, moment: datetime) -> float:
+    """How far ``moment`` is outside the run's window, in seconds (0 inside it)."""
+    return max(0.0, (run.start - moment).total_seconds(), (moment - run.end).total_seconds())
+
+
+def widening_warning(before: Run, after: Run) -> str | None:
+    """What ``runs mark`` says when the event widened the run's window by more than
+    :data:`NOTABLE_S`: exports then span the new window."""
+    widened = after.duration_s - before.duration_s
+    if widened <= NOTABLE_S:
+        return None
+    return (
+        f"warning: the event is outside run {after.id}'s window, which it widened by "
+        f"{span_text(widened)}: it now spans {after.start.isoformat()} – "
+        f"{after.end.isoformat()} ({span_text(after.duration_s)})"
+    )
+
+
+def span_text(seconds: float) -> str:
+    """A length of time as a person reads it: seconds, minutes, hours or days."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def import_command(args: argparse.Namespace, console: Console) -> int:
+    """``wattflow runs import``: the one command that creates a store, and so the one that
+    must not leave an empty one behind when it fails. Its arguments and files are checked
+    before the store is opened; a store it created and then could not fill is removed."""
+    parameters = parameters_of(args.param)
+    settings = args.settings if args.settings is not None else _settings_of(parameters)
+    run_id(args.experiment, args.benchmark, settings, args.repetition)
+    for path in args.files:
+        if not path.is_file():
+            raise StoreError(f"{path}: no such file")
+    if args.model is not None:
+        report_kind(args.model)
+    system = None if args.system_info is None else read_system_info(args.system_info)
+    uri = args.store_ or args.store
+    path = sqlite_path(uri)
+    created = path if path is not None and not path.exists() else None
+    try:
+        with open_store(uri) as store:
+            run, count = import_files(
+                store, args.files, experiment=args.experiment, benchmark=args.benchmark,
+                settings=settings, repetition=args.repetition, parameters=parameters,
+                model=args.model, system=system,
+            )  # fmt: skip
+            lines = import_lines(run, count, store.count(run))
+    except BaseException:
+        if created is not None:
+            discard_if_empty(created)
+        raise
+    print_lines(console, lines)
     return 0
 
 
@@ -223,7 +348,7 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
         columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
                    TimeRemainingColumn())  # fmt: skip
         with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
-            task = progress.add_task(f"{args.format} ← {len(runs)} runs", total=total)
+            task = progress.add_task(f"{args.format} ← {counted(len(runs), 'run')}", total=total)
             exporter.export(runs, store, args.out, lambda count: progress.advance(task, count))
         for run in runs:
             try:
@@ -231,7 +356,10 @@ def export_command(argv: Sequence[str], console: Console | None = None) -> int:
             except StoreError as error:
                 console.print(f"wrote the export, but could not note it in the store: {error}")
                 break
-    console.print(f"wrote {args.out} from {len(runs)} runs, {total} reports")
+    console.print(
+        f"wrote {args.out} from {counted(len(runs), 'run')}, {counted(total, 'report')}",
+        highlight=False, markup=False, soft_wrap=True,
+    )  # fmt: skip
     return 0
 
 
@@ -477,13 +605,18 @@ def show_lines(run: Run, kinds: Mapping[str, int]) -> list[str]:
 def import_lines(run: Run, imported: int, held: int) -> list[str]:
     """``wattflow runs import``'s answer; it says when the run held reports already, as
     importing a file twice stores its reports twice."""
-    lines = [f"imported {imported} reports into {run.id} ({run.start} – {run.end})"]
+    lines = [f"imported {counted(imported, 'report')} into {run.id} ({run.start} – {run.end})"]
     if held > imported:
         lines.append(
             f"{run.id} already held reports; it now holds {held} (importing "
             f"a file twice stores its reports twice)"
         )
     return lines
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 run``, ``3 runs``: a count with its noun, singular for one."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def print_lines(console: Console, lines: Sequence[str]) -> None:

@@ -173,7 +173,8 @@ def test_the_replay_is_a_run_in_the_store(demo: Demo) -> None:
     assert kinds["PowerReport"] == len(demo.rows)
     listed = wattflow("runs", "list", "--store", f"sqlite:///{demo.directory / 'runs.db'}")
     assert listed.returncode == 0, listed.stderr
-    assert RUN in listed.stdout
+    [row] = [line.split("\t") for line in listed.stdout.splitlines() if line.startswith(RUN)]
+    assert row[-1] == "extrap-text, gpu-dir", "the demo's exports, as `wattflow export` notes them"
 
 
 def test_the_gpu_measurement_directory(demo: Demo) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
@@ -99,4 +100,45 @@ def test_a_failed_export_is_logged_with_the_command_that_writes_it(tmp_path: Pat
     assert again.returncode == 0, again.stderr
     repetition = out / "gpu-dir" / "live" / "bert" / "250W" / "3"
     assert list(pd.read_csv(repetition / "timestamps.csv")["event"])[-1] == "experiment_end"
+    assert listed_exports(store) == "gpu-dir"
+
+
+def test_an_end_marked_from_a_shell_exports_the_live_run_once(tmp_path: Path) -> None:
+    """``wattflow runs mark experiment_end`` writes to the store, not to the service: the
+    recorder finds the end there, exports the run then, and not again when it stops."""
+    shift = datetime.now(UTC) - at(3)  # a run recorded until now, as a live one is
+    reports = [
+        r.model_copy(update={"timestamp": r.timestamp + shift})
+        for r in recording(3)
+        if r.timestamp <= at(3)
+    ]
+    flags = []
+    for kind in ("GPUReport", "MeterReport", "EventReport"):
+        chosen = [
+            r for r in reports if r.kind == kind and getattr(r, "event", "") != "experiment_end"
+        ]
+        path = write_jsonl(tmp_path / f"{kind}.jsonl", chosen)
+        flags += ["--input", "jsonl", "--model", kind, "--files", str(path)]
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    out = tmp_path / "exports"
+    timestamps = out / "gpu-dir" / "live" / "bert" / "250W" / "3" / "timestamps.csv"
+    service = Service(
+        tmp_path / "service.log", "run", "-s", *flags, "--gpu-idle-power", "50",
+        "--run", RUN, "--store", store, "--export", "gpu-dir", "--export-dir", str(out),
+    )  # fmt: skip
+    with service:
+
+        def recorded() -> bool:
+            with open_store(store) as opened:
+                run = opened.find(RUN)
+                return run is not None and opened.count(run) >= len(reports) - 1
+
+        wait_until(lambda: service.alive() and recorded(), 60, "the run's reports in the store")
+        assert not timestamps.exists(), "no end yet, no export"
+        marked = wattflow("runs", "mark", "experiment_end", "--run", RUN, "--store", store)
+        assert marked.returncode == 0, marked.stderr
+        service.wait_for_log(f"exported run {RUN} as gpu-dir")
+        assert list(pd.read_csv(timestamps)["event"])[-1] == "experiment_end"
+        log = service.stop()
+    assert log.count("exported run") == 1, "nothing came after the end: no export at the stop"
     assert listed_exports(store) == "gpu-dir"

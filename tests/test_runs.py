@@ -210,13 +210,54 @@ def test_import_list_show_mark_and_export_a_gpu_directory(tmp_path: Path) -> Non
     out = tmp_path / "export"
     exported = wattflow("export", "gpu-dir", "--store", store, "--out", str(out))
     assert exported.returncode == 0, exported.stderr
+    inside = len([r for r in reports if r.timestamp <= at(10)])
+    assert f"wrote {out} from 1 run, {inside} reports" in exported.stderr
     check_gpu_directory(out, reports)
-    marked = wattflow("runs", "mark", "train_begin", "--store", store)
+    # The recording is months old: marking it now is refused, unless asked for.
+    marked = wattflow("runs", "mark", "train_begin", "--store", store, "--at", "now")
     assert marked.returncode == 0, marked.stderr
+    assert "warning: the event is outside run clock-limit/bert/877MHz,1065MHz/0's window" in (
+        marked.stderr
+    )
     with open_store(store) as opened:
         [run] = opened.runs()
         assert run.events[-1].event == "train_begin"
         assert run.end > at(10), "marking widens the window"
+
+
+def test_marking_an_imported_run_now_is_refused_and_at_places_the_event(tmp_path: Path) -> None:
+    """A recording from months ago marked now would get a window of months, which an export
+    would then span: ``runs mark`` refuses, and ``--at`` places the event in the recording."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    import_run(store, write_jsonl(tmp_path / "run.jsonl", recording()))
+    identifier = "clock-limit/bert/877MHz,1065MHz/0"
+    refused = wattflow("runs", "mark", "epoch_begin", "3", "--store", store)
+    assert refused.returncode == 2
+    message = " ".join(refused.stderr.split())
+    assert f"run {identifier} spans 2026-06-01T08:00:00+00:00 – 2026-06-01T08:00:10+00:00" in (
+        message
+    )
+    assert "Give --at TIME to place the event in the run" in message
+    for at_time, expected in (("+2.5", at(2.5)), ("2026-06-01T08:00:07.25", at(7.25))):
+        placed = wattflow("runs", "mark", "epoch_begin", "3", "--at", at_time, "--store", store)
+        assert placed.returncode == 0, placed.stderr
+        assert f"marked epoch_begin in {identifier} at {expected.isoformat()}" in placed.stdout
+        assert placed.stderr == "", "inside the window: no warning"
+    late = wattflow("runs", "mark", "train_end", "--at", "2026-06-01T08:10:00Z", "--store", store)
+    assert late.returncode == 0, late.stderr
+    assert "widened by 9.8 min: it now spans" in " ".join(late.stderr.split())
+    bad = wattflow("runs", "mark", "train_end", "--at", "yesterday", "--store", store)
+    assert bad.returncode == 2
+    assert "--at 'yesterday': give an ISO 8601 time" in bad.stderr
+    with open_store(store) as opened:
+        run = opened.get(identifier)
+    assert (run.start, run.end) == (at(0), at(600))
+    assert [(e.event, e.timestamp) for e in run.events if e.data == 3] == [
+        ("epoch_begin", at(2.5)),
+        ("epoch_begin", at(7.25)),
+    ]
+    exported = wattflow("export", "ross", "--store", store, "--out", str(tmp_path / "ross"))
+    assert exported.returncode == 0, exported.stderr
 
 
 def test_the_mongodb_store_holds_the_same_run(
@@ -643,6 +684,46 @@ def test_a_mistyped_store_is_an_error_not_a_new_empty_store(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
+def test_every_export_option_says_what_it_does() -> None:
+    helped = wattflow("export", "--help")
+    assert helped.returncode == 0, helped.stderr
+    text = " ".join(helped.stdout.split())
+    for option in ("--store STORE sqlite:///path", "--experiment EXPERIMENT only",
+                   "--benchmark BENCHMARK only", "--run E/B/S/N only",
+                   "--out OUT where to write: a directory for gpu-dir"):  # fmt: skip
+        assert option in text, option
+
+
+def test_a_failed_import_leaves_no_store_behind(tmp_path: Path) -> None:
+    """``runs import`` creates the store, so it is the typo guard's weak spot: arguments and
+    files are checked before the store is opened, and a store it created but could not fill is
+    removed, so ``runs list`` then says there is no store rather than list none."""
+    source = write_jsonl(tmp_path / "power.jsonl", recording(1))
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    typo = tmp_path / "typo.db"
+    run = ["--store", f"sqlite:///{typo}", "--experiment", "e", "--benchmark", "b",
+           "--repetition", "0"]  # fmt: skip
+    for arguments, message in (
+        ([str(source)], "give --settings"),
+        ([str(tmp_path / "missing.jsonl"), "--settings", "s"], "missing.jsonl: no such file"),
+        ([str(source), "--settings", "s", "--model", "Nope"], "unknown report model 'Nope'"),
+        ([str(tmp_path / "bad.jsonl"), "--settings", "s"], "bad.jsonl:1: not valid JSON"),
+    ):
+        done = wattflow("runs", "import", *arguments, *run)
+        assert done.returncode == 2, done.stdout
+        assert message in done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "power.jsonl"]
+    listed = wattflow("runs", "list", "--store", f"sqlite:///{typo}")
+    assert listed.returncode == 2
+    assert f"no run store at {typo}" in listed.stderr
+    # A store that holds runs stays when an import into it fails.
+    assert wattflow("runs", "import", str(source), "--settings", "s", *run).returncode == 0
+    bad = wattflow("runs", "import", str(tmp_path / "bad.jsonl"), "--settings", "t", *run)
+    assert bad.returncode == 2
+    with open_store(f"sqlite:///{typo}", create=False) as opened:
+        assert [r.id for r in opened.runs()] == ["e/b/s/0"]
+
+
 def test_what_the_runs_commands_print_is_built_from_data_alone() -> None:
     """The rows and lines of ``runs list``, ``energy``, ``show`` and ``import``, from a run
     and its counts: no store, no terminal."""
@@ -723,5 +804,11 @@ def test_a_run_made_and_marked_through_the_store_reads_back_whichever_the_store(
         assert found.system["node"] == platform.node()
         assert [(e.event, e.data) for e in found.events] == [("epoch_begin", 3), ("epoch_end", 3)]
         assert to_millis(found.end) == to_millis(run.end) >= to_millis(found.events[-1].timestamp)
+        # What the recorder polls for an end marked by another process: events since a time.
+        since = found.events[-1].timestamp
+        stamped = [e for e in found.events if to_millis(e.timestamp) >= to_millis(since)]
+        assert store.events_since(run.id, since) == stamped
+        assert stamped[-1].event == "epoch_end"
+        assert store.events_since(run.id, since + timedelta(milliseconds=1)) == []
     with pytest.raises(StoreError, match="give a non-empty name"):
         new_run("e//s/0")

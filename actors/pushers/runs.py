@@ -11,9 +11,14 @@ copy of the run, so each only widens the stored window and never drops what the 
 (the store merges parameters and system info, see
 :meth:`~wattflow.actors.run_store.RunStore.save_run`).
 
-With ``--export``, the recorder asks for an export when it has stored the run's
-``experiment_end`` event, and once more when the service stops if reports came since (or none
-was asked for). Each export is ``wattflow export FORMAT --store URI --run E/B/S/N --out PATH``,
+With ``--export``, the recorder asks for an export when the run's ``experiment_end`` event is
+stored, and once more when the service stops if reports came since (or none was asked for).
+The event may come through the pipeline, or be stored by another process: ``wattflow runs mark
+experiment_end`` and a program's ``record()`` write to the store, not to the service. So the
+recorder also looks in the store, every :data:`WATCH_S` seconds, for ``experiment_end`` events
+stamped since its last look (:class:`StoredEnds`): a read of the run's newest rows by the store's
+index, bounded by what was stored meanwhile, not by the run's length. Each end is exported once,
+however it was seen. Each export is ``wattflow export FORMAT --store URI --run E/B/S/N --out PATH``,
 run as a child process from a thread of its own (:class:`RunExports`):
 
 - the event loop never waits for it, and, being another process, it does not take the
@@ -30,13 +35,14 @@ Where each format goes below ``--export-dir`` is :func:`~wattflow.actors.exporte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shlex
 import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -66,6 +72,15 @@ NOT_RECORDED = frozenset({"HWPCReport"})
 
 TAIL_CHARS = 2000
 """How much of a failed export's error output is kept for the log."""
+
+WATCH_S = 1.0
+"""How often the recorder looks in the store for an ``experiment_end`` another process stored
+(with ``--export`` only): the longest an export waits for it to be noticed."""
+
+LATE_S = 60.0
+"""How far before its last look the recorder looks again. An event is stamped when it is made
+and stored a moment later (after waiting for the store's lock, five seconds at most in SQLite),
+so one stamped just before a look can be stored just after it."""
 
 
 class RunRecorderConfig(PusherConfig):
@@ -124,6 +139,11 @@ class RunRecorder(Pusher[RunRecorderConfig]):
         self._unexported = 0
         """Reports stored since the latest export was asked for."""
         self._asked = False
+        self._ends = StoredEnds(config.run)
+        self._watcher: asyncio.Task[None] | None = None
+        self._storing = asyncio.Lock()
+        """Held while a thread uses the store: the watcher and ``write`` share its connection."""
+        self._closing = asyncio.Event()
 
     def accepts(self, kind: str) -> bool:
         return kind not in NOT_RECORDED
@@ -142,8 +162,50 @@ class RunRecorder(Pusher[RunRecorderConfig]):
             self.run = new_run(self.config.run)
         # Widening: a program's record() may have created the run since it was looked up.
         await asyncio.to_thread(self.store.save_run, self.run, widen=True)
+        if self.exports is not None:
+            # Ends stored before the service started are the past: only later ones export.
+            await asyncio.to_thread(self._ends.new_ends, self.store, datetime.now(UTC))
+            self._watcher = asyncio.create_task(self._watch(), name=f"watch {self.config.run}")
+
+    async def _watch(self) -> None:
+        """Every :data:`WATCH_S` until :meth:`close`, export the run if another process stored
+        its end. A look that fails (a store busy or unreachable) is logged and tried again."""
+        assert self.store is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), WATCH_S)
+                return  # close() waits for a look under way rather than cancel its thread
+            try:
+                async with self._storing:
+                    ended = await asyncio.to_thread(
+                        self._ends.new_ends, self.store, datetime.now(UTC)
+                    )
+            except Exception as error:  # either store's driver errors: the look is retried
+                logger.warning("run %s: could not look for its end in the store: %s",
+                               self.config.run, error)  # fmt: skip
+                continue
+            if ended:
+                self._export_now()
+
+    def _export_now(self) -> None:
+        """The run ended: export it as it now is."""
+        assert self.exports is not None
+        self.exports.request()
+        self._unexported, self._asked = 0, True
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
+        ends = [r for r in batch if isinstance(r, EventReport) and r.event == "experiment_end"]
+        async with self._storing:
+            await self._store(batch)
+            for end in ends:
+                self._ends.saw(end)  # stored here: the watcher must not export it again
+        self._unexported += len(batch)
+        if self.exports is not None and ends:
+            self._export_now()
+        return []
+
+    async def _store(self, batch: list[Report]) -> None:
+        """Store a batch in the run, widening its window to hold it."""
         assert self.store is not None, "open() first"
         assert self.run is not None, "open() first"
         # The mailbox hands over what is ready without waiting, so this is when the pipeline
@@ -160,13 +222,6 @@ class RunRecorder(Pusher[RunRecorderConfig]):
                 update={"start": min(first, self.run.start), "end": max(last, self.run.end)}
             )
             await asyncio.to_thread(self.store.save_run, self.run, widen=True)
-        self._unexported += len(batch)
-        if self.exports is not None and any(
-            isinstance(report, EventReport) and report.event == "experiment_end" for report in batch
-        ):
-            self.exports.request()  # the run ended: export it as it now is
-            self._unexported, self._asked = 0, True
-        return []
 
     def _settle(self, first: datetime, last: datetime) -> None:
         """Give a run this recorder created the window of its first reports, unless another
@@ -184,12 +239,49 @@ class RunRecorder(Pusher[RunRecorderConfig]):
             )
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._closing.set()
+            await self._watcher
+            self._watcher = None
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
             self.store = None
         if self.exports is not None:
             # The service stops: the run ends here unless it ended already with nothing since.
             await self.exports.close(export=self._unexported > 0 or not self._asked)
+
+
+class StoredEnds:
+    """The run's ``experiment_end`` events, as the recorder has seen them: each one it stored
+    itself or found in the store, so that each end is exported once, whoever stored it.
+
+    An event is known by its time (ms) and sensor. Only events stamped since the last look,
+    less :data:`LATE_S`, are read again; those before it are forgotten, as no look returns them.
+    """
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.since: datetime | None = None
+        """Where the next look starts: None before the first, which reads the last LATE_S."""
+        self.seen: set[tuple[int, str]] = set()
+
+    def saw(self, event: EventReport) -> None:
+        """An end the recorder stored (or found)."""
+        self.seen.add((to_millis(event.timestamp), event.sensor))
+
+    def new_ends(self, store: RunStore, now: datetime) -> bool:
+        """Whether the store holds an end of the run not seen before; it is seen now."""
+        late = now - timedelta(seconds=LATE_S)
+        since = late if self.since is None else min(self.since, late)
+        found = False
+        for event in store.events_since(self.run, since):
+            key = (to_millis(event.timestamp), event.sensor)
+            if event.event == "experiment_end" and key not in self.seen:
+                self.seen.add(key)
+                found = True
+        self.since = late
+        self.seen = {key for key in self.seen if key[0] >= to_millis(late)}
+        return found
 
 
 class RunExports:
