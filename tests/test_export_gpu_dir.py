@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped]
@@ -117,6 +118,10 @@ def check_loads(repetition: Path) -> set[str]:
     assert list(events.columns) == ["timestamp", "event", "data"]
     assert events["data"].dtype.kind == "i", events["data"].dtype
     assert {"experiment_begin", "experiment_end"} <= set(events["event"])
+    times = [datetime.fromisoformat(text) for text in events["timestamp"]]
+    assert times == sorted(times), "timestamps.csv in time order"
+    assert events["event"].iloc[0] == "experiment_begin"
+    assert events["event"].iloc[-1] == "experiment_end"
     return names
 
 
@@ -127,6 +132,13 @@ def test_every_csv_loads_with_an_integer_index_and_samples_only_where_there_are(
     import_into(store, write_jsonl(tmp_path / "power.jsonl", recording(3)), "power-samples")
     import_into(store, write_jsonl(tmp_path / "all.jsonl", every_sample()), "all-samples")
     import_into(store, write_jsonl(tmp_path / "meter.jsonl", meter_only()), "no-gpu")
+    # A run that marked its epochs but not its begin (a live run): the begin stands in first.
+    unbegun = [
+        r
+        for r in every_sample()
+        if not (isinstance(r, EventReport) and r.event == "experiment_begin")
+    ]
+    import_into(store, write_jsonl(tmp_path / "unbegun.jsonl", unbegun), "unbegun")
     out = tmp_path / "out"
     export(store, out)
     root = out / "exp" / "bench"
@@ -148,6 +160,11 @@ def test_every_csv_loads_with_an_integer_index_and_samples_only_where_there_are(
     }  # fmt: skip
     events = pd.read_csv(root / "all-samples" / "0" / "timestamps.csv")
     assert list(events["data"]) == [0, 0, 0, 0]
+    check_loads(root / "unbegun" / "0")
+    unbegun_events = pd.read_csv(root / "unbegun" / "0" / "timestamps.csv")
+    assert list(unbegun_events["event"]) == [
+        "experiment_begin", "epoch_begin", "epoch_end", "experiment_end",
+    ]  # fmt: skip
 
 
 def test_exporting_again_leaves_no_file_this_run_does_not_have(tmp_path: Path) -> None:

@@ -30,28 +30,34 @@ class GpuDirExporter(Exporter):
         for run in runs:
             directory = out / run.experiment / run.benchmark / run.settings / str(run.repetition)
             writer = RepetitionWriter(directory)
-            events: dict[EventName, bool] = {"experiment_begin": False, "experiment_end": False}
+            stand_ins = _missing_edges(run, data)
+            if stand_ins and stand_ins[0].event == "experiment_begin":
+                writer.add(stand_ins.pop(0))  # before every other event, as its time is
             read = 0
             for report in data.reports(run, KINDS):
                 read += 1
                 if read % PAGE == 0:
                     advance(PAGE)
                 writer.add(report)
-                if isinstance(report, EventReport) and report.event in events:
-                    events[report.event] = True
             advance(read % PAGE)
             count_the_rest(data, run, read, advance)
-            # The loader needs the experiment's begin and end: the window stands in for them.
-            if not events["experiment_begin"] or not events["experiment_end"]:
-                edges: tuple[tuple[EventName, datetime], ...] = (
-                    ("experiment_begin", run.start),
-                    ("experiment_end", run.end),
-                )
-                # The run's window stands in for a missing edge; the machine it ran on names it.
-                sensor = str(run.system.get("node") or "wattflow")
-                for name, moment in edges:
-                    if not events[name]:
-                        writer.add(
-                            EventReport(timestamp=moment, sensor=sensor, target="all", event=name)
-                        )
+            for report in stand_ins:  # the end, after every other event
+                writer.add(report)
             writer.close(run.system)
+
+
+def _missing_edges(run: Run, data: RunData) -> list[EventReport]:
+    """The loader needs the experiment's begin and end: where the run lacks one (a live run
+    marked only at its end, say), the run's window stands in for it, and the machine it ran on
+    names it. ``timestamps.csv`` keeps time order: the begin goes first, the end last."""
+    present = {r.event for r in data.reports(run, ("EventReport",)) if isinstance(r, EventReport)}
+    sensor = str(run.system.get("node") or "wattflow")
+    edges: tuple[tuple[EventName, datetime], ...] = (
+        ("experiment_begin", run.start),
+        ("experiment_end", run.end),
+    )
+    return [
+        EventReport(timestamp=moment, sensor=sensor, target="all", event=name)
+        for name, moment in edges
+        if name not in present
+    ]
