@@ -243,6 +243,29 @@ def test_toml_config_is_read(fixtures: Path, tmp_path: Path) -> None:
     assert all(line["target"] == "rapl" for line in lines)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "read_as"),
+    [
+        ("rapl.csv", "timestamp,sensor,target\n", "JSON"),
+        ("wattflow.toml", "stream = \n", "TOML"),
+        ("config", "{", "JSON"),
+    ],
+)
+def test_a_config_file_that_does_not_parse_names_the_format_it_was_read_as(
+    tmp_path: Path, name: str, text: str, read_as: str
+) -> None:
+    """An input file given as the config file by mistake (``--config-file rapl.csv``) was
+    said to be "not valid csv": it is read as JSON, and the error says so, and why."""
+    (tmp_path / name).write_text(text)
+    done = wattflow("run", "--config-file", name, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"wattflow: error: --config-file {name}: not valid {read_as} (a config file is TOML "
+        "when its name ends in .toml, else PowerAPI's JSON): "
+    ), line
+
+
 def test_demo_needs_nothing_and_writes_csv_where_it_says(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     done = wattflow("demo", "--directory", str(out), "--speed", "100")
