@@ -127,6 +127,41 @@ def test_the_service_and_formula_tables_list_every_global_flag() -> None:
     assert in_tables == _options(_global_parser()) - {"-h", "--help"}
 
 
+FORMULA_PAGES = [BY_PATH[f"docs/formulas/{name}.md"] for name, _ in formulas.items()]
+
+
+def test_no_formula_flag_is_also_a_flag_of_an_input_or_an_output() -> None:
+    """What lets the formula pages say their flags work after any group: a group keeps only its
+    own flags, so a formula flag that a backend also had would be taken by that backend."""
+    formula_flags = {f for page in FORMULA_PAGES for s in page.settings for f in s.flags}
+    for page in (p for p in TABLES if p.group):
+        shared = formula_flags & _options(_backend_parser(page.group, page.kind))
+        assert not shared, f"{page.path}: {sorted(shared)} is also a formula flag"
+
+
+@pytest.mark.parametrize("page", FORMULA_PAGES, ids=[page.path for page in FORMULA_PAGES])
+def test_a_formula_flag_after_the_groups_sets_what_it_sets_before_them(page: Any) -> None:
+    """The README puts SmartWatts' flags after ``--output``; the pages say that works."""
+    groups = ["--input", "csv", "--files", "a.csv", "--output", "jsonl", "--file", "o.jsonl"]
+    for setting in (s for s in page.settings if s.key is not None and s.takes_value):
+        flag = setting.flags[0]
+        before, _ = parse_run_args([flag, "7", *groups])
+        after, _ = parse_run_args([*groups, flag, "7"])
+        assert after == before, f"{page.path}: {flag} after --output sets {after}"
+        assert before[setting.key.replace("-", "_")] == "7"
+
+
+def test_a_global_flag_that_a_group_also_has_belongs_to_the_group() -> None:
+    """The service page's one exception: ``-s`` after ``--output virtiofs`` is its suffix."""
+    virtiofs = ["--output", "virtiofs", "-r", "(x)", "-d", "root"]
+    layer, _ = parse_run_args(["-s", *virtiofs])
+    assert layer["stream"] is True
+    assert "vm_directory_name_suffix" not in layer["output"]["pusher_virtiofs"]
+    layer, _ = parse_run_args([*virtiofs, "-s", "/"])
+    assert "stream" not in layer
+    assert layer["output"]["pusher_virtiofs"]["vm_directory_name_suffix"] == "/"
+
+
 @pytest.mark.parametrize("page", TABLES, ids=[page.path for page in TABLES])
 def test_every_variable_in_the_table_sets_its_key(page: Any, tmp_path: Path) -> None:
     for setting in page.settings:
