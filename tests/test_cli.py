@@ -539,3 +539,35 @@ def test_a_run_keeps_malloc_to_one_arena_on_glibc() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_sensor_help_lists_the_sensors_and_how_outputs_are_given(flag: str) -> None:
+    """``wattflow sensor --help`` was an error (exit 2) asking for a sensor's name."""
+    done = wattflow("sensor", flag)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: wattflow sensor NAME [its flags] --output TYPE")
+    assert "\n  nvml    NVIDIA GPUs through NVML" in done.stdout
+    assert "wattflow run --output TYPE --help" in done.stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("args", [["nvml", "--help"], ["nvml", "--devices", "0", "-h"]])
+def test_a_sensors_help_names_the_sensor_command_and_says_how_outputs_are_given(
+    args: list[str],
+) -> None:
+    """It was ``wattflow run --input nvml``'s help, which named another command and said
+    nothing of the outputs the sensor needs."""
+    done = wattflow("sensor", *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: wattflow sensor nvml [its flags] --output TYPE")
+    assert "wattflow run" not in done.stdout.splitlines()[0]
+    assert "--interval-ms INTERVAL_MS" in done.stdout
+    text = " ".join(done.stdout.split())
+    assert "Outputs are given after the sensor's flags" in text
+    assert "types: csv, filedb, influxdb, influxdb2, jsonl" in text
+
+
+def test_sensor_without_a_name_still_exits_2_and_points_at_the_help() -> None:
+    done = wattflow("sensor")
+    assert done.returncode == 2
+    assert "`wattflow sensor --help` lists them" in done.stderr
