@@ -581,8 +581,10 @@ def formula_page(name: str, formula: type[Formula[Any]]) -> Page:
     notes_text = (
         f"The formula runs unless `--disable-{name}-formula` is given, on the "
         f"{' or '.join(code(kind) for kind in needed)} reports of the inputs. Its settings are "
-        "global flags of `wattflow run` (before any `--input` or `--output`) and top-level keys "
-        "of a config file (dashes may replace underscores); `POWERAPI_` may replace `WATTFLOW_` "
+        "global flags of `wattflow run`, given before the first `--input` or `--output` group or "
+        "after any (a group keeps its own flags and hands the others on; no input or output has "
+        "a flag of the same name), and top-level keys of a config file (dashes may replace "
+        "underscores); `POWERAPI_` may replace `WATTFLOW_` "
         "in the variables (it wins when both are set)."
     )
     example = formula_example(formula)
@@ -631,8 +633,11 @@ def service_page() -> Page:
         ),
     ]
     notes = (
-        "These are the global flags of `wattflow run`, given before any `--input` or `--output` "
-        "group; the formulas add theirs ([formulas](../formulas/README.md)), and each input and "
+        "These are the global flags of `wattflow run`, given before the first `--input` or "
+        "`--output` group or after any: a group keeps its own flags and hands the others on, so "
+        "only a flag that the group has too belongs to it (`-s` after `--output virtiofs` is its "
+        "`--vm-directory-name-suffix`, not `--stream`). The formulas add theirs "
+        "([formulas](../formulas/README.md)), and each input and "
         "output its own ([backends](../backends/README.md)). Files are overridden by the "
         "environment, and both by flags. A config file is PowerAPI's JSON, or TOML when its name "
         "ends in `.toml`; dashes may replace underscores in its keys. `POWERAPI_` may replace "

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
@@ -97,9 +98,15 @@ def _add_model_flags(
     return added
 
 
-def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
+def _backend_parser(
+    group: str, kind: str, prog: str | None = None, usage: str | None = None, epilog: str = ""
+) -> argparse.ArgumentParser:
     """The flags of one group (``--input csv``, ``--pre-processor k8s``). No ``-h``: PowerAPI's
-    k8s pre-processor takes it for ``--api-host``; ``--help`` lists the group's flags."""
+    k8s pre-processor takes it for ``--api-host``; ``--help`` lists the group's flags.
+
+    ``prog``, ``usage`` and ``epilog`` are for a command that stands for the group (``wattflow
+    sensor nvml``), whose help names that command and says what else it takes.
+    """
     from wattflow.service import config as service_config
     from wattflow.service.config import ConfigError
 
@@ -108,7 +115,9 @@ def _backend_parser(group: str, kind: str) -> argparse.ArgumentParser:
         model = registry.get(kind).config_model
     except ValueError as error:
         raise ConfigError(f"--{group} {kind}: {error}") from None
-    parser = _Parser(prog=f"wattflow run --{group} {kind}", add_help=False)
+    parser = _Parser(
+        prog=prog or f"wattflow run --{group} {kind}", usage=usage, add_help=False, epilog=epilog
+    )
     parser.add_argument("--help", action="help", help="Show this backend's flags and exit.")
     _add_model_flags(parser, model, skip={"type"})
     return parser
@@ -432,11 +441,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _demo(rest)
 
 
+SENSORS = {
+    "nvml": "NVIDIA GPUs through NVML: power, energy, utilisation and each process's share, as "
+    "GPUReports (its flags: `wattflow sensor nvml --help`)",
+}
+"""The sensors ``wattflow sensor`` runs, and what each reads."""
+
+SENSOR_OUTPUTS = (
+    "Outputs are given after the sensor's flags, as for `wattflow run`: --output TYPE [its flags] "
+    "…, any number of them; types: {types}. Each writes GPUReports unless it names another "
+    "--model; `wattflow run --output TYPE --help` lists a type's flags. Global flags of "
+    "`wattflow run` (--dead-letters, --http-port, …) are taken too. No formula runs."
+)
+"""The end of ``wattflow sensor NAME --help``: how outputs are given."""
+
+
+def sensor_usage() -> str:
+    """``wattflow sensor --help``: the sensors, what each reads, and how outputs are given."""
+    from wattflow.actors.pushers import pushers
+
+    listed = "\n".join(
+        textwrap.fill(
+            what,
+            79,
+            break_on_hyphens=False,
+            initial_indent=f"  {name:<8}",
+            subsequent_indent=" " * 10,
+        )
+        for name, what in SENSORS.items()
+    )
+    outputs = SENSOR_OUTPUTS.format(types=", ".join(pushers.names()))
+    outputs = textwrap.fill(outputs, 79, break_on_hyphens=False)
+    return (
+        "usage: wattflow sensor NAME [its flags] --output TYPE [its flags] …\n\n"
+        "Run a sensor alone, without formulas, and write its readings to outputs.\n\n"
+        f"sensors:\n{listed}\n\n{outputs}"
+    )
+
+
+def _sensor_help(argv: Sequence[str]) -> str | None:
+    """The help that ``wattflow sensor ARGV`` asks for, or None when it asks for none: ``-h`` or
+    ``--help`` alone, or among a sensor's own flags (before its first ``--output``)."""
+    from wattflow.actors.pushers import pushers
+
+    if not argv or argv[0] in ("-h", "--help"):
+        return sensor_usage() if argv else None
+    head, _ = _split_groups(argv[1:])
+    if argv[0] not in SENSORS or not {"-h", "--help"} & set(head):
+        return None
+    epilog = SENSOR_OUTPUTS.format(types=", ".join(pushers.names()))
+    prog = f"wattflow sensor {argv[0]}"
+    usage = f"{prog} [its flags] --output TYPE [its flags] …"
+    return _backend_parser("input", argv[0], prog, usage, epilog).format_help()
+
+
 def sensor_command(argv: Sequence[str]) -> int:
-    """``wattflow sensor nvml [its flags] --output TYPE …``: the sampler alone, no formula."""
+    """``wattflow sensor nvml [its flags] --output TYPE …``: the sampler alone, no formula.
+    ``--help`` is answered here, in the sensor's terms: passed on to ``wattflow run`` it would
+    describe that command's input instead."""
     from wattflow.service.config import ConfigError
 
     try:
+        help_text = _sensor_help(argv)
+        if help_text is not None:
+            print(help_text)
+            return 0
         tokens = sensor_run_args(argv)
     except ConfigError as error:
         return _fail(str(error), 2)
@@ -456,10 +525,13 @@ def sensor_run_args(argv: Sequence[str]) -> list[str]:
     from wattflow.service.config import ConfigError
 
     if not argv or argv[0].startswith("-"):
-        raise ConfigError("sensor: name the sensor to run, e.g. `wattflow sensor nvml --output …`")
+        raise ConfigError(
+            "sensor: name the sensor to run, e.g. `wattflow sensor nvml --output …` "
+            "(`wattflow sensor --help` lists them)"
+        )
     kind, rest = argv[0], list(argv[1:])
-    if kind != "nvml":
-        raise ConfigError(f"sensor: unknown sensor {kind!r}; known: nvml")
+    if kind not in SENSORS:
+        raise ConfigError(f"sensor: unknown sensor {kind!r}; known: {', '.join(SENSORS)}")
     head, groups = _split_groups(rest)
     tokens = ["--input", kind, *head]
     for group, backend, flags in groups:

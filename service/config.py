@@ -218,14 +218,16 @@ def load_file(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"--config-file {path}: {error.strerror}") from None
+    # The suffix decides: .toml is TOML, anything else is PowerAPI's JSON. The error names the
+    # format the file was read as, and the rule, so that `rapl.csv` given by mistake (an input
+    # file, not a config) is not reported as bad CSV.
+    is_toml = path.suffix.lower() == ".toml"
     try:
-        if path.suffix.lower() == ".toml":
-            data: Any = tomllib.loads(text)
-        else:
-            data = json.loads(text)
+        data: Any = tomllib.loads(text) if is_toml else json.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(
-            f"--config-file {path}: not valid {path.suffix[1:] or 'JSON'}: {error}"
+            f"--config-file {path}: not valid {'TOML' if is_toml else 'JSON'} (a config file is "
+            f"TOML when its name ends in .toml, else PowerAPI's JSON): {error}"
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config-file {path}: the top level must be a table of settings")

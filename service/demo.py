@@ -197,11 +197,15 @@ def _print_accounting(console: Console, result: PipelineResult, pipeline: Pipeli
     accounted for, with no actor failed and no dead letter."""
     ledger = result.ledger
     dead = ledger.rejected_input + ledger.dead_in + ledger.dead_out
+    # The CSV output writes the PowerReports; the rest are SmartWatts' FormulaReports, which
+    # only the run store keeps: said, so that the counts above and below add up.
+    power = ledger.delivered_by_pusher["csv"]
     print_line(
         console,
         f"Replayed {ledger.entered} reports from the bundled recordings of {SENSOR} "
         f"(hwpc-sensor, 2 GPUs, a power meter, a training job's events): the formulas made "
-        f"{ledger.produced} reports; every report accounted for: "
+        f"{ledger.produced} reports: {power} PowerReports and {ledger.produced - power} "
+        "FormulaReports; every report accounted for: "
         f"{'yes' if result.ok and ledger.balanced() else 'NO'}; dead letters: {dead}.",
     )
     for actor, reason in result.failures.items():

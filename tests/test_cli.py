@@ -243,6 +243,29 @@ def test_toml_config_is_read(fixtures: Path, tmp_path: Path) -> None:
     assert all(line["target"] == "rapl" for line in lines)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "read_as"),
+    [
+        ("rapl.csv", "timestamp,sensor,target\n", "JSON"),
+        ("wattflow.toml", "stream = \n", "TOML"),
+        ("config", "{", "JSON"),
+    ],
+)
+def test_a_config_file_that_does_not_parse_names_the_format_it_was_read_as(
+    tmp_path: Path, name: str, text: str, read_as: str
+) -> None:
+    """An input file given as the config file by mistake (``--config-file rapl.csv``) was
+    said to be "not valid csv": it is read as JSON, and the error says so, and why."""
+    (tmp_path / name).write_text(text)
+    done = wattflow("run", "--config-file", name, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"wattflow: error: --config-file {name}: not valid {read_as} (a config file is TOML "
+        "when its name ends in .toml, else PowerAPI's JSON): "
+    ), line
+
+
 def test_demo_needs_nothing_and_writes_csv_where_it_says(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     done = wattflow("demo", "--directory", str(out), "--speed", "100")
@@ -516,3 +539,35 @@ def test_a_run_keeps_malloc_to_one_arena_on_glibc() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_sensor_help_lists_the_sensors_and_how_outputs_are_given(flag: str) -> None:
+    """``wattflow sensor --help`` was an error (exit 2) asking for a sensor's name."""
+    done = wattflow("sensor", flag)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: wattflow sensor NAME [its flags] --output TYPE")
+    assert "\n  nvml    NVIDIA GPUs through NVML" in done.stdout
+    assert "wattflow run --output TYPE --help" in done.stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("args", [["nvml", "--help"], ["nvml", "--devices", "0", "-h"]])
+def test_a_sensors_help_names_the_sensor_command_and_says_how_outputs_are_given(
+    args: list[str],
+) -> None:
+    """It was ``wattflow run --input nvml``'s help, which named another command and said
+    nothing of the outputs the sensor needs."""
+    done = wattflow("sensor", *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: wattflow sensor nvml [its flags] --output TYPE")
+    assert "wattflow run" not in done.stdout.splitlines()[0]
+    assert "--interval-ms INTERVAL_MS" in done.stdout
+    text = " ".join(done.stdout.split())
+    assert "Outputs are given after the sensor's flags" in text
+    assert "types: csv, filedb, influxdb, influxdb2, jsonl" in text
+
+
+def test_sensor_without_a_name_still_exits_2_and_points_at_the_help() -> None:
+    done = wattflow("sensor")
+    assert done.returncode == 2
+    assert "`wattflow sensor --help` lists them" in done.stderr

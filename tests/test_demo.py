@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -70,6 +71,21 @@ def test_it_prints_where_everything_went(demo: Demo) -> None:
         f"{demo.directory / 'extrap' / 'wattflow-demo.txt'}",
     ):
         assert where in out, where
+
+
+def test_the_counts_it_prints_add_up_by_kind(demo: Demo) -> None:
+    """It said "the formulas made 918 reports" beside "818 power reports": the 100 others,
+    SmartWatts' FormulaReports, are now named."""
+    out = " ".join(demo.stdout.split())
+    found = re.search(r"the formulas made (\d+) reports: (\d+) PowerReports and (\d+) "
+                      r"FormulaReports;", out)  # fmt: skip
+    assert found is not None, out
+    made, power, formula = map(int, found.groups())
+    assert made == power + formula
+    assert formula > 0
+    assert power == len(demo.rows)
+    assert f"power per target ({power} reports)" in out
+    assert f"{power} power reports" in out
 
 
 def test_cpu_and_dram_power_per_container(demo: Demo) -> None:

@@ -171,6 +171,64 @@ def test_an_output_path_under_a_file_is_one_line_and_exit_2(
     (tmp_path / "plain").write_text("a file where a directory should be")
     done = wattflow(*RECORDING, "--output", output, flag, str(tmp_path / "plain" / "x" / "out"))
     assert done.returncode == 2, done.stderr
+    path = tmp_path / "plain" / "x" / "out"
     assert done.stderr.strip() == (
-        f"wattflow: error: output 'pusher_{output}': {tmp_path / 'plain'} is not a directory"
+        f"wattflow: error: output 'pusher_{output}': {flag} {path}: {tmp_path / 'plain'} is not "
+        "a directory"
     )
+
+
+UNWRITABLE = [
+    (
+        ["--output", "jsonl", "--file", "/proc/x/y.jsonl"],
+        "output 'pusher_jsonl': --file /proc/x/y.jsonl: cannot create the directory /proc/x "
+        "(in /proc): ",
+    ),
+    (
+        ["--output", "csv", "--directory", "/proc/x/power"],
+        "output 'pusher_csv': --directory /proc/x/power: cannot create the directory "
+        "/proc/x/power (in /proc): ",
+    ),
+    (
+        ["--output", "filedb", "-f", "/proc/power.json"],
+        "output 'pusher_filedb': --filename /proc/power.json: cannot create files in /proc: ",
+    ),
+    (
+        ["--output", "filedb", "-f", "/nonexistent-wattflow/power.json"],
+        "output 'pusher_filedb': --filename /nonexistent-wattflow/power.json: "
+        "/nonexistent-wattflow does not exist (this output does not create it)",
+    ),
+]
+"""Paths no write can succeed at, and what the error says before the kernel's reason. ``/proc``
+takes no new names, even from root: the kernel says ENOENT to root and EACCES to others."""
+
+
+REASONS = ("No such file or directory", "Permission denied", "Read-only file system")
+
+
+@pytest.mark.parametrize(("args", "message"), UNWRITABLE)
+def test_an_output_path_that_cannot_be_written_stops_the_command_at_start_with_exit_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """Not retried for ``--retry-for-s`` (300 s) batch by batch, as it was: the command says
+    which flag is wrong, at once, before reading anything."""
+    letters = tmp_path / "dead.jsonl"
+    done = wattflow(*RECORDING, *args, "--dead-letters", str(letters))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"wattflow: error: {message}")
+    if message.endswith(": "):
+        assert line.removeprefix(f"wattflow: error: {message}") in REASONS
+    assert not letters.exists() or not letters.read_text()  # nothing was read, none retried
+
+
+def test_the_start_check_leaves_nothing_behind_and_the_output_still_makes_its_directory(
+    tmp_path: Path,
+) -> None:
+    """The check makes and removes a file where the output's directory would be made: the
+    directory appears at the first write, as before, and no check file is left."""
+    out = tmp_path / "new" / "deeper" / "power.jsonl"
+    done = wattflow(*RECORDING, "--output", "jsonl", "--file", str(out))
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == 736
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["deeper", "new", "power.jsonl"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -127,6 +128,41 @@ def test_the_service_and_formula_tables_list_every_global_flag() -> None:
     assert in_tables == _options(_global_parser()) - {"-h", "--help"}
 
 
+FORMULA_PAGES = [BY_PATH[f"docs/formulas/{name}.md"] for name, _ in formulas.items()]
+
+
+def test_no_formula_flag_is_also_a_flag_of_an_input_or_an_output() -> None:
+    """What lets the formula pages say their flags work after any group: a group keeps only its
+    own flags, so a formula flag that a backend also had would be taken by that backend."""
+    formula_flags = {f for page in FORMULA_PAGES for s in page.settings for f in s.flags}
+    for page in (p for p in TABLES if p.group):
+        shared = formula_flags & _options(_backend_parser(page.group, page.kind))
+        assert not shared, f"{page.path}: {sorted(shared)} is also a formula flag"
+
+
+@pytest.mark.parametrize("page", FORMULA_PAGES, ids=[page.path for page in FORMULA_PAGES])
+def test_a_formula_flag_after_the_groups_sets_what_it_sets_before_them(page: Any) -> None:
+    """The README puts SmartWatts' flags after ``--output``; the pages say that works."""
+    groups = ["--input", "csv", "--files", "a.csv", "--output", "jsonl", "--file", "o.jsonl"]
+    for setting in (s for s in page.settings if s.key is not None and s.takes_value):
+        flag = setting.flags[0]
+        before, _ = parse_run_args([flag, "7", *groups])
+        after, _ = parse_run_args([*groups, flag, "7"])
+        assert after == before, f"{page.path}: {flag} after --output sets {after}"
+        assert before[setting.key.replace("-", "_")] == "7"
+
+
+def test_a_global_flag_that_a_group_also_has_belongs_to_the_group() -> None:
+    """The service page's one exception: ``-s`` after ``--output virtiofs`` is its suffix."""
+    virtiofs = ["--output", "virtiofs", "-r", "(x)", "-d", "root"]
+    layer, _ = parse_run_args(["-s", *virtiofs])
+    assert layer["stream"] is True
+    assert "vm_directory_name_suffix" not in layer["output"]["pusher_virtiofs"]
+    layer, _ = parse_run_args([*virtiofs, "-s", "/"])
+    assert "stream" not in layer
+    assert layer["output"]["pusher_virtiofs"]["vm_directory_name_suffix"] == "/"
+
+
 @pytest.mark.parametrize("page", TABLES, ids=[page.path for page in TABLES])
 def test_every_variable_in_the_table_sets_its_key(page: Any, tmp_path: Path) -> None:
     for setting in page.settings:
@@ -229,3 +265,49 @@ def test_check_exits_1_naming_the_stale_page_and_the_fix(
     err = capsys.readouterr().err
     assert "docs/formulas/gpu.md: stale" in err
     assert FIX in err
+
+
+PROSE_DEFAULT = re.compile(r"`(--[a-z0-9-]+)` \((?:default )?(\d[\d,]*(?:\.\d+)?)( s| ms)?\)")
+"""A default said in prose: ``--max-open-files`` (4096), ``--retry-for-s`` (default 300 s)."""
+
+TO_FLAG_UNIT = {(" s", "-s"): 1.0, (" ms", "-ms"): 1.0, (" s", "-ms"): 1000.0, ("", ""): 1.0}
+"""What a prose figure in a unit is multiplied by to be in the flag's unit (its name's end)."""
+
+
+def _defaults(settings: list[Any]) -> dict[str, set[float]]:
+    """Each flag's numeric defaults in ``settings``."""
+    found: dict[str, set[float]] = {}
+    for setting in settings:
+        try:
+            value = float(setting.default.strip("`"))
+        except ValueError:
+            continue
+        for flag in [*setting.flags, *setting.old_flags]:
+            found.setdefault(flag, set()).add(value)
+    return found
+
+
+ALL_DEFAULTS = _defaults([setting for page in TABLES for setting in page.settings])
+PROSE_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("path", PROSE_PAGES, ids=[str(p.relative_to(ROOT)) for p in PROSE_PAGES])
+def test_a_default_said_in_prose_is_the_flags_default(path: Path) -> None:
+    """The CSV output's page and operations said ``--max-open-files`` (256) when it was 4096.
+
+    A figure in prose beside a flag must be its default: the one in the page's own table when
+    the flag is there (each backend has its own ``--max-batch``), else one of those the flag
+    has in any table. Figures in another unit than the flag's (``--max-line-bytes`` (1 MiB)),
+    and flags of no table (a benchmark's), are not checked."""
+    relative = path.relative_to(ROOT).as_posix()
+    own = _defaults(BY_PATH[relative].settings) if relative in BY_PATH else {}
+    wrong = []
+    for flag, figure, unit in PROSE_DEFAULT.findall(path.read_text(encoding="utf-8")):
+        suffix = next((end for end in ("-ms", "-s") if flag.endswith(end)), "")
+        factor = TO_FLAG_UNIT.get(((unit or ""), suffix if unit else ""))
+        defaults = own.get(flag) or ALL_DEFAULTS.get(flag)
+        if factor is None or not defaults:
+            continue
+        if float(figure.replace(",", "")) * factor not in defaults:
+            wrong.append(f"`{flag}` ({figure}{unit}): the default is {sorted(defaults)}")
+    assert not wrong, f"{relative}: " + "; ".join(wrong)

@@ -15,12 +15,12 @@ import numpy as np
 from pydantic import BeforeValidator, Field, PositiveInt, field_validator
 
 from wattflow.actors.backend import split_commas
-from wattflow.actors.errors import PushError
 from wattflow.actors.handoff import raise_open_files_limit
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.appending import (
     WRONG_PATH,
     append,
+    check_output_path,
     file_error,
     start_on_a_new_line,
     take_back,
@@ -136,10 +136,11 @@ class CsvPusher(Pusher[CsvPusherConfig]):
         first file)."""
 
     async def check(self) -> None:
+        """A directory that cannot be made or written stops the command at start (exit 2),
+        instead of each batch being retried for ``--retry-for-s`` (:func:`check_output_path`)."""
         directory = self.config.directory
-        found = next((path for path in (directory, *directory.parents) if path.exists()), None)
-        if found is not None and not found.is_dir():
-            raise PushError(f"output '{self.config.name}': {found} is not a directory")
+        where = f"output '{self.config.name}': --directory {directory}"
+        await asyncio.to_thread(check_output_path, where, directory)
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         return await self.write_batch(batch)

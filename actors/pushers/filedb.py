@@ -32,7 +32,7 @@ from pydantic import Field
 
 from wattflow.actors.errors import PushError
 from wattflow.actors.pushers import pushers
-from wattflow.actors.pushers.appending import file_error
+from wattflow.actors.pushers.appending import check_output_path, file_error
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.pushers.replacing import replace_file
 from wattflow.formats.powerapi import payload_of
@@ -74,13 +74,16 @@ class FileDBPusher(Pusher[FileDBPusherConfig]):
     config_model = FileDBPusherConfig
 
     async def check(self) -> None:
-        """The file's directory must exist: PowerAPI checks that the file itself does, which
-        only a run before this one could have made."""
+        """The file's directory must exist, and take new files (each batch's file is made
+        beside it, then renamed over it): PowerAPI checks that the file itself does, which
+        only a run before this one could have made. A directory that cannot be written stops
+        the command at start (exit 2), instead of each batch being retried for
+        ``--retry-for-s``."""
         file = self.config.filename
+        where = f"output '{self.config.name}': --filename {file}"
         if file.is_dir():
-            raise PushError(f"output '{self.config.name}': {file} is a directory")
-        if not file.parent.is_dir():
-            raise PushError(f"output '{self.config.name}': {file.parent} is not a directory")
+            raise PushError(f"{where}: {file} is a directory")
+        await asyncio.to_thread(check_output_path, where, file.parent, makes_directories=False)
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         if batch:

@@ -9,11 +9,11 @@ from typing import BinaryIO, Literal
 
 from pydantic import Field
 
-from wattflow.actors.errors import PushError
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.appending import (
     INLINE_WRITE_BYTES,
     append,
+    check_output_path,
     file_error,
     start_on_a_new_line,
     take_back,
@@ -65,12 +65,11 @@ class JsonlPusher(Pusher[JsonlPusherConfig]):
         file system, :func:`~wattflow.actors.pushers.appending.writes_inline`)."""
 
     async def check(self) -> None:
+        """A file that cannot be written stops the command at start (exit 2), instead of each
+        batch being retried for ``--retry-for-s`` (:func:`check_output_path`)."""
         file = self.config.file
-        if file.is_dir():
-            raise PushError(f"output '{self.config.name}': {file} is a directory")
-        found = next((path for path in file.parents if path.exists()), None)
-        if found is not None and not found.is_dir():
-            raise PushError(f"output '{self.config.name}': {found} is not a directory")
+        where = f"output '{self.config.name}': --file {file}"
+        await asyncio.to_thread(check_output_path, where, file.parent, file=file)
 
     async def write(self, batch: list[Report]) -> list[tuple[Report, str]]:
         return await self.write_batch(batch)
