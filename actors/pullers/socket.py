@@ -66,11 +66,12 @@ class SocketPullerConfig(PullerConfig):
         "bound and TCP flow control slows the sensors.",
     )
     gather_ms: float = Field(
-        default=20.0,
+        default=100.0,
         ge=0,
         description="How long a connection's lines wait for more before they are decoded and "
         "handed on: a busy sensor's reads become one batch, a quiet sensor's reports wait at "
-        "most this long.",
+        "most this long. Keep it under the sensors' period: a sensor that sends again within "
+        "it never pauses, and its lines wait for --max-batch of them.",
     )
     drain_grace_s: float = Field(
         default=1.0,
