@@ -527,6 +527,52 @@ def test_curve_publisher_serves_authorised_subscribers_only(tmp_path: Path) -> N
     assert not got_anything
 
 
+def test_a_check_on_its_own_loop_leaves_the_allow_list_to_the_loop_that_sends(
+    tmp_path: Path,
+) -> None:
+    """``wattflow run`` checks the outputs under one event loop and runs them under another:
+    the check must leave no socket behind, and the allow-list's handler must answer on the
+    loop the socket sends from, or every handshake hangs and subscribers get nothing."""
+    keys = make_keys(tmp_path)
+    uri = f"tcp://127.0.0.1:{free_port()}"
+    pusher = ZeroMQPusher(
+        ZeroMQPusherConfig(
+            uri=[uri],
+            curve_secret_key=keys["server_secret"],
+            curve_authorized_keys=keys["authorised"],
+        )
+    )
+    asyncio.run(pusher.check())
+    assert pusher.socket is None, "the check left a socket open"
+    context = zmq.Context()
+    again = context.socket(zmq.PUB)
+    again.bind(uri)  # the check freed its address
+    again.close(linger=0)
+    context.term()
+    client = ZeroMQPuller(
+        ZeroMQPullerConfig(
+            model="PowerReport",
+            uri=[uri],
+            curve_secret_key=keys["client_secret"],
+            curve_server_key=keys["server"],
+        )
+    )
+    collector = Collector()
+    reports: list[Report] = list(power_reports(10))
+    warm_up: list[Report] = list(power_reports(1, target="warm-up"))
+
+    async def go() -> None:
+        await pusher.open()
+        async with pulling(client, collector):
+            await until_subscribed(lambda: pusher.write(warm_up), collector)
+            await pusher.write(reports)
+            await eventually(lambda: len(collector.received()) >= 10, "10 reports")
+        await pusher.close()
+
+    run_async(go())
+    assert collector.received() == reports
+
+
 def test_the_service_reads_a_pull_socket_until_sigterm(tmp_path: Path) -> None:
     uri = f"tcp://127.0.0.1:{free_port()}"
     out = tmp_path / "out.jsonl"

@@ -23,12 +23,11 @@ from typing import Any, Literal
 import zmq
 import zmq.asyncio
 from pydantic import Field, PositiveInt, model_validator
-from zmq.auth.asyncio import AsyncioAuthenticator
 
 from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
-from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
+from wattflow.actors.zmq_sockets import ZmqSetupError, ZmqSocket, check_curve, curve_summary
 from wattflow.formats.batch import handed_on
 from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_hwpc_frames, decode_json_runs
@@ -145,50 +144,52 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
             authorized_keys=self.config.curve_authorized_keys,
         )
 
-    def _open(
-        self, context: zmq.asyncio.Context
-    ) -> tuple[zmq.asyncio.Socket, AsyncioAuthenticator | None]:
-        kind = zmq.SUB if self.config.socket_type == "SUB" else zmq.PULL
-        socket = context.socket(kind)
-        socket.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
-        socket.setsockopt(zmq.LINGER, 0)
-        try:
-            authenticator = configure_curve(
-                socket,
-                bind=self.binds,
-                secret_key=self.config.curve_secret_key,
-                server_key=self.config.curve_server_key,
-                authorized_keys=self.config.curve_authorized_keys,
-                context=context,
-            )
-            if kind == zmq.SUB:
-                for topic in self.config.topics or [""]:
-                    socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            attach(socket, self.config.uri, self.binds)
-        except BaseException:
-            socket.close(linger=0)
-            raise
-        return socket, authenticator
+    def _open(self) -> ZmqSocket:
+        """The socket, on the running event loop (see :class:`ZmqSocket`); say where it is."""
+        where = f"input '{self.config.name}'"
+        sub = self.config.socket_type == "SUB"
+        opened = ZmqSocket(
+            zmq.SUB if sub else zmq.PULL,
+            uris=self.config.uri,
+            bind=self.binds,
+            options={zmq.RCVHWM: self.config.rcvhwm, zmq.LINGER: 0},
+            secret_key=self.config.curve_secret_key,
+            server_key=self.config.curve_server_key,
+            authorized_keys=self.config.curve_authorized_keys,
+            where=where,
+            subscribe=(self.config.topics or [""]) if sub else [],
+        )
+        topics = ", ".join(self.config.topics) or "every topic"
+        logger.info(
+            "%s: %s %s %s%s%s",
+            where,
+            self.config.socket_type,
+            "bound to" if self.binds else "connecting to",
+            ",".join(self.config.uri),
+            f", subscribed to {topics}" if sub else "",
+            curve_summary(
+                self.binds, self.config.curve_secret_key, self.config.curve_authorized_keys
+            ),
+        )
+        return opened
 
     async def pull(self, emitter: Emitter) -> None:
         # The context lives as long as one pull: terminating it is what frees ZeroMQ's threads.
-        context = zmq.asyncio.Context()
-        authenticator: AsyncioAuthenticator | None = None
+        opened: ZmqSocket | None = None
         try:
-            socket, authenticator = self._open(context)
-            self.socket = socket
+            opened = self._open()
+            self.socket = opened.socket
             self.ready = True
-            await self._receive(socket, emitter)
+            await self._receive(opened.socket, emitter)
         finally:
-            if self.socket is not None:
-                self.socket.close(linger=0)
-            if authenticator is not None:
-                authenticator.stop()
-            context.term()
-            if self.messages:
-                logger.info(
-                    "input '%s': %d ZeroMQ messages received", self.config.name, self.messages
-                )
+            if opened is not None:
+                opened.close(linger=0)
+                opened.context.term()
+            self.socket = None
+            self.ready = False
+            # Always, zero included: the number to compare with what was sent, and the sign
+            # that nothing came (a refused CURVE key, a wrong topic, a publisher elsewhere).
+            logger.info("input '%s': %d ZeroMQ messages received", self.config.name, self.messages)
 
     async def _receive(self, socket: zmq.asyncio.Socket, emitter: Emitter) -> None:
         """Receive what is queued, up to ``max_batch`` messages, and emit it before more.

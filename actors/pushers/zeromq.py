@@ -21,13 +21,18 @@ from typing import Literal
 import zmq
 import zmq.asyncio
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
-from zmq.auth.asyncio import AsyncioAuthenticator
 
 from wattflow.actors.backend import CommaList
 from wattflow.actors.errors import PushUnavailable
 from wattflow.actors.pushers import pushers
 from wattflow.actors.pushers.base import Pusher, PusherConfig
-from wattflow.actors.zmq_sockets import ZmqSetupError, attach, check_curve, configure_curve
+from wattflow.actors.zmq_sockets import (
+    ZmqSetupError,
+    ZmqSocket,
+    check_curve,
+    curve_summary,
+    probe_addresses,
+)
 from wattflow.formats.report_table import encode_json_lines
 from wattflow.formats.reports import Report, report_kind
 
@@ -113,11 +118,11 @@ class ZeroMQPusher(Pusher[ZeroMQPusherConfig]):
 
     def __init__(self, config: ZeroMQPusherConfig) -> None:
         super().__init__(config)
-        self.context: zmq.asyncio.Context | None = None
+        self.zmq: ZmqSocket | None = None
+        """The open socket with its context and CURVE handler, from ``open`` to ``close``."""
         self.socket: zmq.asyncio.Socket | None = None
         self.sent = 0
         """Messages handed to ZeroMQ (for PUB, whether or not a subscriber took them)."""
-        self._authenticator: AsyncioAuthenticator | None = None
 
     @property
     def binds(self) -> bool:
@@ -136,33 +141,48 @@ class ZeroMQPusher(Pusher[ZeroMQPusherConfig]):
         )
         # Bind or connect now: an address ZeroMQ refuses (``tcp://host`` without a port, a port
         # in use) stops the service before it starts, rather than failing the output each time
-        # the supervisor restarts it.
+        # the supervisor restarts it. A throw-away socket: this runs before the service's event
+        # loop, and the socket that sends must be opened on that loop (see ``open``).
+        kind = zmq.PUB if self.config.socket_type == "PUB" else zmq.PUSH
         try:
-            await self.open()
+            probe_addresses(kind, self.config.uri, self.binds)
         except ZmqSetupError as error:
-            await self.close()
             raise ZmqSetupError(f"output '{self.config.name}': {error}") from None
 
     async def open(self) -> None:
-        if self.socket is not None:
+        """Open the socket on the running event loop, which it is used and closed on: with an
+        allow-list, the handler that answers the clients' handshakes is a task of that loop."""
+        if self.zmq is not None:
+            if self.zmq.loop is not asyncio.get_running_loop():
+                raise RuntimeError("the ZeroMQ output was opened on another event loop")
             return
-        context = self.context = zmq.asyncio.Context()
-        kind = zmq.PUB if self.config.socket_type == "PUB" else zmq.PUSH
-        socket = context.socket(kind)
-        socket.setsockopt(zmq.SNDHWM, self.config.sndhwm)
-        socket.setsockopt(zmq.LINGER, self.config.linger_ms)
-        # pyzmq's asyncio sockets honour SNDTIMEO: an awaited send fails with zmq.Again.
-        socket.setsockopt(zmq.SNDTIMEO, int(self.config.send_timeout_s * 1000))
-        self.socket = socket
-        self._authenticator = configure_curve(
-            socket,
+        where = f"output '{self.config.name}'"
+        self.zmq = ZmqSocket(
+            zmq.PUB if self.config.socket_type == "PUB" else zmq.PUSH,
+            uris=self.config.uri,
             bind=self.binds,
+            options={
+                zmq.SNDHWM: self.config.sndhwm,
+                zmq.LINGER: self.config.linger_ms,
+                # pyzmq's asyncio sockets honour SNDTIMEO: an awaited send fails with zmq.Again.
+                zmq.SNDTIMEO: int(self.config.send_timeout_s * 1000),
+            },
             secret_key=self.config.curve_secret_key,
             server_key=self.config.curve_server_key,
             authorized_keys=self.config.curve_authorized_keys,
-            context=context,
+            where=where,
         )
-        attach(socket, self.config.uri, self.binds)
+        self.socket = self.zmq.socket
+        logger.info(
+            "%s: %s %s %s%s",
+            where,
+            self.config.socket_type,
+            "bound to" if self.binds else "connecting to",
+            ",".join(self.config.uri),
+            curve_summary(
+                self.binds, self.config.curve_secret_key, self.config.curve_authorized_keys
+            ),
+        )
 
     def _messages(self, batch: list[Report]) -> list[tuple[list[bytes], list[Report]]]:
         """The batch as messages, each with the reports it holds."""
@@ -219,20 +239,13 @@ class ZeroMQPusher(Pusher[ZeroMQPusherConfig]):
         as its queues are empty, so a termination that lasted the whole linger means some of
         what was sent may not have gone out.
         """
-        if self.socket is not None:
-            self.socket.close(linger=self.config.linger_ms)
-            self.socket = None
-        # Connected peers are authenticated already; the authenticator's own socket must be
-        # closed, or terminating the context would wait for it forever.
-        if self._authenticator is not None:
-            self._authenticator.stop()
-            self._authenticator = None
-        if self.context is None:
+        if self.zmq is None:
             return
+        opened, self.zmq, self.socket = self.zmq, None, None
+        opened.close(linger=self.config.linger_ms)
         started = time.monotonic()
         # Terminating waits up to the linger: in a thread, so the event loop goes on meanwhile.
-        await asyncio.to_thread(self.context.term)
-        self.context = None
+        await asyncio.to_thread(opened.context.term)
         lingered_s = time.monotonic() - started
         if self.config.linger_ms and lingered_s >= self.config.linger_ms / 1000:
             logger.warning(
