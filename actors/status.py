@@ -122,7 +122,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wattflow_output_outages_total": (
         "counter",
         ("output",),
-        "Times the output's sink became unreachable (a failed write after one that worked).",
+        "Times the output's sink became unreachable: a failed write while it counted as "
+        "reachable (from the start, or since a write worked), as wattflow_output_unreachable "
+        "goes from 0 to 1.",
     ),
     "wattflow_output_unreachable": (
         "gauge",
