@@ -64,7 +64,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wattflow_actor_reports_unused_total": (
         "counter",
         ("actor",),
-        "Reports the router had no enabled formula for (counted, not dead letters).",
+        "Reports that no enabled formula and no output takes (counted, not dead letters).",
     ),
     "wattflow_actor_reports_skipped_total": (
         "counter",
