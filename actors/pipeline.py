@@ -273,20 +273,21 @@ class Pipeline:
         self.naming = _naming(name_targets, pre_processors)
         """The naming step between every formula and what takes its output, if any."""
         self.formulas = self._formula_actors(formulas, {p.config.model for p in pullers})
+        self.passed_through = self._passed_through({p.config.model for p in pullers})
+        """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
+        to a GPUReport output), besides what the formulas make of them."""
         self.router = Router(
             list(self.formulas),
             queue=self.queue,
             ledger=self.ledger,
             dead_letters=self.dead_letters,
+            passed_through=self.passed_through,
         )
         self.pullers = [
             PullerActor(p, _Emitter(self, f"puller:{p.config.name}", p.config.name))
             for p in pullers
         ]
         self.checkpoints = self._checkpoints(pullers, state_store, checkpoint_interval_s)
-        self.passed_through = self._passed_through({p.config.model for p in pullers})
-        """Input kinds that outputs also take as they are (GPUReports from the NVML sampler
-        to a GPUReport output), besides what the formulas make of them."""
         self.graph = self._declare_graph()
         """Which stage feeds which, declared once: the mailboxes wait for their producers."""
 

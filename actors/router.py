@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Set
 from operator import attrgetter
 
 from wattflow.actors.checkpoints import barrier_of
@@ -17,15 +17,18 @@ from wattflow.formats.reports import Report
 logger = logging.getLogger(__name__)
 
 _kind = attrgetter("kind")
-_kind_and_target = attrgetter("kind", "target")
 
 
 class Router(Actor):
     """Dispatches reports by kind and by each formula's dispatch key.
 
-    A report that no enabled formula takes is counted under a reason that names its kind and
-    target, and logged once per reason: with only the RAPL formula enabled, per-container
-    reports have nowhere to go, and the user should see that rather than lose them unseen.
+    A report that no enabled formula takes, of a kind no output takes as it is either, is
+    counted as unused under a reason that names its kind, and logged once per kind (with the
+    first such report's target): with only the RAPL formula enabled, per-container reports have
+    nowhere to go, and the user should see that rather than lose them unseen. One kind and not
+    each target: a node runs thousands of containers. A report of a kind the outputs take as it
+    is (``passed_through``: a collector's ``--model PowerReport`` input and output) is written
+    by them, so it is not unused; that no formula takes its kind is said once, at INFO.
     """
 
     def __init__(
@@ -35,6 +38,7 @@ class Router(Actor):
         queue: QueueConfig,
         ledger: Ledger,
         dead_letters: DeadLetters,
+        passed_through: Set[str] = frozenset(),
     ) -> None:
         super().__init__("router")
         self.queue = queue
@@ -46,6 +50,10 @@ class Router(Actor):
         for actor in formulas:
             for kind in actor.formula.inputs:
                 self.by_kind.setdefault(kind, []).append(actor)
+        self.passed_through = passed_through
+        """Input kinds the outputs take as they are, besides the formulas (the pipeline's)."""
+        self._told: set[str] = set()
+        """Kinds whose reports no formula takes that the log has named already."""
         self._in_flight: list[Report | Frame] = []
         self.delivered = 0
         """Deliveries to formulas (a report two formulas take counts twice)."""
@@ -151,13 +159,40 @@ class Router(Actor):
         return per_actor
 
     def _unused(self, reports: list[Report]) -> None:
+        """Count the reports no formula took, by kind; name each kind in the log once."""
         if not reports:
             return
-        for (kind, target), count in Counter(map(_kind_and_target, reports)).items():
-            reason = f"{kind} for target {target!r} taken by no enabled formula"
-            if reason not in self.ledger.unused:
-                logger.info("%s; counting them", reason)
-            self.ledger.unused[reason] += count
+        counts = Counter(map(_kind, reports))
+        for kind, count in counts.items():
+            if kind not in self.passed_through:
+                self.ledger.unused[f"{kind} taken by no enabled formula nor output"] += count
+        untold = counts.keys() - self._told
+        for report in reports if untold else ():
+            if report.kind in untold:
+                untold.discard(report.kind)
+                self._told.add(report.kind)
+                self._tell(report)
+                if not untold:
+                    break
+
+    def _tell(self, report: Report) -> None:
+        """The one line that says what becomes of a kind's reports that no formula takes."""
+        kind, target = report.kind, report.target
+        if kind in self.passed_through:
+            logger.info(
+                "%ss that no enabled formula takes (the first: target %r) are written as they "
+                "are by the outputs that take %ss; said once per kind",
+                kind,
+                target,
+                kind,
+            )
+        else:
+            logger.info(
+                "%ss that no enabled formula and no output takes (the first: target %r) are "
+                "counted as unused; said once per kind",
+                kind,
+                target,
+            )
 
     async def on_crash(self, error: BaseException) -> None:
         for report in expand(self._in_flight):

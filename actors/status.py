@@ -64,7 +64,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wattflow_actor_reports_unused_total": (
         "counter",
         ("actor",),
-        "Reports the router had no enabled formula for (counted, not dead letters).",
+        "Reports that no enabled formula and no output takes (counted, not dead letters).",
     ),
     "wattflow_actor_reports_skipped_total": (
         "counter",
@@ -122,7 +122,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wattflow_output_outages_total": (
         "counter",
         ("output",),
-        "Times the output's sink became unreachable (a failed write after one that worked).",
+        "Times the output's sink became unreachable: a failed write while it counted as "
+        "reachable (from the start, or since a write worked), as wattflow_output_unreachable "
+        "goes from 0 to 1.",
     ),
     "wattflow_output_unreachable": (
         "gauge",

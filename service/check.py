@@ -2,9 +2,11 @@
 
 Each line is a thing the service may need: RAPL through powercap and through perf (what
 hwpc-sensor reads), NVML (what the GPU sampler reads), the C parser of hwpc-sensor's JSON lines,
-and every input and output given on
-the command line, contacted as the service would. A line that fails says the reason a user can
-act on (a permission, a missing driver, a refused connection).
+and every input and output configured, contacted as the service would. The configuration is
+read as ``wattflow run`` reads it (``--config-file`` or ``WATTFLOW_CONFIG_FILE``, then the
+``POWERAPI_*``/``WATTFLOW_*`` variables, then the flags), so that checking a node checks what
+its service will run. A line that fails says the reason a user can act on (a permission, a
+missing driver, a refused connection).
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import ctypes.util
 import importlib.util
 import os
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from wattflow.formats.errors import WattflowError
+
+if TYPE_CHECKING:
+    from wattflow.service.config import ServiceConfig
 
 POWERCAP = Path("/sys/class/powercap")
 POWER_PMU = Path("/sys/bus/event_source/devices/power")
@@ -40,6 +46,9 @@ class Finding:
     what: str
     works: bool
     detail: str
+    misconfigured: bool = False
+    """A setting ``wattflow run`` refuses before it starts (exit 2 there, and here), rather
+    than a server it would wait for (exit 1 here)."""
 
 
 def rapl_powercap(root: Path = POWERCAP) -> Finding:
@@ -198,13 +207,12 @@ def _mig(api: Any, handle: Any, index: int) -> str:
     )
 
 
-async def backends(argv: Sequence[str]) -> list[Finding]:
-    """Contact every input and output the command line names."""
+async def backends(config: ServiceConfig) -> list[Finding]:
+    """Check every input and output of ``config`` as ``wattflow run`` does before it starts,
+    then contact each one's server."""
     from wattflow.actors.pullers import pullers
     from wattflow.actors.pushers import pushers
-    from wattflow.service.cli import load_run_config
 
-    config = load_run_config(argv)
     found = []
     for role, registry, configs in (
         ("input", pullers, config.inputs),
@@ -212,41 +220,56 @@ async def backends(argv: Sequence[str]) -> list[Finding]:
     ):
         for name, settings in configs.items():
             backend = registry.get(settings.type)(settings)
-            what = f"{role} {name} ({settings.type})"
-            try:
-                await backend.check()
-                detail = await asyncio.wait_for(backend.probe(), 30)
-            except (WattflowError, OSError, TimeoutError) as error:
-                found.append(Finding(what, False, str(error) or type(error).__name__))
-            else:
-                found.append(Finding(what, True, detail))
+            found.append(await _contact(f"{role} {name} ({settings.type})", backend))
     found += [
         await _pre_processor(name, settings) for name, settings in config.pre_processors.items()
     ]
     return found
 
 
-async def _pre_processor(name: str, settings: Any) -> Finding:
-    """A pre-processor's own contact (the k8s one lists this node's pods)."""
-    from wattflow.actors.preprocessors import preprocessors
-
-    what = f"pre-processor {name} ({settings.type})"
+async def _contact(what: str, backend: Any) -> Finding:
+    """A backend's line: what ``wattflow run`` refuses at start (its ``check``: a missing
+    secret file, a port in use) is a misconfiguration; a server that does not answer its
+    ``probe`` is one the service would wait for."""
     try:
-        detail = await asyncio.wait_for(preprocessors.get(settings.type)(settings).probe(), 30)
+        await backend.check()
+    except (WattflowError, OSError) as error:
+        return Finding(what, False, str(error) or type(error).__name__, misconfigured=True)
+    try:
+        detail = await asyncio.wait_for(backend.probe(), 30)
     except (WattflowError, OSError, TimeoutError) as error:
         return Finding(what, False, str(error) or type(error).__name__)
     return Finding(what, True, detail)
 
 
-def check_command(argv: Sequence[str], console: Console | None = None) -> int:
-    """Print the screen; exit 0 when every configured input and output works, else 1.
+async def _pre_processor(name: str, settings: Any) -> Finding:
+    """A pre-processor's own contact (the k8s one lists this node's pods)."""
+    from wattflow.actors.preprocessors import preprocessors
 
-    RAPL, NVML, decoder and compat lines are information (a GPU-less node has no NVML), so they
-    do not change the exit code; a server that cannot be reached does.
+    backend = preprocessors.get(settings.type)(settings)
+    return await _contact(f"pre-processor {name} ({settings.type})", backend)
+
+
+def check_command(
+    argv: Sequence[str], console: Console | None = None, environ: dict[str, str] | None = None
+) -> int:
+    """Print the screen; return 0 when every configured input and output works, 1 when one
+    cannot be reached, 2 when one is misconfigured (what ``wattflow run`` refuses at start,
+    each named on standard error as run names it).
+
+    The configuration is ``wattflow run``'s own, from the same file, variables and flags
+    (``environ`` stands for the process' environment). RAPL, NVML, decoder and compat lines
+    are information (a GPU-less node has no NVML), so they do not change the exit code.
+
+    Raises:
+        ConfigError: the configuration itself is wrong (exit 2, before the screen).
     """
+    from wattflow.service.cli import load_run_config
+
+    config = load_run_config(argv, environ)
     console = console or Console()
     machine = [rapl_powercap(), rapl_perf(), nvml(), json_decoder(), compat_regression()]
-    configured = asyncio.run(backends(argv)) if argv else []
+    configured = asyncio.run(backends(config))
     table = Table(title=f"wattflow check on {platform.node()}", show_lines=False)
     table.add_column("")
     table.add_column("what")
@@ -255,6 +278,14 @@ def check_command(argv: Sequence[str], console: Console | None = None) -> int:
         mark = "[green]ok[/green]" if finding.works else "[red]no[/red]"
         table.add_row(mark, escape(finding.what), escape(finding.detail))  # [compat] is text
     console.print(table)
-    if not argv:
-        console.print("Give the service's --input/--output flags to check its servers too.")
+    if not configured:
+        console.print(
+            "Give the service's --input/--output flags, or its --config-file, to check its "
+            "servers too."
+        )
+    misconfigured = [f for f in configured if f.misconfigured]
+    for finding in misconfigured:
+        print(f"wattflow: error: {finding.detail}", file=sys.stderr)
+    if misconfigured:
+        return 2
     return 0 if all(f.works for f in configured) else 1

@@ -555,11 +555,15 @@ def _runs(command: str, argv: Sequence[str]) -> int:
         return _fail(str(error), 2)
 
 
-CHECK_USAGE = """usage: wattflow check [--input TYPE [its flags]] … [--output TYPE [its flags]] …
+CHECK_USAGE = """usage: wattflow check [--config-file FILE] [--input TYPE [its flags]] …
+                      [--output TYPE [its flags]] …
 
-Check this node before running the service: RAPL through powercap and perf, and NVML. Given the
-flags of a `wattflow run` command, it also contacts each input and output they configure, and
-exits 1 when one cannot work. `wattflow run --input TYPE --help` lists a backend's flags."""
+Check this node before running the service: RAPL through powercap and perf, and NVML. It reads
+the configuration as `wattflow run` does (--config-file or the file WATTFLOW_CONFIG_FILE names,
+the POWERAPI_*/WATTFLOW_* variables, the flags) and contacts each input and output it
+configures. Exit 0: each works; 1: a server cannot be reached; 2: bad flags or a setting
+`wattflow run` would refuse at start (a missing secret file, a port in use).
+`wattflow run --input TYPE --help` lists a backend's flags."""
 
 
 def _check(argv: Sequence[str]) -> int:

@@ -81,3 +81,50 @@ def test_the_compat_line_names_the_extra_to_install(monkeypatch: pytest.MonkeyPa
     console = Console(record=True, width=200)
     assert check_command([], console) == 0
     assert "needs scikit-learn: pip install 'wattflow[compat]'" in console.export_text()
+
+
+def test_check_reads_the_configuration_as_run_does(tmp_path: Path) -> None:
+    """The file ``WATTFLOW_CONFIG_FILE`` names, and the ``POWERAPI_*`` variables, configure
+    what ``wattflow check`` contacts, as they configure ``wattflow run``: a node checked with
+    the service's own environment checks the service's own outputs."""
+    dead_port = free_port()
+    config = tmp_path / "cfg.toml"
+    config.write_text(
+        f'[output.db]\ntype = "mongodb"\nuri = "mongodb://127.0.0.1:{dead_port}/"\n'
+        'db = "p"\ncollection = "w"\nserver_timeout_s = 0.5\n'
+    )
+    from_file = wattflow("check", env={"WATTFLOW_CONFIG_FILE": str(config)})
+    assert from_file.returncode == 1, from_file.stdout + from_file.stderr
+    unreachable = next(line for line in from_file.stdout.splitlines() if "output db" in line)
+    assert " no " in unreachable
+    assert f"127.0.0.1:{dead_port}" in from_file.stdout
+    assert "Give the service's" not in from_file.stdout
+    variables = {
+        "POWERAPI_OUTPUT_VARS_TYPE": "mongodb",
+        "POWERAPI_OUTPUT_VARS_URI": f"mongodb://127.0.0.1:{dead_port}/",
+        "POWERAPI_OUTPUT_VARS_DB": "p",
+        "POWERAPI_OUTPUT_VARS_COLLECTION": "w",
+        "POWERAPI_OUTPUT_VARS_SERVER_TIMEOUT_S": "0.5",
+    }
+    from_variables = wattflow("check", env=variables)
+    assert from_variables.returncode == 1, from_variables.stdout + from_variables.stderr
+    assert "output vars (mongodb)" in from_variables.stdout
+    bogus = wattflow("check", env={"POWERAPI_BOGUS": "1"})
+    assert bogus.returncode == 2
+    assert "wattflow: error: bogus: unknown setting" in bogus.stderr
+
+
+def test_a_setting_run_refuses_at_start_is_exit_2_in_check_too(tmp_path: Path) -> None:
+    """A missing secret file stops ``wattflow run`` with exit 2 before anything runs; ``wattflow
+    check`` gives the same code and the same line, after its screen."""
+    missing = tmp_path / "influxdb2-token"
+    flags = ["--output", "influxdb2", "--uri", "http://127.0.0.1:1", "--org", "o", "--db", "b"]
+    flags += ["--token-file", str(missing)]
+    run = wattflow("run", "--input", "socket", "--port", str(free_port()), *flags)
+    checked = wattflow("check", *flags)
+    assert run.returncode == 2, run.stderr
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    error = f"wattflow: error: --token-file file {missing}: No such file or directory"
+    assert error in run.stderr
+    assert error in checked.stderr
+    assert "output pusher_influxdb2" in checked.stdout  # the screen is printed all the same

@@ -99,26 +99,42 @@ def test_power_is_the_newest_report_and_energy_its_integral_over_time() -> None:
     assert "f00d" not in text
 
 
-def test_a_workloads_names_label_its_series_and_add_none() -> None:
-    """The naming step's keys (a Slurm job's) are labels; a target without them has the same
-    labels, empty, so one job's series sum by ``slurm_job``, and each target is one series."""
+def test_a_workloads_names_label_its_series_and_add_none(prometheus_server: Any) -> None:
+    """The naming step's keys (a Slurm job's) are labels; a target without them has none of
+    them, nor any other empty label, so one job's series sum by ``slurm_job`` and each target is
+    one series. promtool and a real Prometheus take the series' differing label sets."""
     job = "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"
     names = TargetNaming()([power(0, 5.0, target=job), power(1, 5.0, target=job)])
 
-    async def go() -> str:
+    async def go() -> tuple[str, list[dict[str, Any]]]:
         async with Exposed() as out:
             assert await out.write(*[r for r in names if isinstance(r, PowerReport)]) == []
             assert await out.write(power(1, 2.0, target="postgres")) == []
-            return scrape(out.url)
+            server: PrometheusServer = await asyncio.to_thread(
+                prometheus_server, [f"127.0.0.1:{out.pusher.port}"]
+            )
+            promql = "sum by (slurm_job) (wattflow_power_watts)"
 
-    families = {f.name: f for f in text_string_to_metric_families(run_async(go()))}
+            def answered() -> bool:
+                return len(server.query(promql)) == 2
+
+            await asyncio.to_thread(wait_until, answered, 30, "Prometheus to scrape the series")
+            return scrape(out.url), server.query(promql)
+
+    text, by_job = run_async(go(), timeout_s=90)
+    assert '=""' not in text  # no empty label is served
+    checked = promtool_check_metrics(text)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = families["wattflow_power_watts"].samples
     assert len(samples) == 2
     by_target = {sample.labels["target"]: sample.labels for sample in samples}
     assert by_target[job]["slurm_job"] == "7"
     assert by_target[job]["target_name"] == "slurm/7"
     assert by_target[job]["target_kind"] == "slurm_job"
-    assert by_target["postgres"].get("slurm_job", "") == ""
+    assert set(by_target["postgres"]) == {"sensor", "target", "scope", "socket"}
+    watts = {e["metric"].get("slurm_job", ""): float(e["value"][1]) for e in by_job}
+    assert watts == {"7": 5.0, "": 2.0}
 
 
 def test_tags_that_leave_a_key_out_add_its_parts_and_a_repeat_replaces_itself() -> None:
@@ -168,15 +184,22 @@ async def wait_async(ready: Callable[[], Awaitable[bool]], timeout_s: float, wha
 
 
 def test_max_series_refuses_what_would_open_one_more() -> None:
-    async def go() -> list[tuple[Report, str]]:
+    """The reason names the output by the port it listens on: with ``--port 0`` (as here), the
+    one it picked, which the log gave, not 0."""
+
+    async def go() -> tuple[list[tuple[Report, str]], int | None]:
         async with Exposed(max_series=2) as out:
-            return await out.write(
+            refused = await out.write(
                 power(0, 1.0, target="a"), power(0, 1.0, target="b"), power(0, 1.0, target="c")
             )
+            return refused, out.pusher.port
 
-    refused = run_async(go())
+    refused, port = run_async(go())
     assert [report.target for report, _ in refused] == ["c"]
-    assert "--max-series 2" in refused[0][1]
+    assert port != 0
+    assert refused[0][1].endswith(
+        f" (prometheus 127.0.0.1:{port}): --max-series 2 series are exposed already"
+    )
 
 
 def test_a_power_that_is_not_a_number_is_refused() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 from datetime import timedelta
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -15,10 +16,11 @@ from wattflow.actors.pipeline import Pipeline
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig
 from wattflow.actors.pushers.base import Pusher, PusherConfig
 from wattflow.actors.runtime import ActorClosed, Mailbox, QueueConfig, RestartPolicy
+from wattflow.formats import powerapi
 from wattflow.formats.batch import Batch, expand
 from wattflow.formats.reports import HWPCReport, PowerReport, Report, to_utc
 
-from .conftest import run_async
+from .conftest import run_async, wattflow
 
 
 def hwpc(index: int, target: str = "all", sensor: str = "s") -> HWPCReport:
@@ -259,10 +261,64 @@ def test_reports_no_formula_takes_are_counted_not_lost() -> None:
     built, _ = pipeline(reports, pusher, formula=PickyFormula)
     result = run_async(built.run())
     assert len(pusher.written) == 5
-    assert dict(result.ledger.unused) == {
-        "HWPCReport for target 'ignored' taken by no enabled formula": 5
-    }
+    assert dict(result.ledger.unused) == {"HWPCReport taken by no enabled formula nor output": 5}
     assert result.ledger.balanced()
+
+
+def test_reports_no_formula_takes_are_named_once_per_kind_not_per_target(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node runs thousands of containers: the log names a kind no formula takes once, with
+    its first target, not once per target."""
+
+    class PickyFormula(EchoFormula):
+        @classmethod
+        def dispatch_key(cls, report: Report) -> Hashable | None:
+            return report.sensor if report.target == "all" else None
+
+    reports: list[Report] = [hwpc(i, target=f"container-{i}") for i in range(50)]
+    built, _ = pipeline(reports, MemoryPusher(), formula=PickyFormula)
+    with caplog.at_level("INFO", logger="wattflow.actors.router"):
+        result = run_async(built.run())
+    lines = [r.getMessage() for r in caplog.records if r.name == "wattflow.actors.router"]
+    assert lines == [
+        "HWPCReports that no enabled formula and no output takes (the first: target "
+        "'container-0') are counted as unused; said once per kind"
+    ]
+    assert sum(result.ledger.unused.values()) == 50
+
+
+def test_reports_the_outputs_take_as_they_are_are_not_unused(tmp_path: Path) -> None:
+    """A collector (PowerReports in, PowerReports out, no formula for them): every report is
+    written, the ledger counts none as unused, and the log says once what became of them."""
+    source, written = tmp_path / "power.jsonl", tmp_path / "collected.jsonl"
+    lines = [
+        powerapi.encode_json(
+            PowerReport(
+                timestamp=to_utc(1_700_000_000_000 + 1000 * tick),
+                sensor="node-1",
+                target=target,
+                power=1.0,
+            )
+        )
+        for tick in range(3)
+        for target in ("rapl", "web", "db", "cache")
+    ]
+    source.write_text("".join(line + "\n" for line in lines))
+    done = wattflow(
+        "run", "--input", "jsonl", "--model", "PowerReport", "--files", str(source),
+        "--output", "jsonl", "--file", str(written),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(written.read_text().splitlines()) == 12
+    router = [line for line in done.stderr.splitlines() if "wattflow.actors.router" in line]
+    assert len(router) == 1, router
+    assert router[0].endswith(
+        "PowerReports that no enabled formula takes (the first: target 'rapl') are written as "
+        "they are by the outputs that take PowerReports; said once per kind"
+    )
+    assert "unused=0 " in done.stderr
+    assert "delivered=12 " in done.stderr
 
 
 def test_pipeline_result_lists_a_failed_input() -> None:

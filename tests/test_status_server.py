@@ -149,6 +149,8 @@ def test_ready_waits_for_an_unreachable_output_and_metrics_count_the_outage(
             status, reason = get(base + "/ready")
             health = get(base + "/health")
             assert metric("wattflow_output_unreachable") == 1
+            # down from the start, never written: one outage, as /ready saw it become unready
+            assert metric("wattflow_output_outages_total") == 1
             start_influxd(server)
             wait_until(lambda: service.alive() and get(base + "/ready")[0] == 200, 60, "ready")
             retries = metric("wattflow_output_retries_total")

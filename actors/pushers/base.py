@@ -123,7 +123,9 @@ class PusherActor(Actor):
         self.retries = 0
         """Writes tried again after an error that a retry may mend."""
         self.outages = 0
-        """Times the sink became unreachable: a failed write after the last one that worked."""
+        """Times the sink became unreachable: a failed write while it counted as reachable,
+        from the start (as :meth:`not_ready` counts it until a write fails: a sink down from the
+        start is one outage) or since the last write that worked."""
         self.unreachable: str | None = None
         """Why the sink is unreachable, from the first failed write until one works again."""
         self.given_up: str | None = None
