@@ -571,3 +571,50 @@ def test_sensor_without_a_name_still_exits_2_and_points_at_the_help() -> None:
     done = wattflow("sensor")
     assert done.returncode == 2
     assert "`wattflow sensor --help` lists them" in done.stderr
+
+
+def payload_text(letter: str) -> str:
+    """A dead letter's payload as the file holds it, byte for byte (a JSON parser would
+    re-write its numbers)."""
+    return letter[letter.index(', "payload": ') + len(', "payload": ') : -1]
+
+
+def test_dead_letters_hold_reports_as_the_jsonl_output_writes_them(
+    fixtures: Path, tmp_path: Path
+) -> None:
+    """A report dead-lettered by an output is kept as the JSON Lines output writes it (the
+    timestamp as hwpc-sensor writes it, not pydantic's ``…189000Z``): the payloads are the
+    very lines ``--output jsonl`` writes, ``--input jsonl`` reads them back into reports
+    written again byte for byte, and ``jq -c .payload`` gives the same documents."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "grvingt-12-rapl").write_text("a file where a directory should be")
+    letters = tmp_path / "dead.jsonl"
+    done = wattflow(*csv_fixture_args(fixtures, blocked), "--dead-letters", str(letters))
+    assert done.returncode == 1, done.stderr
+    args = csv_fixture_args(fixtures, blocked)
+    reference = tmp_path / "power.jsonl"
+    written = wattflow(*args[: args.index("--output")], "--output", "jsonl",
+                       "--file", str(reference))  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    expected = [line for line in reference.read_text().splitlines() if '"target":"rapl"' in line]
+    assert len(expected) == 4
+    payloads = tmp_path / "payloads.jsonl"
+    payloads.write_text(
+        "".join(payload_text(line) + "\n" for line in letters.read_text().splitlines())
+    )
+    assert payloads.read_text().splitlines() == expected
+    again = tmp_path / "again.jsonl"
+    replayed = wattflow(
+        "run", "--disable-rapl-formula", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--model", "PowerReport", "--files", str(payloads),
+        "--output", "jsonl", "--model", "PowerReport", "--file", str(again),
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    assert again.read_text().splitlines() == expected
+    picked = subprocess.run(
+        ["jq", "-c", ".payload", str(letters)], capture_output=True, text=True, check=True
+    )
+    assert [json.loads(line) for line in picked.stdout.splitlines()] == [
+        json.loads(line) for line in expected
+    ]
