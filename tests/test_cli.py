@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Service, wait_until, wattflow
+from .conftest import Service, drained_ledger, wait_until, wattflow
 from .servers import free_port
 
 
@@ -618,3 +618,25 @@ def test_dead_letters_hold_reports_as_the_jsonl_output_writes_them(
     assert [json.loads(line) for line in picked.stdout.splitlines()] == [
         json.loads(line) for line in expected
     ]
+
+
+def test_an_idle_sensor_still_connected_is_let_go_soon_after_a_stop(tmp_path: Path) -> None:
+    """A sensor that sent its ticks and stays connected, quiet: at SIGTERM its connection is
+    closed once quiet for 0.1 s, as documented, not at the end of ``--drain-grace-s`` (its
+    reader waited for data with no deadline and did not see the stop). With a 10 s grace, the
+    service is gone well within half of it; before, after all of it."""
+    port, grace_s = free_port(), 10.0
+    out = tmp_path / "power.jsonl"
+    service = start_service(
+        tmp_path, "--input", "socket", "--port", str(port), "--drain-grace-s", str(grace_s),
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+    with service, connect(port, service) as sensor:
+        sensor.sendall("".join(rapl_line(i) + "\n" for i in range(12)).encode())
+        service.wait_for_lines(out, 11)
+        started = time.monotonic()
+        log = service.stop()
+        took_s = time.monotonic() - started
+        assert sensor.recv(1) == b""  # the service closed the connection
+    assert took_s < grace_s / 2, f"the stop took {took_s:.1f} s:\n{log[-2000:]}"
+    assert drained_ledger(log)["entered"] == 12

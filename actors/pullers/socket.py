@@ -86,6 +86,9 @@ READ_BYTES = 256 * 1024
 ``max_buffered_bytes`` before it is made."""
 ACCEPT_PAUSE_S = 0.5
 """Pause before accepting again after an accept failed (no descriptor left, say)."""
+DRAIN_QUIET_S = 0.1
+"""At shutdown, how long a connection may stay quiet before it is closed, within
+``drain_grace_s``: what a sensor already sent arrives well within it."""
 QUIET_SHARE = 0.25
 """A connection whose lines have waited this share of ``gather_ms`` with nothing more coming is
 handed on with the next connection whose gathering ends (see :meth:`SocketPuller._hurry`)."""
@@ -199,6 +202,8 @@ class _Connection:
             self.name = "socket:?"
         self.task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._endless = False
+        """Whether the wait under way has no deadline (an idle connection's)."""
         self._closed = False
 
     def _wake(self) -> None:
@@ -209,6 +214,13 @@ class _Connection:
         """End a wait for more data now: a read waiting with lines held returns what came
         (nothing), and the lines are handed on."""
         self._wake()
+
+    def stop_idling(self) -> None:
+        """End a wait with no deadline (a connection holding no lines, waiting for its sensor)
+        now: its reader looks again, and at a stop waits ``DRAIN_QUIET_S`` at most. A wait with
+        a deadline (lines held, ``gather_ms``) is left to end by itself."""
+        if self._endless:
+            self._wake()
 
     def _recv(self) -> bytes | None:
         """What the kernel holds (``READ_BYTES`` at most), ``b""`` once the peer closed, or
@@ -245,10 +257,12 @@ class _Connection:
         fd = self.sock.fileno()
         loop.add_reader(fd, self._wake)
         timer = loop.call_later(wait_s, self._wake) if wait_s is not None else None
+        self._endless = wait_s is None
         try:
             await self._waiter
         finally:
             self._waiter = None
+            self._endless = False
             loop.remove_reader(fd)
             if timer is not None:
                 timer.cancel()
@@ -423,7 +437,14 @@ class SocketPuller(Puller[SocketPullerConfig]):
             loop.remove_reader(channel.fileno())
 
     async def _close_connections(self) -> None:
-        """Read what connected sensors already sent for ``drain_grace_s``, then cut them off."""
+        """Read what connected sensors already sent for ``drain_grace_s``, then cut them off.
+
+        A connection that holds no lines waits for its sensor with no deadline: it is woken
+        first, so that it waits ``DRAIN_QUIET_S`` more at most, and an idle sensor's
+        connection is closed then rather than at the end of the grace period.
+        """
+        for connection in self._connections:
+            connection.stop_idling()
         if self._connections:
             await asyncio.wait(self._tasks(), timeout=self.config.drain_grace_s)
         # Peers still connected after the grace period are cut off; what they sent before
@@ -554,9 +575,9 @@ class SocketPuller(Puller[SocketPullerConfig]):
         while True:
             wait_s = self._wait_s(batch, emitter)
             if not batch.size and not await peer.readable(wait_s):
-                if emitter.stopping.is_set():
+                if wait_s == DRAIN_QUIET_S:
                     return None  # quiet while draining
-                continue
+                continue  # woken at the stop: wait DRAIN_QUIET_S now
             if batch.room_bytes < READ_BYTES and not await self._make_room(batch, wait_s):
                 batch.busy = True
                 self._gather_no_more(peer)
@@ -588,7 +609,7 @@ class SocketPuller(Puller[SocketPullerConfig]):
         """How long a read may wait for data: while draining, 0.1 s (what the peer already
         sent, then stop); holding lines, ``gather_ms``; else as long as it takes."""
         if emitter.stopping.is_set():
-            return 0.1
+            return DRAIN_QUIET_S
         return self.config.gather_ms / 1000 if batch.size else None
 
     async def _make_room(self, batch: _CountedOutbox, wait_s: float | None) -> bool:
