@@ -447,7 +447,11 @@ class Supervisor:
                     reason = f"{actor.name} failed: {error}"
                     if restart:
                         reason = f"{actor.name} failed {len(failures)} times, last: {error!r}"
-                    logger.error("%s; giving up", reason, exc_info=error)
+                    # An error raised on purpose says all in its message (the docs promise
+                    # one line); an unexpected one keeps its traceback, and -v shows both.
+                    expected = isinstance(error, WattflowError)
+                    shown = not expected or logger.isEnabledFor(logging.DEBUG)
+                    logger.error("%s; giving up", reason, exc_info=error if shown else None)
                     self.failures[actor.name] = reason
                     if self.on_give_up is not None:
                         self.on_give_up(reason)

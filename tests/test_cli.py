@@ -640,3 +640,25 @@ def test_an_idle_sensor_still_connected_is_let_go_soon_after_a_stop(tmp_path: Pa
         assert sensor.recv(1) == b""  # the service closed the connection
     assert took_s < grace_s / 2, f"the stop took {took_s:.1f} s:\n{log[-2000:]}"
     assert drained_ledger(log)["entered"] == 12
+
+
+def test_an_idle_meter_logger_still_connected_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """A meter logger connected and quiet at SIGTERM: its connection is closed once quiet for
+    0.1 s and the service exits at once, cleanly (its reader was left pending, waiting for a
+    line: asyncio logged "Task was destroyed but it is pending!" at every such exit)."""
+    port = free_port()
+    out = tmp_path / "meter.jsonl"
+    service = start_service(
+        tmp_path, "--input", "meter", "--port", str(port), "--sensor", "node-1",
+        "--output", "jsonl", "--model", "MeterReport", "--file", str(out),
+    )  # fmt: skip
+    with service, connect(port, service) as logger_connection:
+        logger_connection.sendall(b"timestamp,d0c0\n1772323200000,1.0\n1772323200250,2.0\n")
+        service.wait_for_lines(out, 2)
+        started = time.monotonic()
+        log = service.stop()
+        took_s = time.monotonic() - started
+        assert logger_connection.recv(1) == b""  # the service closed the connection
+    assert took_s < 5.0, f"the stop took {took_s:.1f} s:\n{log[-2000:]}"
+    assert "destroyed but it is pending" not in log
+    assert "Traceback" not in log

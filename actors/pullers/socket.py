@@ -16,6 +16,7 @@ reads them through the same on-demand, byte-budgeted path.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import time
@@ -25,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, PositiveInt
 
-from wattflow.actors.errors import PullUnavailable
+from wattflow.actors.errors import PullError, PullUnavailable
 from wattflow.actors.handoff import LISTEN_BACKLOG, receive_connections
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
@@ -319,6 +320,29 @@ def _listeners(host: str, port: int) -> list[socket.socket]:
     return listeners
 
 
+def check_listening(name: str, host: str, port: int) -> str:
+    """Listen on ``host`` and ``port`` as the input will, and close again: a port in use (or
+    not allowed), or an address that is not this machine's, stops the command at start with
+    one line naming the flag at fault, rather than being retried for ``--retry-for-s`` and
+    ending the run with exit 1. Nothing is kept open, so that ``wattflow check`` may call it,
+    and the acceptor of ``--workers`` listen on the port after it. Returns what was found.
+
+    Raises:
+        PullError: naming the input, the flag and why.
+    """
+    try:
+        for listener in _listeners(host, port):
+            listener.close()
+    except socket.gaierror as error:
+        raise PullError(f"input '{name}': --host {host}: {error.strerror or error}") from None
+    except OSError as error:
+        flag = f"--host {host}" if error.errno == errno.EADDRNOTAVAIL else f"--port {port}"
+        raise PullError(
+            f"input '{name}': {flag}: cannot listen on {host}:{port}: {error.strerror or error}"
+        ) from None
+    return f"can listen on {host}:{port}"
+
+
 @pullers.register("socket")
 class SocketPuller(Puller[SocketPullerConfig]):
     """Listens until the pipeline stops; every connected sensor is read concurrently."""
@@ -346,6 +370,16 @@ class SocketPuller(Puller[SocketPullerConfig]):
         if self.handoff is not None:
             return None
         return None if self.bound_port is not None else "not listening yet"
+
+    async def check(self) -> None:
+        """A port that cannot be listened on stops the command at start (exit 2)
+        (:func:`check_listening`); a worker of ``--workers`` listens on none."""
+        if self.handoff is None:
+            check_listening(self.config.name, self.config.host, self.config.port)
+
+    async def probe(self) -> str:
+        """``wattflow check``: whether the port can be listened on."""
+        return check_listening(self.config.name, self.config.host, self.config.port)
 
     async def pull(self, emitter: Emitter) -> None:
         if self.handoff is not None and self.partition is not None:
