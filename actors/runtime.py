@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import time
 from abc import ABC, abstractmethod
@@ -25,12 +26,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TextIO, TypeVar
+from typing import Any, BinaryIO, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from wattflow.formats.batch import batch_size, expand, indivisible
 from wattflow.formats.errors import WattflowError
+from wattflow.formats.powerapi import encode_json
+from wattflow.formats.reports import Report
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +202,14 @@ class DeadLetters:
     Each distinct reason is logged once at WARNING and then only counted, so a stream of bad
     input cannot flood the log. With a file, every dead letter is kept as one JSON line holding
     the actor, the reason and the payload, so nothing is lost even when it cannot be processed.
+
+    The file is written unbuffered, as the file outputs write theirs
+    (:mod:`~wattflow.actors.pushers.appending`): each dead letter, or each batch of them, is
+    handed to the operating system before :meth:`add` returns. A dead letter is thus in the
+    file before anything can acknowledge what it came from (an input's position saved in a
+    checkpoint only after the actor that dead-lettered it has moved on), and a killed process
+    loses none of them. Like the outputs, it does not ``fsync``: what the kernel holds is lost
+    only with the machine.
     """
 
     def __init__(self, path: Path | None = None) -> None:
@@ -206,7 +217,7 @@ class DeadLetters:
         self.by_actor: Counter[str] = Counter()
         """Dead letters per actor: a bounded count (reasons are free text)."""
         self.path = path
-        self._file: TextIO | None = None
+        self._file: BinaryIO | None = None
 
     @property
     def total(self) -> int:
@@ -226,46 +237,68 @@ class DeadLetters:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = self.path.open("ab", buffering=0)
         except OSError as error:
             reason = error.strerror or str(error)
             raise WattflowError(f"--dead-letters {self.path}: {reason}") from None
 
     def add_all(self, actor: str, reason: str, batch: Sequence[Any]) -> None:
-        """Record every report of a batch (frames replaced by their reports) as dead letters."""
-        for report in expand(batch):
-            self.add(DeadLetter(actor, reason, report))
+        """Record every report of a batch (frames replaced by their reports) as dead letters,
+        written to the file in one write."""
+        letters = [DeadLetter(actor, reason, report) for report in expand(batch)]
+        for letter in letters:
+            self._count(letter)
+        self._write(letters)
 
     def add(self, letter: DeadLetter) -> None:
         """Record one dead letter (``letter.count`` items)."""
+        self._count(letter)
+        self._write([letter])
+
+    def _count(self, letter: DeadLetter) -> None:
         key = f"{letter.actor}: {letter.reason}"
         if key not in self.by_reason:
             logger.warning("dead letter from %s: %s", letter.actor, letter.reason)
         self.by_reason[key] += letter.count
         self.by_actor[letter.actor] += letter.count
-        if self.path is not None:
-            if self._file is None:
-                self.open()
-            assert self._file is not None
-            self._file.write(json.dumps(_dead_letter_record(letter), default=str) + "\n")
+
+    def _write(self, letters: list[DeadLetter]) -> None:
+        """Append the letters' lines with unbuffered writes: in the OS when this returns."""
+        if self.path is None or not letters:
+            return
+        if self._file is None:
+            self.open()
+        assert self._file is not None
+        view = memoryview(b"".join(map(dead_letter_line, letters)))
+        fd = self._file.fileno()
+        while view:
+            view = view[os.write(fd, view) :]
 
     def close(self) -> None:
-        """Flush and close the dead-letter file, if any."""
+        """Close the dead-letter file, if any (everything is written already)."""
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
-def _dead_letter_record(letter: DeadLetter) -> dict[str, Any]:
+def dead_letter_line(letter: DeadLetter) -> bytes:
+    """One dead letter as the file holds it: a JSON line with the actor, the reason, the count
+    and the payload.
+
+    A report's payload is the report exactly as the JSON Lines output writes it (PowerAPI's
+    JSON layout, :func:`~wattflow.formats.powerapi.encode_json`), so ``jq -c .payload`` gives
+    lines that the ``jsonl`` input reads back into the same reports; other payloads (a raw
+    input line, a document) are written as JSON, anything else as its text.
+    """
+    head = json.dumps({"actor": letter.actor, "reason": letter.reason, "count": letter.count})
     payload = letter.payload
-    if isinstance(payload, BaseModel):
-        payload = payload.model_dump(mode="json")
-    return {
-        "actor": letter.actor,
-        "reason": letter.reason,
-        "count": letter.count,
-        "payload": payload,
-    }
+    if isinstance(payload, Report):
+        text = encode_json(payload)
+    elif isinstance(payload, BaseModel):
+        text = json.dumps(payload.model_dump(mode="json"))
+    else:
+        text = json.dumps(payload, default=str)
+    return f'{head[:-1]}, "payload": {text}}}\n'.encode()
 
 
 @dataclass
@@ -414,7 +447,11 @@ class Supervisor:
                     reason = f"{actor.name} failed: {error}"
                     if restart:
                         reason = f"{actor.name} failed {len(failures)} times, last: {error!r}"
-                    logger.error("%s; giving up", reason, exc_info=error)
+                    # An error raised on purpose says all in its message (the docs promise
+                    # one line); an unexpected one keeps its traceback, and -v shows both.
+                    expected = isinstance(error, WattflowError)
+                    shown = not expected or logger.isEnabledFor(logging.DEBUG)
+                    logger.error("%s; giving up", reason, exc_info=error if shown else None)
                     self.failures[actor.name] = reason
                     if self.on_give_up is not None:
                         self.on_give_up(reason)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Service, wait_until, wattflow
+from .conftest import Service, drained_ledger, wait_until, wattflow
 from .servers import free_port
 
 
@@ -571,3 +571,94 @@ def test_sensor_without_a_name_still_exits_2_and_points_at_the_help() -> None:
     done = wattflow("sensor")
     assert done.returncode == 2
     assert "`wattflow sensor --help` lists them" in done.stderr
+
+
+def payload_text(letter: str) -> str:
+    """A dead letter's payload as the file holds it, byte for byte (a JSON parser would
+    re-write its numbers)."""
+    return letter[letter.index(', "payload": ') + len(', "payload": ') : -1]
+
+
+def test_dead_letters_hold_reports_as_the_jsonl_output_writes_them(
+    fixtures: Path, tmp_path: Path
+) -> None:
+    """A report dead-lettered by an output is kept as the JSON Lines output writes it (the
+    timestamp as hwpc-sensor writes it, not pydantic's ``…189000Z``): the payloads are the
+    very lines ``--output jsonl`` writes, ``--input jsonl`` reads them back into reports
+    written again byte for byte, and ``jq -c .payload`` gives the same documents."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "grvingt-12-rapl").write_text("a file where a directory should be")
+    letters = tmp_path / "dead.jsonl"
+    done = wattflow(*csv_fixture_args(fixtures, blocked), "--dead-letters", str(letters))
+    assert done.returncode == 1, done.stderr
+    args = csv_fixture_args(fixtures, blocked)
+    reference = tmp_path / "power.jsonl"
+    written = wattflow(*args[: args.index("--output")], "--output", "jsonl",
+                       "--file", str(reference))  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    expected = [line for line in reference.read_text().splitlines() if '"target":"rapl"' in line]
+    assert len(expected) == 4
+    payloads = tmp_path / "payloads.jsonl"
+    payloads.write_text(
+        "".join(payload_text(line) + "\n" for line in letters.read_text().splitlines())
+    )
+    assert payloads.read_text().splitlines() == expected
+    again = tmp_path / "again.jsonl"
+    replayed = wattflow(
+        "run", "--disable-rapl-formula", "--disable-smartwatts-formula",
+        "--input", "jsonl", "--model", "PowerReport", "--files", str(payloads),
+        "--output", "jsonl", "--model", "PowerReport", "--file", str(again),
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    assert again.read_text().splitlines() == expected
+    picked = subprocess.run(
+        ["jq", "-c", ".payload", str(letters)], capture_output=True, text=True, check=True
+    )
+    assert [json.loads(line) for line in picked.stdout.splitlines()] == [
+        json.loads(line) for line in expected
+    ]
+
+
+def test_an_idle_sensor_still_connected_is_let_go_soon_after_a_stop(tmp_path: Path) -> None:
+    """A sensor that sent its ticks and stays connected, quiet: at SIGTERM its connection is
+    closed once quiet for 0.1 s, as documented, not at the end of ``--drain-grace-s`` (its
+    reader waited for data with no deadline and did not see the stop). With a 10 s grace, the
+    service is gone well within half of it; before, after all of it."""
+    port, grace_s = free_port(), 10.0
+    out = tmp_path / "power.jsonl"
+    service = start_service(
+        tmp_path, "--input", "socket", "--port", str(port), "--drain-grace-s", str(grace_s),
+        "--output", "jsonl", "--file", str(out),
+    )  # fmt: skip
+    with service, connect(port, service) as sensor:
+        sensor.sendall("".join(rapl_line(i) + "\n" for i in range(12)).encode())
+        service.wait_for_lines(out, 11)
+        started = time.monotonic()
+        log = service.stop()
+        took_s = time.monotonic() - started
+        assert sensor.recv(1) == b""  # the service closed the connection
+    assert took_s < grace_s / 2, f"the stop took {took_s:.1f} s:\n{log[-2000:]}"
+    assert drained_ledger(log)["entered"] == 12
+
+
+def test_an_idle_meter_logger_still_connected_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """A meter logger connected and quiet at SIGTERM: its connection is closed once quiet for
+    0.1 s and the service exits at once, cleanly (its reader was left pending, waiting for a
+    line: asyncio logged "Task was destroyed but it is pending!" at every such exit)."""
+    port = free_port()
+    out = tmp_path / "meter.jsonl"
+    service = start_service(
+        tmp_path, "--input", "meter", "--port", str(port), "--sensor", "node-1",
+        "--output", "jsonl", "--model", "MeterReport", "--file", str(out),
+    )  # fmt: skip
+    with service, connect(port, service) as logger_connection:
+        logger_connection.sendall(b"timestamp,d0c0\n1772323200000,1.0\n1772323200250,2.0\n")
+        service.wait_for_lines(out, 2)
+        started = time.monotonic()
+        log = service.stop()
+        took_s = time.monotonic() - started
+        assert logger_connection.recv(1) == b""  # the service closed the connection
+    assert took_s < 5.0, f"the stop took {took_s:.1f} s:\n{log[-2000:]}"
+    assert "destroyed but it is pending" not in log
+    assert "Traceback" not in log

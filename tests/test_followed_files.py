@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,38 @@ def test_a_log_rotated_while_followed_is_read_on_in_its_new_file(
     else:
         assert [r["channels"]["d0c0"] for r in records] == [float(i) for i in range(10)]
     assert not letters.exists() or letters.read_text() == ""
+
+
+def test_a_dead_letter_is_in_its_file_before_the_checkpoint_past_it_and_a_kill_loses_none(
+    tmp_path: Path,
+) -> None:
+    """A line dead-lettered by a followed input, then a checkpoint past it, then SIGKILL: the
+    dead letter is in the ``--dead-letters`` file (it was buffered in the process, and lost
+    with it, before), and the restart, which goes on after the checkpoint, does not read it
+    again: it is in the file once, and each good line is written once by one of the runs."""
+    source, state, letters = tmp_path / "hwpc.jsonl", tmp_path / "state", tmp_path / "dead.jsonl"
+    good = [rapl_line(i) + "\n" for i in range(40)]
+    source.write_text("".join(good[:20]) + "{not json\n" + "".join(good[20:]))
+    record = ["--output", "jsonl", "--model", "HWPCReport", "--dead-letters", str(letters)]
+    first = tmp_path / "first.jsonl"
+    with follow(tmp_path, "first.log", source, state, *record, "--file", str(first)) as service:
+        wait_until(
+            lambda: service.alive() and committed_to_the_end(state, source),
+            WAIT_S,
+            "a checkpoint at the end of the file",
+        )
+        service.stop(signal.SIGKILL, code=-signal.SIGKILL)
+    kept = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert [(letter["reason"].split(":")[:2], letter["payload"]) for letter in kept] == [
+        ([str(source), "21"], "{not json")
+    ]
+    second = tmp_path / "second.jsonl"
+    with source.open("a") as growing:
+        growing.write(rapl_line(40) + "\n")
+    with follow(tmp_path, "second.log", source, state, *record, "--file", str(second)) as service:
+        service.wait_for_lines(second, 1, WAIT_S)
+        service.stop()
+    assert [json.loads(line)["payload"] for line in letters.read_text().splitlines()] == [
+        "{not json"
+    ]
+    assert recorded_stamps(first) + recorded_stamps(second) == [stamp(i) for i in range(41)]

@@ -48,6 +48,7 @@ from wattflow.actors.pullers.files import (
     FollowedFile,
     split_lines,
 )
+from wattflow.actors.pullers.socket import DRAIN_QUIET_S, check_listening
 from wattflow.formats.reports import MeterReport, Report, to_utc
 
 logger = logging.getLogger(__name__)
@@ -237,6 +238,33 @@ def _check_channels(channels: Any) -> None:
             raise ValueError(f"channel {name!r}: {value!r} is not a reading in mW")
 
 
+STOP_GRACE_S = 1.0
+"""At a stop, how long connected loggers are still read for what they already sent (a
+connection quiet for ``DRAIN_QUIET_S`` is closed sooner), as the socket input's
+``--drain-grace-s`` default."""
+
+
+async def _next_line(reader: asyncio.StreamReader, stopping: asyncio.Event) -> bytes:
+    """The connection's next line, ``b""`` once it closed; once the service stops, ``b""`` as
+    well when nothing more comes for ``DRAIN_QUIET_S``: an idle logger's connection is not
+    waited for. A read cut short leaves what it had in the reader's buffer."""
+    if not stopping.is_set():
+        reading = asyncio.ensure_future(reader.readline())
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if reading.done():
+            return reading.result()
+    else:
+        reading = asyncio.ensure_future(reader.readline())
+    try:
+        return await asyncio.wait_for(reading, DRAIN_QUIET_S)
+    except TimeoutError:
+        return b""
+
+
 @pullers.register("meter")
 class MeterPuller(Puller[MeterPullerConfig]):
     """Reads every file and every connection at once, each with its own header."""
@@ -249,9 +277,19 @@ class MeterPuller(Puller[MeterPullerConfig]):
         return "not listening yet" if listens and self.bound_port is None else None
 
     async def check(self) -> None:
+        """Files that are missing (unless followed) and a port that cannot be listened on
+        (:func:`~wattflow.actors.pullers.socket.check_listening`) stop the command at start."""
         for path in self.config.files:
             if not path.is_file() and not (self.stream or self.config.follow):
                 raise PullError(f"input '{self.config.name}': {path}: no such file")
+        if self.config.port is not None:
+            check_listening(self.config.name, self.config.host, self.config.port)
+
+    async def probe(self) -> str:
+        """``wattflow check``: whether the port can be listened on, when one is given."""
+        if self.config.port is None:
+            return await super().probe()
+        return check_listening(self.config.name, self.config.host, self.config.port)
 
     @property
     def resumable(self) -> bool:
@@ -341,15 +379,21 @@ class MeterPuller(Puller[MeterPullerConfig]):
             await self._handle_lines([_text(partial)], decoder, place.line + 1, emitter)
 
     async def _listen(self, emitter: Emitter) -> None:
+        """Listen and read every logger's connection until the stop; then read what the
+        connected loggers already sent, closing each connection once quiet for
+        ``DRAIN_QUIET_S`` and the rest after ``STOP_GRACE_S``, so that an idle logger neither
+        holds the stop nor leaves a reader pending when the service exits."""
+        serving: set[asyncio.Task[Any]] = set()
+
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             peer = "meter:{}:{}".format(*writer.get_extra_info("peername")[:2])
             decoder = LineDecoder(self.config, peer)
             number = 0
+            task = asyncio.current_task()
+            assert task is not None
+            serving.add(task)
             try:
-                while not emitter.stopping.is_set():
-                    line = await reader.readline()
-                    if not line:
-                        break
+                while line := await _next_line(reader, emitter.stopping):
                     number += 1
                     async with self._lock:  # a boundary: socket lines are not read again
                         await self._handle_lines([_text(line)], decoder, number, emitter)
@@ -358,6 +402,7 @@ class MeterPuller(Puller[MeterPullerConfig]):
             except (ConnectionError, ValueError) as error:  # ValueError: a line over the limit
                 logger.info("%s closed: %s", peer, error)
             finally:
+                serving.discard(task)
                 writer.close()
 
         try:
@@ -368,5 +413,13 @@ class MeterPuller(Puller[MeterPullerConfig]):
             ) from error
         self.bound_port = server.sockets[0].getsockname()[1]
         logger.info("listening for meter readings on %s:%s", self.config.host, self.bound_port)
-        async with server:
-            await emitter.stopping.wait()
+        try:
+            async with server:
+                await emitter.stopping.wait()
+                server.close()  # no new connections; the connected loggers are read to the end
+                if serving:
+                    await asyncio.wait(set(serving), timeout=STOP_GRACE_S)
+        finally:  # past the grace (or cut short): no connection outlives the input
+            for task in list(serving):
+                task.cancel()
+            await asyncio.gather(*serving, return_exceptions=True)

@@ -16,6 +16,7 @@ reads them through the same on-demand, byte-budgeted path.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import time
@@ -25,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, PositiveInt
 
-from wattflow.actors.errors import PullUnavailable
+from wattflow.actors.errors import PullError, PullUnavailable
 from wattflow.actors.handoff import LISTEN_BACKLOG, receive_connections
 from wattflow.actors.partition import Partition
 from wattflow.actors.pullers import pullers
@@ -86,6 +87,9 @@ READ_BYTES = 256 * 1024
 ``max_buffered_bytes`` before it is made."""
 ACCEPT_PAUSE_S = 0.5
 """Pause before accepting again after an accept failed (no descriptor left, say)."""
+DRAIN_QUIET_S = 0.1
+"""At shutdown, how long a connection may stay quiet before it is closed, within
+``drain_grace_s``: what a sensor already sent arrives well within it."""
 QUIET_SHARE = 0.25
 """A connection whose lines have waited this share of ``gather_ms`` with nothing more coming is
 handed on with the next connection whose gathering ends (see :meth:`SocketPuller._hurry`)."""
@@ -199,6 +203,8 @@ class _Connection:
             self.name = "socket:?"
         self.task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._endless = False
+        """Whether the wait under way has no deadline (an idle connection's)."""
         self._closed = False
 
     def _wake(self) -> None:
@@ -209,6 +215,13 @@ class _Connection:
         """End a wait for more data now: a read waiting with lines held returns what came
         (nothing), and the lines are handed on."""
         self._wake()
+
+    def stop_idling(self) -> None:
+        """End a wait with no deadline (a connection holding no lines, waiting for its sensor)
+        now: its reader looks again, and at a stop waits ``DRAIN_QUIET_S`` at most. A wait with
+        a deadline (lines held, ``gather_ms``) is left to end by itself."""
+        if self._endless:
+            self._wake()
 
     def _recv(self) -> bytes | None:
         """What the kernel holds (``READ_BYTES`` at most), ``b""`` once the peer closed, or
@@ -245,10 +258,12 @@ class _Connection:
         fd = self.sock.fileno()
         loop.add_reader(fd, self._wake)
         timer = loop.call_later(wait_s, self._wake) if wait_s is not None else None
+        self._endless = wait_s is None
         try:
             await self._waiter
         finally:
             self._waiter = None
+            self._endless = False
             loop.remove_reader(fd)
             if timer is not None:
                 timer.cancel()
@@ -305,6 +320,29 @@ def _listeners(host: str, port: int) -> list[socket.socket]:
     return listeners
 
 
+def check_listening(name: str, host: str, port: int) -> str:
+    """Listen on ``host`` and ``port`` as the input will, and close again: a port in use (or
+    not allowed), or an address that is not this machine's, stops the command at start with
+    one line naming the flag at fault, rather than being retried for ``--retry-for-s`` and
+    ending the run with exit 1. Nothing is kept open, so that ``wattflow check`` may call it,
+    and the acceptor of ``--workers`` listen on the port after it. Returns what was found.
+
+    Raises:
+        PullError: naming the input, the flag and why.
+    """
+    try:
+        for listener in _listeners(host, port):
+            listener.close()
+    except socket.gaierror as error:
+        raise PullError(f"input '{name}': --host {host}: {error.strerror or error}") from None
+    except OSError as error:
+        flag = f"--host {host}" if error.errno == errno.EADDRNOTAVAIL else f"--port {port}"
+        raise PullError(
+            f"input '{name}': {flag}: cannot listen on {host}:{port}: {error.strerror or error}"
+        ) from None
+    return f"can listen on {host}:{port}"
+
+
 @pullers.register("socket")
 class SocketPuller(Puller[SocketPullerConfig]):
     """Listens until the pipeline stops; every connected sensor is read concurrently."""
@@ -332,6 +370,16 @@ class SocketPuller(Puller[SocketPullerConfig]):
         if self.handoff is not None:
             return None
         return None if self.bound_port is not None else "not listening yet"
+
+    async def check(self) -> None:
+        """A port that cannot be listened on stops the command at start (exit 2)
+        (:func:`check_listening`); a worker of ``--workers`` listens on none."""
+        if self.handoff is None:
+            check_listening(self.config.name, self.config.host, self.config.port)
+
+    async def probe(self) -> str:
+        """``wattflow check``: whether the port can be listened on."""
+        return check_listening(self.config.name, self.config.host, self.config.port)
 
     async def pull(self, emitter: Emitter) -> None:
         if self.handoff is not None and self.partition is not None:
@@ -423,7 +471,14 @@ class SocketPuller(Puller[SocketPullerConfig]):
             loop.remove_reader(channel.fileno())
 
     async def _close_connections(self) -> None:
-        """Read what connected sensors already sent for ``drain_grace_s``, then cut them off."""
+        """Read what connected sensors already sent for ``drain_grace_s``, then cut them off.
+
+        A connection that holds no lines waits for its sensor with no deadline: it is woken
+        first, so that it waits ``DRAIN_QUIET_S`` more at most, and an idle sensor's
+        connection is closed then rather than at the end of the grace period.
+        """
+        for connection in self._connections:
+            connection.stop_idling()
         if self._connections:
             await asyncio.wait(self._tasks(), timeout=self.config.drain_grace_s)
         # Peers still connected after the grace period are cut off; what they sent before
@@ -554,9 +609,9 @@ class SocketPuller(Puller[SocketPullerConfig]):
         while True:
             wait_s = self._wait_s(batch, emitter)
             if not batch.size and not await peer.readable(wait_s):
-                if emitter.stopping.is_set():
+                if wait_s == DRAIN_QUIET_S:
                     return None  # quiet while draining
-                continue
+                continue  # woken at the stop: wait DRAIN_QUIET_S now
             if batch.room_bytes < READ_BYTES and not await self._make_room(batch, wait_s):
                 batch.busy = True
                 self._gather_no_more(peer)
@@ -588,7 +643,7 @@ class SocketPuller(Puller[SocketPullerConfig]):
         """How long a read may wait for data: while draining, 0.1 s (what the peer already
         sent, then stop); holding lines, ``gather_ms``; else as long as it takes."""
         if emitter.stopping.is_set():
-            return 0.1
+            return DRAIN_QUIET_S
         return self.config.gather_ms / 1000 if batch.size else None
 
     async def _make_room(self, batch: _CountedOutbox, wait_s: float | None) -> bool:
