@@ -25,6 +25,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import singledispatch
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, Literal, TypeVar
 
@@ -291,14 +292,24 @@ def dead_letter_line(letter: DeadLetter) -> bytes:
     input line, a document) are written as JSON, anything else as its text.
     """
     head = json.dumps({"actor": letter.actor, "reason": letter.reason, "count": letter.count})
-    payload = letter.payload
-    if isinstance(payload, Report):
-        text = encode_json(payload)
-    elif isinstance(payload, BaseModel):
-        text = json.dumps(payload.model_dump(mode="json"))
-    else:
-        text = json.dumps(payload, default=str)
-    return f'{head[:-1]}, "payload": {text}}}\n'.encode()
+    return f'{head[:-1]}, "payload": {payload_json(letter.payload)}}}\n'.encode()
+
+
+@singledispatch
+def payload_json(payload: Any) -> str:
+    """A dead letter's payload as JSON: as it is (a raw input line, a document), or its text."""
+    return json.dumps(payload, default=str)
+
+
+@payload_json.register
+def _model_json(payload: BaseModel) -> str:
+    return json.dumps(payload.model_dump(mode="json"))
+
+
+@payload_json.register
+def _report_json(payload: Report) -> str:
+    """A report as the JSON Lines output writes it."""
+    return encode_json(payload)
 
 
 @dataclass

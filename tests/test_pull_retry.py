@@ -80,7 +80,7 @@ def test_a_port_busy_at_start_is_one_line_and_exit_2(tmp_path: Path, kind: str) 
         f"wattflow: error: input 'puller_{kind}': --port {port}: cannot listen on "
         f"127.0.0.1:{port}: Address already in use\n"
     )
-    assert checked.returncode == 1, checked.stdout
+    assert checked.returncode == 2, checked.stdout  # what run refuses at start: exit 2 too
     [line] = [line for line in checked.stdout.splitlines() if f"input puller_{kind}" in line]
     assert "│ no │" in line, checked.stdout
     assert f"--port {port}: cannot listen on 127.0.0.1:{port}: Address already in use" in line
