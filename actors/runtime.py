@@ -324,8 +324,9 @@ class Ledger:
         dropped: reports a pre-processor let go by design, by reason (PowerAPI 2.10's k8s
             layout drops a pod's container the API does not name): never entered.
         sorted: reports the router has dispatched or dead-lettered.
-        unused: reports that no enabled formula takes (a per-container report while only the
-            RAPL formula runs), counted by reason and named in the log, not dead-lettered.
+        unused: reports that no enabled formula takes and no output takes as they are (a
+            per-container report while only the RAPL formula runs), counted by kind and named
+            in the log, not dead-lettered.
         routed: deliveries to formulas (a report two formulas take counts twice).
         consumed: deliveries a formula took in, into an output or into its state.
         absorbed: the part of ``consumed`` that produced no output by design (a first tick).
