@@ -162,3 +162,7 @@ def test_a_gpu_processs_cgroup_is_the_one_hwpc_sensor_names() -> None:
         "/system.slice/slurmstepd.scope/job_9/step_0/user/task_0"
     )
     assert cgroup_of("garbage") is None
+    # A hybrid host: v1's controllers hold the container, v2's unused hierarchy is the root.
+    hybrid = "4:memory:/process_api/d70e4c\n1:name=systemd:/process_api/d70e4c\n0::/\n"
+    assert cgroup_of(hybrid) == "/process_api/d70e4c"
+    assert cgroup_of("0::/\n") == "/"

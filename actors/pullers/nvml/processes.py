@@ -39,19 +39,27 @@ def read_cgroup(root: str, pid: int) -> str | None:
 
 
 def cgroup_of(text: str) -> str | None:
-    """The cgroup :func:`read_cgroup` picks from a ``/proc/<pid>/cgroup`` file's text."""
+    """The cgroup :func:`read_cgroup` picks from a ``/proc/<pid>/cgroup`` file's text: cgroup
+    v2's line; on v1, the ``perf_event`` hierarchy's (hwpc-sensor's), else the deepest.
+
+    On a hybrid host (v1 controllers beside an unused v2 hierarchy) v2's line is the root,
+    ``0::/``, for every process, while a container runtime places it in the v1 hierarchies:
+    the root is then taken only where no v1 line says more."""
     deepest: str | None = None
+    unified: str | None = None
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         if parts[0] == "0" and parts[1] == "":
+            if parts[2] != "/":
+                return parts[2]
+            unified = parts[2]
+        elif "perf_event" in parts[1].split(","):
             return parts[2]
-        if "perf_event" in parts[1].split(","):
-            return parts[2]
-        if deepest is None or parts[2].count("/") > deepest.count("/"):
+        elif deepest is None or parts[2].count("/") > deepest.count("/"):
             deepest = parts[2]
-    return deepest
+    return deepest if deepest is not None else unified
 
 
 def read_start_ticks(root: str, pid: int) -> int | None:

@@ -110,9 +110,9 @@ class NvmlSampler:
             wanted = self.config.devices if self.config.devices is not None else range(count)
             missing = [index for index in wanted if index >= count]
             if missing:
+                held = "index 0" if count == 1 else f"indexes 0-{count - 1}"
                 raise NvmlUnavailable(
-                    f"NVML: no GPU with index {missing[0]}; this node has {count} "
-                    f"(indexes 0-{count - 1})"
+                    f"NVML: no GPU with index {missing[0]}; this node has {count} ({held})"
                 )
             self.devices = [self._device(index, since_us) for index in sorted(set(wanted))]
         except NvmlError as error:
