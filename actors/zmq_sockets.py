@@ -244,6 +244,27 @@ class ZmqSocket:
             self.authenticator = None
 
 
+def opening_line(
+    where: str,
+    socket_type: str,
+    uris: list[str],
+    *,
+    bind: bool,
+    secret_key: Path | None,
+    authorized_keys: Path | None,
+    topics: list[str] | None = None,
+) -> str:
+    """The line an input or output logs as its socket opens: where it binds or connects, what
+    it subscribes to (``topics``, for a SUB socket: empty for every topic), how it is secured."""
+    subscribed = ""
+    if topics is not None:
+        subscribed = f", subscribed to {', '.join(topics) or 'every topic'}"
+    return (
+        f"{where}: {socket_type} {'bound to' if bind else 'connecting to'} {','.join(uris)}"
+        f"{subscribed}{curve_summary(bind, secret_key, authorized_keys)}"
+    )
+
+
 def curve_summary(bind: bool, secret_key: Path | None, authorized_keys: Path | None) -> str:
     """How the socket is secured, for the line that says where it binds or connects."""
     if secret_key is None:

@@ -439,6 +439,18 @@ def make_keys(tmp_path: Path) -> dict[str, Path]:
     return paths
 
 
+def curve_client(uri: str, keys: dict[str, Path]) -> ZeroMQPuller:
+    """A SUB input with the client's CURVE keys, subscribed to every PowerReport."""
+    return ZeroMQPuller(
+        ZeroMQPullerConfig(
+            model="PowerReport",
+            uri=[uri],
+            curve_secret_key=keys["client_secret"],
+            curve_server_key=keys["server"],
+        )
+    )
+
+
 def test_curve_lets_authorised_senders_in_and_keeps_others_out(tmp_path: Path) -> None:
     keys = make_keys(tmp_path)
     uri = f"tcp://127.0.0.1:{free_port()}"
@@ -483,14 +495,7 @@ def test_curve_publisher_serves_authorised_subscribers_only(tmp_path: Path) -> N
             curve_authorized_keys=keys["authorised"],
         )
     )
-    client = ZeroMQPuller(
-        ZeroMQPullerConfig(
-            model="PowerReport",
-            uri=[uri],
-            curve_secret_key=keys["client_secret"],
-            curve_server_key=keys["server"],
-        )
-    )
+    client = curve_client(uri, keys)
     collector = Collector()
     context = zmq.asyncio.Context()
     stranger = context.socket(zmq.SUB)
@@ -549,14 +554,7 @@ def test_a_check_on_its_own_loop_leaves_the_allow_list_to_the_loop_that_sends(
     again.bind(uri)  # the check freed its address
     again.close(linger=0)
     context.term()
-    client = ZeroMQPuller(
-        ZeroMQPullerConfig(
-            model="PowerReport",
-            uri=[uri],
-            curve_secret_key=keys["client_secret"],
-            curve_server_key=keys["server"],
-        )
-    )
+    client = curve_client(uri, keys)
     collector = Collector()
     reports: list[Report] = list(power_reports(10))
     warm_up: list[Report] = list(power_reports(1, target="warm-up"))

@@ -27,7 +27,7 @@ from pydantic import Field, PositiveInt, model_validator
 from wattflow.actors.backend import CommaList
 from wattflow.actors.pullers import pullers
 from wattflow.actors.pullers.base import Emitter, Puller, PullerConfig, hand_on
-from wattflow.actors.zmq_sockets import ZmqSetupError, ZmqSocket, check_curve, curve_summary
+from wattflow.actors.zmq_sockets import ZmqSetupError, ZmqSocket, check_curve, opening_line
 from wattflow.formats.batch import handed_on
 from wattflow.formats.frames import HWPCFrame
 from wattflow.formats.json_frames import Layout, LineRun, decode_hwpc_frames, decode_json_runs
@@ -159,18 +159,14 @@ class ZeroMQPuller(Puller[ZeroMQPullerConfig]):
             where=where,
             subscribe=(self.config.topics or [""]) if sub else [],
         )
-        topics = ", ".join(self.config.topics) or "every topic"
         logger.info(
-            "%s: %s %s %s%s%s",
-            where,
-            self.config.socket_type,
-            "bound to" if self.binds else "connecting to",
-            ",".join(self.config.uri),
-            f", subscribed to {topics}" if sub else "",
-            curve_summary(
-                self.binds, self.config.curve_secret_key, self.config.curve_authorized_keys
-            ),
-        )
+            opening_line(
+                where, self.config.socket_type, self.config.uri, bind=self.binds,
+                secret_key=self.config.curve_secret_key,
+                authorized_keys=self.config.curve_authorized_keys,
+                topics=self.config.topics if sub else None,
+            )
+        )  # fmt: skip
         return opened
 
     async def pull(self, emitter: Emitter) -> None:

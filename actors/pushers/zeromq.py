@@ -30,7 +30,7 @@ from wattflow.actors.zmq_sockets import (
     ZmqSetupError,
     ZmqSocket,
     check_curve,
-    curve_summary,
+    opening_line,
     probe_addresses,
 )
 from wattflow.formats.report_table import encode_json_lines
@@ -174,15 +174,12 @@ class ZeroMQPusher(Pusher[ZeroMQPusherConfig]):
         )
         self.socket = self.zmq.socket
         logger.info(
-            "%s: %s %s %s%s",
-            where,
-            self.config.socket_type,
-            "bound to" if self.binds else "connecting to",
-            ",".join(self.config.uri),
-            curve_summary(
-                self.binds, self.config.curve_secret_key, self.config.curve_authorized_keys
-            ),
-        )
+            opening_line(
+                where, self.config.socket_type, self.config.uri, bind=self.binds,
+                secret_key=self.config.curve_secret_key,
+                authorized_keys=self.config.curve_authorized_keys,
+            )
+        )  # fmt: skip
 
     def _messages(self, batch: list[Report]) -> list[tuple[list[bytes], list[Report]]]:
         """The batch as messages, each with the reports it holds."""
